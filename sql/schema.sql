@@ -1,0 +1,31 @@
+-- pg_lease state. Everything lives in schema "lease" (the control file's schema).
+
+-- One row per protected table: how its fence finds the current token.
+CREATE TABLE lease.protected (
+    relid              regclass    PRIMARY KEY,
+    mode               text        NOT NULL CHECK (mode IN ('owner', 'high_water')),
+    key_columns        text[]      NOT NULL CHECK (cardinality(key_columns) > 0),
+    token_column       text,
+    owner_table        regclass,
+    owner_key_columns  text[],
+    owner_token_column text,
+    protected_at       timestamptz NOT NULL DEFAULT now(),
+    protected_by       name        NOT NULL DEFAULT current_user,
+    CHECK ((mode = 'owner') = (owner_table IS NOT NULL)),
+    CHECK (mode <> 'owner' OR cardinality(owner_key_columns) = cardinality(key_columns))
+);
+COMMENT ON TABLE lease.protected IS 'Tables fenced by pg_lease; change only through lease.protect*/lease.unprotect.';
+
+-- High-water marks: the highest token ever accepted per (table, resource).
+-- Never deleted by unprotect, so a mark cannot start over.
+CREATE TABLE lease.high_water (
+    target     regclass    NOT NULL,
+    resource   text[]      NOT NULL,
+    token      bigint      NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (target, resource)
+);
+COMMENT ON TABLE lease.high_water IS 'Highest fencing token accepted per resource of tables protected with lease.protect_high_water.';
+
+REVOKE ALL ON lease.protected, lease.high_water FROM PUBLIC;
+GRANT SELECT ON lease.protected TO PUBLIC;

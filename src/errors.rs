@@ -1,0 +1,243 @@
+//! The `LF` SQLSTATE class and the one place that raises it.
+//!
+//! pgrx's `PgSqlErrorCode` is a closed enum and every pgrx guard rewrites an
+//! unknown SQLSTATE to XX000, so an `LF001` raised through `ereport!` would
+//! reach clients as an internal error. Functions that can refuse are therefore
+//! exported as plain version-1 C functions (see [`c_function!`]): their work runs
+//! inside `pgrx_extern_c_guard` and returns a [`Refusal`], which [`raise`] turns
+//! into an `ErrorData` thrown with our own binding of `ThrowErrorData`, from a
+//! frame that owns nothing with a destructor.
+
+use pgrx::pg_sys;
+use std::ffi::{c_char, CStr};
+
+/// Every error pg_lease raises itself. The codes are public API: never renumber.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseError {
+    StaleOwnerBoundaryWrite,
+    FencingTokenAhead,
+    MissingFencingToken,
+    FencingTokenRegression,
+    LeaseOwnedElsewhere,
+    LeaseLost,
+    FenceOwnerMissing,
+    FenceTampering,
+}
+
+impl LeaseError {
+    pub const ALL: [LeaseError; 8] = [
+        LeaseError::StaleOwnerBoundaryWrite,
+        LeaseError::FencingTokenAhead,
+        LeaseError::MissingFencingToken,
+        LeaseError::FencingTokenRegression,
+        LeaseError::LeaseOwnedElsewhere,
+        LeaseError::LeaseLost,
+        LeaseError::FenceOwnerMissing,
+        LeaseError::FenceTampering,
+    ];
+
+    pub fn sqlstate(self) -> &'static str {
+        match self {
+            LeaseError::StaleOwnerBoundaryWrite => "LF001",
+            LeaseError::FencingTokenAhead => "LF002",
+            LeaseError::MissingFencingToken => "LF003",
+            LeaseError::FencingTokenRegression => "LF004",
+            LeaseError::LeaseOwnedElsewhere => "LF005",
+            LeaseError::LeaseLost => "LF006",
+            LeaseError::FenceOwnerMissing => "LF007",
+            LeaseError::FenceTampering => "LF008",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LeaseError::StaleOwnerBoundaryWrite => "StaleOwnerBoundaryWrite",
+            LeaseError::FencingTokenAhead => "FencingTokenAhead",
+            LeaseError::MissingFencingToken => "MissingFencingToken",
+            LeaseError::FencingTokenRegression => "FencingTokenRegression",
+            LeaseError::LeaseOwnedElsewhere => "LeaseOwnedElsewhere",
+            LeaseError::LeaseLost => "LeaseLost",
+            LeaseError::FenceOwnerMissing => "FenceOwnerMissing",
+            LeaseError::FenceTampering => "FenceTampering",
+        }
+    }
+
+    /// What the operator (or the client's error handler) should do about it.
+    pub fn hint(self) -> &'static str {
+        match self {
+            LeaseError::StaleOwnerBoundaryWrite => {
+                "This writer is a stale owner: another process took over the resource. Stop writing for it and do not retry; retrying cannot succeed."
+            }
+            LeaseError::FencingTokenAhead => {
+                "The writer presents a token the database never recorded (for example one issued by a primary whose WAL was lost in a failover). Stop writing and re-acquire the lease."
+            }
+            LeaseError::MissingFencingToken => {
+                "Stamp the writer's fencing token into the token column, or bind it for the transaction with lease.bind_token(token)."
+            }
+            LeaseError::FencingTokenRegression => {
+                "Fencing tokens only rise. Issue a new, higher token instead of lowering or clearing the current one."
+            }
+            LeaseError::LeaseOwnedElsewhere => {
+                "Another live owner holds this lease. Wait for it to expire or be released, or use lease.try_acquire."
+            }
+            LeaseError::LeaseLost => {
+                "This owner no longer holds the lease. Freeze the resource and stop writing for it."
+            }
+            LeaseError::FenceOwnerMissing => {
+                "Every fenced row must match an owner row. Create the owner row first, or check the key columns."
+            }
+            LeaseError::FenceTampering => {
+                "pg_lease's triggers and fenced columns can only be removed with lease.unprotect(table)."
+            }
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<LeaseError> {
+        Self::ALL.into_iter().find(|e| e.name() == name)
+    }
+
+    /// The MAKE_SQLSTATE encoding Postgres keeps in `ErrorData.sqlerrcode`.
+    pub fn sqlerrcode(self) -> i32 {
+        self.sqlstate()
+            .bytes()
+            .enumerate()
+            .map(|(i, c)| (((c as i32) - ('0' as i32)) & 0x3F) << (6 * i))
+            .sum()
+    }
+}
+
+/// A refusal decided by pg_lease, raised with its own SQLSTATE by [`raise`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub error: LeaseError,
+    /// Follows the error's name in the message: `StaleOwnerBoundaryWrite: <summary>`.
+    pub summary: String,
+    pub detail: String,
+    pub schema: Option<String>,
+    pub table: Option<String>,
+}
+
+impl Refusal {
+    pub fn new(error: LeaseError, summary: impl Into<String>, detail: impl Into<String>) -> Self {
+        Refusal {
+            error,
+            summary: summary.into(),
+            detail: detail.into(),
+            schema: None,
+            table: None,
+        }
+    }
+
+    pub fn on_table(mut self, schema: &str, table: &str) -> Self {
+        self.schema = Some(schema.to_owned());
+        self.table = Some(table.to_owned());
+        self
+    }
+
+    pub fn message(&self) -> String {
+        format!("{}: {}", self.error.name(), self.summary)
+    }
+}
+
+extern "C-unwind" {
+    // Our own binding on purpose: pgrx's wrapper turns the longjmp into a Rust
+    // panic that nothing above this frame could catch.
+    #[link_name = "ThrowErrorData"]
+    fn throw_error_data(edata: *mut pg_sys::ErrorData);
+}
+
+/// Copies a Rust string into the current memory context.
+unsafe fn pstrdup(s: &str) -> *mut c_char {
+    let len = s.len();
+    let p = pg_sys::palloc(len + 1) as *mut u8;
+    std::ptr::copy_nonoverlapping(s.as_ptr(), p, len);
+    *p.add(len) = 0;
+    p as *mut c_char
+}
+
+/// Builds the palloc'd `ErrorData`; every Rust value is dropped on return.
+unsafe fn build_error_data(refusal: Refusal) -> *mut pg_sys::ErrorData {
+    let edata = pg_sys::palloc0(std::mem::size_of::<pg_sys::ErrorData>()) as *mut pg_sys::ErrorData;
+    let e = &mut *edata;
+    e.elevel = pg_sys::PGERROR as i32;
+    e.sqlerrcode = refusal.error.sqlerrcode();
+    e.message = pstrdup(&refusal.message());
+    e.detail = pstrdup(&refusal.detail);
+    e.hint = pstrdup(refusal.error.hint());
+    e.domain = c"pg_lease".as_ptr();
+    e.filename = c"errors.rs".as_ptr();
+    e.funcname = c"pg_lease".as_ptr();
+    if let Some(schema) = &refusal.schema {
+        e.schema_name = pstrdup(schema);
+    }
+    if let Some(table) = &refusal.table {
+        e.table_name = pstrdup(table);
+    }
+    e.assoc_context = pg_sys::CurrentMemoryContext;
+    edata
+}
+
+/// Raises `refusal` as an ERROR with its `LF` SQLSTATE. Never returns.
+///
+/// # Safety
+/// Must be called from an unguarded `extern "C-unwind"` frame (a [`c_function!`])
+/// whose locals have no destructors still to run: the longjmp skips them.
+pub unsafe fn raise(refusal: Refusal) -> ! {
+    let edata = pgrx::pg_sys::panic::pgrx_extern_c_guard(|| build_error_data(refusal));
+    throw_error_data(edata);
+    // ThrowErrorData at ERROR level always longjmps.
+    std::process::abort()
+}
+
+/// Runs `work` under pgrx's guard (so Rust panics and Postgres errors inside it
+/// are reported normally) and raises its refusal, if any, with our SQLSTATE.
+///
+/// # Safety
+/// Call only as the whole body of a version-1 C function.
+#[inline(always)]
+pub unsafe fn run_guarded(work: impl FnOnce() -> Result<pg_sys::Datum, Refusal>) -> pg_sys::Datum {
+    match pgrx::pg_sys::panic::pgrx_extern_c_guard(work) {
+        Ok(datum) => datum,
+        Err(refusal) => raise(refusal),
+    }
+}
+
+/// Exports `$name` as a version-1 C function whose body is `$body(fcinfo)`,
+/// run through [`run_guarded`]. Declare it in SQL with `LANGUAGE C`.
+#[macro_export]
+macro_rules! c_function {
+    ($name:ident, $finfo:ident, $body:path) => {
+        #[no_mangle]
+        pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
+            const V1: ::pgrx::pg_sys::Pg_finfo_record = ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
+            &V1
+        }
+
+        #[no_mangle]
+        pub unsafe extern "C-unwind" fn $name(fcinfo: ::pgrx::pg_sys::FunctionCallInfo) -> ::pgrx::pg_sys::Datum {
+            $crate::errors::run_guarded(|| $body(fcinfo))
+        }
+    };
+}
+
+/// `lease._raise(name text, summary text, detail text)`: lets pg_lease's own
+/// PL/pgSQL (the DDL event trigger) raise through this module, so every LF
+/// error carries the same message shape and hint.
+unsafe fn raise_by_name(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Refusal> {
+    let arg = |i: usize| -> String {
+        let a = &*(*fcinfo).args.as_ptr().add(i);
+        if a.isnull {
+            String::new()
+        } else {
+            let cstr = pg_sys::text_to_cstring(a.value.cast_mut_ptr());
+            CStr::from_ptr(cstr).to_string_lossy().into_owned()
+        }
+    };
+    let name = arg(0);
+    let Some(error) = LeaseError::from_name(&name) else {
+        pgrx::error!("pg_lease: unknown error name \"{name}\"");
+    };
+    Err(Refusal::new(error, arg(1), arg(2)))
+}
+
+c_function!(pg_lease_raise, pg_finfo_pg_lease_raise, raise_by_name);

@@ -1,0 +1,256 @@
+//! Protection config per relation, cached for the life of the backend.
+//!
+//! The row trigger finds its table's config here by relation OID. Entries are
+//! built once from `lease.protected` (the only per-table SPI work) and dropped
+//! by the relcache invalidation callback whenever the protected table, its
+//! owner table, or anything they depend on changes (protect/unprotect create
+//! and drop triggers, which invalidates the relation in every backend).
+
+use crate::errors::{LeaseError, Refusal};
+use crate::fence::pg::{qualified_name, quote_ident, rel_owner, relation_names};
+use pgrx::prelude::*;
+use pgrx::spi::Spi;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::rc::Rc;
+
+/// A key column as it appears in the relation the trigger fired on (for a
+/// partition, attribute numbers can differ from the parent's).
+pub struct KeyColumn {
+    pub attnum: i16,
+    pub name: String,
+    pub typid: pg_sys::Oid,
+    pub typlen: i16,
+    pub typbyval: bool,
+}
+
+pub enum TokenSource {
+    /// `NEW.<column>` (int2, int4 or int8).
+    Column { attnum: i16, typid: pg_sys::Oid },
+    /// The transaction-bound `pg_lease.token`.
+    Bound,
+}
+
+pub struct OwnerLookup {
+    pub relid: pg_sys::Oid,
+    pub rel_owner: pg_sys::Oid,
+    pub display: String,
+    /// `SELECT token FROM owner WHERE keys = $n FOR SHARE`, saved with SPI_keepplan.
+    pub plan: pg_sys::SPIPlanPtr,
+}
+
+pub enum Mode {
+    Owner(OwnerLookup),
+    HighWater,
+}
+
+pub struct FenceConfig {
+    /// The relation the trigger fired on (a partition or the protected table).
+    pub relid: pg_sys::Oid,
+    /// The table named in `lease.protect*()`.
+    pub protected_relid: pg_sys::Oid,
+    pub schema: String,
+    pub table: String,
+    pub display: String,
+    pub keys: Vec<KeyColumn>,
+    pub token: TokenSource,
+    pub mode: Mode,
+}
+
+impl FenceConfig {
+    fn depends_on(&self, relid: pg_sys::Oid) -> bool {
+        self.relid == relid
+            || self.protected_relid == relid
+            || matches!(&self.mode, Mode::Owner(o) if o.relid == relid)
+    }
+}
+
+impl Drop for FenceConfig {
+    fn drop(&mut self) {
+        if let Mode::Owner(owner) = &self.mode {
+            // Drops can happen inside an invalidation callback, where freeing
+            // plans is not safe; they are freed on the next config build.
+            STALE_PLANS.with(|p| p.borrow_mut().push(owner.plan));
+        }
+    }
+}
+
+thread_local! {
+    static CONFIGS: RefCell<HashMap<pg_sys::Oid, Rc<FenceConfig>>> = RefCell::new(HashMap::new());
+    static FLUSH_ALL: Cell<bool> = const { Cell::new(false) };
+    static STALE_PLANS: RefCell<Vec<pg_sys::SPIPlanPtr>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The config for `relid`, building it on first use in this backend.
+pub fn for_relation(relid: pg_sys::Oid) -> Result<Rc<FenceConfig>, Refusal> {
+    if FLUSH_ALL.with(|f| f.replace(false)) {
+        CONFIGS.with(|c| c.borrow_mut().clear());
+    }
+    if let Some(cfg) = CONFIGS.with(|c| c.borrow().get(&relid).cloned()) {
+        return Ok(cfg);
+    }
+    free_stale_plans();
+    let cfg = Rc::new(build(relid)?);
+    CONFIGS.with(|c| c.borrow_mut().insert(relid, cfg.clone()));
+    Ok(cfg)
+}
+
+/// Relcache invalidation: forget every config that depends on `relid`.
+pub unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    CONFIGS.with(|c| match c.try_borrow_mut() {
+        Ok(mut map) if relid != pg_sys::InvalidOid => map.retain(|_, cfg| !cfg.depends_on(relid)),
+        Ok(mut map) => map.clear(),
+        // Never expected (no borrow is held across a call into Postgres), but
+        // a lost invalidation would be a correctness bug: flush everything.
+        Err(_) => FLUSH_ALL.with(|f| f.set(true)),
+    });
+}
+
+fn free_stale_plans() {
+    let plans = STALE_PLANS.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    for plan in plans {
+        unsafe { pg_sys::SPI_freeplan(plan) };
+    }
+}
+
+struct ProtectedRow {
+    protected_relid: pg_sys::Oid,
+    mode: String,
+    key_columns: Vec<String>,
+    token_column: Option<String>,
+    owner_table: Option<pg_sys::Oid>,
+    owner_key_columns: Vec<String>,
+    owner_token_column: Option<String>,
+}
+
+fn load_row(relid: pg_sys::Oid) -> Option<ProtectedRow> {
+    Spi::connect(|client| {
+        let rows = client
+            .select(
+                "SELECT p.relid::oid, p.mode, p.key_columns, p.token_column::text, p.owner_table::oid,
+                        p.owner_key_columns, p.owner_token_column::text
+                   FROM lease.protected p
+                  WHERE p.relid::oid = $1::oid
+                     OR p.relid::oid IN (SELECT a.relid::oid FROM pg_catalog.pg_partition_ancestors($1) a)",
+                Some(1),
+                &[unsafe { pgrx::datum::DatumWithOid::new(relid, pg_sys::REGCLASSOID) }],
+            )
+            .expect("reading lease.protected");
+        let row = rows.first();
+        if row.is_empty() {
+            return None;
+        }
+        Some(ProtectedRow {
+            protected_relid: row.get(1).unwrap().unwrap(),
+            mode: row.get(2).unwrap().unwrap(),
+            key_columns: row.get(3).unwrap().unwrap_or_default(),
+            token_column: row.get(4).unwrap(),
+            owner_table: row.get(5).unwrap(),
+            owner_key_columns: row.get(6).unwrap().unwrap_or_default(),
+            owner_token_column: row.get(7).unwrap(),
+        })
+    })
+}
+
+fn misconfigured(display: &str, what: String) -> Refusal {
+    Refusal::new(
+        LeaseError::FenceTampering,
+        format!("the fence on {display} is inconsistent"),
+        what,
+    )
+}
+
+fn column(relid: pg_sys::Oid, display: &str, name: &str) -> Result<(i16, pg_sys::Oid), Refusal> {
+    let cname = CString::new(name).expect("column names have no NUL");
+    let attnum = unsafe { pg_sys::get_attnum(relid, cname.as_ptr()) };
+    if attnum <= 0 {
+        return Err(misconfigured(display, format!("column \"{name}\" of {display} no longer exists")));
+    }
+    Ok((attnum, unsafe { pg_sys::get_atttype(relid, attnum) }))
+}
+
+fn is_token_type(typid: pg_sys::Oid) -> bool {
+    typid == pg_sys::INT8OID || typid == pg_sys::INT4OID || typid == pg_sys::INT2OID
+}
+
+fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
+    let (schema, table) = relation_names(relid);
+    let display = qualified_name(&schema, &table);
+    let Some(row) = load_row(relid) else {
+        return Err(misconfigured(
+            &display,
+            format!("{display} carries pg_lease's fence trigger but lease.protected has no entry for it"),
+        ));
+    };
+
+    let mut keys = Vec::with_capacity(row.key_columns.len());
+    for name in &row.key_columns {
+        let (attnum, typid) = column(relid, &display, name)?;
+        let (mut typlen, mut typbyval) = (0i16, false);
+        unsafe { pg_sys::get_typlenbyval(typid, &mut typlen, &mut typbyval) };
+        keys.push(KeyColumn { attnum, name: name.clone(), typid, typlen, typbyval });
+    }
+
+    let token = match &row.token_column {
+        None => TokenSource::Bound,
+        Some(name) => {
+            let (attnum, typid) = column(relid, &display, name)?;
+            if !is_token_type(typid) {
+                return Err(misconfigured(&display, format!("token column \"{name}\" of {display} is no longer an integer")));
+            }
+            TokenSource::Column { attnum, typid }
+        }
+    };
+
+    let mode = match row.mode.as_str() {
+        "high_water" => Mode::HighWater,
+        _ => Mode::Owner(prepare_owner_lookup(&display, &row, &keys)?),
+    };
+
+    Ok(FenceConfig { relid, protected_relid: row.protected_relid, schema, table, display, keys, token, mode })
+}
+
+fn prepare_owner_lookup(display: &str, row: &ProtectedRow, keys: &[KeyColumn]) -> Result<OwnerLookup, Refusal> {
+    let owner_relid = row.owner_table.ok_or_else(|| misconfigured(display, "no owner table recorded".into()))?;
+    let token_column = row.owner_token_column.clone().unwrap_or_default();
+    let (owner_schema, owner_table) = relation_names(owner_relid);
+    let owner_display = qualified_name(&owner_schema, &owner_table);
+    let (_, token_typid) = column(owner_relid, &owner_display, &token_column)?;
+    if !is_token_type(token_typid) {
+        return Err(misconfigured(display, format!("token column \"{token_column}\" of {owner_display} is no longer an integer")));
+    }
+    for name in &row.owner_key_columns {
+        column(owner_relid, &owner_display, name)?;
+    }
+
+    let conditions = row
+        .owner_key_columns
+        .iter()
+        .enumerate()
+        .map(|(i, name)| format!("o.{} OPERATOR(pg_catalog.=) ${}", quote_ident(name), i + 1))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let sql = format!(
+        "SELECT o.{} FROM {} o WHERE {} FOR SHARE OF o",
+        quote_ident(&token_column),
+        owner_display,
+        conditions
+    );
+    let csql = CString::new(sql).expect("no NUL in generated SQL");
+    let mut argtypes: Vec<pg_sys::Oid> = keys.iter().map(|k| k.typid).collect();
+    let plan = Spi::connect(|_| unsafe {
+        let plan = pg_sys::SPI_prepare(csql.as_ptr(), argtypes.len() as i32, argtypes.as_mut_ptr());
+        if plan.is_null() {
+            pgrx::error!("pg_lease: could not prepare the owner lookup for {display}");
+        }
+        pg_sys::SPI_keepplan(plan);
+        plan
+    });
+    Ok(OwnerLookup {
+        relid: owner_relid,
+        rel_owner: rel_owner(owner_relid),
+        display: owner_display,
+        plan,
+    })
+}

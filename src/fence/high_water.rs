@@ -1,0 +1,128 @@
+//! High-water fencing for sinks fed from an untrusted log: no owner row, the
+//! current token of a resource is the highest token ever accepted for it.
+//!
+//! A mark equal to the writer's token is verified under a `FOR SHARE` lock on
+//! its `lease.high_water` row (equal writers do not block each other); a higher
+//! token raises the mark with an upsert, whose row lock makes later writers
+//! wait for this transaction and then compare against the raised mark.
+
+use crate::errors::{LeaseError, Refusal};
+use crate::fence::config::FenceConfig;
+use crate::fence::pg::{datum_text, rel_owner};
+use crate::fence::trigger::{refusal, run_plan_for_token, Op, Row};
+use crate::fence::verified;
+use pgrx::{pg_sys, IntoDatum};
+use std::cell::Cell;
+
+#[derive(Clone, Copy)]
+struct Plans {
+    select: pg_sys::SPIPlanPtr,
+    upsert: pg_sys::SPIPlanPtr,
+    /// Owner of `lease.high_water`: writers need no privileges on it.
+    role: pg_sys::Oid,
+}
+
+thread_local! {
+    static PLANS: Cell<Option<Plans>> = const { Cell::new(None) };
+}
+
+unsafe fn prepare(sql: &std::ffi::CStr, argtypes: &mut [pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
+    let plan = pg_sys::SPI_prepare(sql.as_ptr(), argtypes.len() as i32, argtypes.as_mut_ptr());
+    if plan.is_null() {
+        pgrx::error!("pg_lease: could not prepare the high-water lookup");
+    }
+    pg_sys::SPI_keepplan(plan);
+    plan
+}
+
+fn plans() -> Plans {
+    if let Some(p) = PLANS.with(|p| p.get()) {
+        return p;
+    }
+    let p = pgrx::spi::Spi::connect(|_| unsafe {
+        let mut args = [pg_sys::REGCLASSOID, pg_sys::TEXTARRAYOID, pg_sys::INT8OID];
+        Plans {
+            select: prepare(
+                c"SELECT token FROM lease.high_water WHERE target OPERATOR(pg_catalog.=) $1 AND resource OPERATOR(pg_catalog.=) $2 FOR SHARE",
+                &mut args[..2],
+            ),
+            upsert: prepare(
+                c"INSERT INTO lease.high_water AS h (target, resource, token) VALUES ($1, $2, $3)
+                  ON CONFLICT (target, resource) DO UPDATE
+                  SET token = pg_catalog.int8larger(h.token, excluded.token), updated_at = pg_catalog.now()
+                  RETURNING h.token",
+                &mut args,
+            ),
+            role: pg_sys::InvalidOid,
+        }
+    });
+    let p = Plans { role: rel_owner(high_water_relid()), ..p };
+    PLANS.with(|c| c.set(Some(p)));
+    p
+}
+
+fn high_water_relid() -> pg_sys::Oid {
+    pgrx::spi::Spi::get_one::<pg_sys::Oid>("SELECT 'lease.high_water'::pg_catalog.regclass::pg_catalog.oid")
+        .ok()
+        .flatten()
+        .expect("lease.high_water exists")
+}
+
+/// The key values as text[], the resource's name in `lease.high_water`.
+fn resource_datum(cfg: &FenceConfig, row: Row) -> pg_sys::Datum {
+    let values: Vec<String> = cfg
+        .keys
+        .iter()
+        .map(|k| datum_text(row.attr(k.attnum).expect("key checked non-NULL"), k.typid))
+        .collect();
+    values.into_datum().expect("text[] datum")
+}
+
+/// The resource's mark, share-locked; None if it has none yet.
+pub fn read_and_lock(cfg: &FenceConfig, row: Row) -> Option<i64> {
+    let p = plans();
+    let mut args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row)];
+    unsafe { run_plan_for_token(p.select, &mut args, p.role) }.flatten()
+}
+
+fn raise_mark(cfg: &FenceConfig, row: Row, token: i64) -> i64 {
+    let p = plans();
+    let mut args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row), pg_sys::Datum::from(token)];
+    unsafe { run_plan_for_token(p.upsert, &mut args, p.role) }
+        .flatten()
+        .expect("the upsert returns the mark")
+}
+
+/// Verdict for `token` against `mark`. `key` is Some when the mark was just
+/// read (and locked) in this call, so it must be remembered.
+pub fn check(
+    cfg: &FenceConfig,
+    row: Row,
+    op: Op,
+    token: i64,
+    mark: Option<i64>,
+    key: Option<Box<[u8]>>,
+) -> Result<(), Refusal> {
+    match mark {
+        Some(m) if token <= m => {
+            if let Some(key) = key {
+                verified::remember(&key, Some(m));
+            }
+            if token == m {
+                Ok(())
+            } else {
+                Err(refusal(LeaseError::StaleOwnerBoundaryWrite, cfg, row, op, Some(token), Some(m)))
+            }
+        }
+        _ => {
+            let raised = raise_mark(cfg, row, token);
+            let key = key.unwrap_or_else(|| crate::fence::trigger::key_of(cfg, row));
+            verified::remember(&key, Some(raised));
+            if raised == token {
+                Ok(())
+            } else {
+                Err(refusal(LeaseError::StaleOwnerBoundaryWrite, cfg, row, op, Some(token), Some(raised)))
+            }
+        }
+    }
+}

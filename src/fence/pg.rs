@@ -1,0 +1,81 @@
+//! Small helpers over Postgres catalogs and datums used by the fence.
+
+use pgrx::pg_sys;
+use std::ffi::CStr;
+
+unsafe fn owned(p: *const std::ffi::c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+/// (schema, relation name) of `relid`.
+pub fn relation_names(relid: pg_sys::Oid) -> (String, String) {
+    unsafe {
+        let schema = owned(pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid)));
+        let table = owned(pg_sys::get_rel_name(relid));
+        (schema, table)
+    }
+}
+
+/// An identifier quoted the way Postgres quotes it (only when needed).
+pub fn quote_ident(name: &str) -> String {
+    let cname = std::ffi::CString::new(name).expect("identifiers have no NUL");
+    unsafe { owned(pg_sys::quote_identifier(cname.as_ptr())) }
+}
+
+pub fn qualified_name(schema: &str, table: &str) -> String {
+    format!("{}.{}", quote_ident(schema), quote_ident(table))
+}
+
+/// The role that owns `relid` (lookups run as it, as RI triggers do).
+pub fn rel_owner(relid: pg_sys::Oid) -> pg_sys::Oid {
+    pgrx::spi::Spi::get_one_with_args::<pg_sys::Oid>(
+        "SELECT relowner FROM pg_catalog.pg_class WHERE oid = $1",
+        &[relid.into()],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(pg_sys::InvalidOid)
+}
+
+/// An integer token datum of type int2/int4/int8 as i64.
+#[inline]
+pub fn token_from_datum(datum: pg_sys::Datum, typid: pg_sys::Oid) -> i64 {
+    if typid == pg_sys::INT8OID {
+        datum.value() as i64
+    } else if typid == pg_sys::INT4OID {
+        datum.value() as i32 as i64
+    } else {
+        datum.value() as i16 as i64
+    }
+}
+
+/// The text form of a datum, for messages (slow path only).
+pub fn datum_text(datum: pg_sys::Datum, typid: pg_sys::Oid) -> String {
+    unsafe {
+        let (mut out, mut varlena) = (pg_sys::InvalidOid, false);
+        pg_sys::getTypeOutputInfo(typid, &mut out, &mut varlena);
+        owned(pg_sys::OidOutputFunctionCall(out, datum))
+    }
+}
+
+/// Runs `f` as `role`, the way ri_triggers.c runs its checks as the owner of
+/// the referenced table: the writer needs no privileges on pg_lease's lookups,
+/// and row-level security cannot hide an owner row from the fence.
+pub fn as_role<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
+    unsafe {
+        let (mut saved_user, mut saved_ctx) = (pg_sys::InvalidOid, 0);
+        pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_ctx);
+        pg_sys::SetUserIdAndSecContext(
+            role,
+            saved_ctx | (pg_sys::SECURITY_LOCAL_USERID_CHANGE | pg_sys::SECURITY_NOFORCE_RLS) as i32,
+        );
+        // On error, (sub)transaction abort restores the saved user and context.
+        let r = f();
+        pg_sys::SetUserIdAndSecContext(saved_user, saved_ctx);
+        r
+    }
+}

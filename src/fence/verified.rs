@@ -1,0 +1,72 @@
+//! Per-transaction cache of resources whose current token this transaction
+//! has already locked and read.
+//!
+//! An entry is only valid while the row lock that backs it is held: the lock
+//! lives until the transaction ends, or until the subtransaction that took it
+//! aborts. Entries therefore remember their subtransaction and are dropped with
+//! it, follow it to its parent on subcommit, and all vanish at transaction end.
+//! A change of an owner token by this very transaction (the owner guard) or a
+//! raised high-water mark also drops entries, so the next row re-reads.
+
+use pgrx::pg_sys;
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+#[derive(Clone, Copy)]
+struct Entry {
+    /// The resource's current token when verified (None: the owner row's token is NULL).
+    current: Option<i64>,
+    subxact: pg_sys::SubTransactionId,
+}
+
+thread_local! {
+    static VERIFIED: RefCell<HashMap<Box<[u8]>, Entry>> = RefCell::new(HashMap::new());
+}
+
+/// The verified current token for this resource key, if this transaction holds its lock.
+#[inline]
+pub fn lookup(key: &[u8]) -> Option<Option<i64>> {
+    VERIFIED.with(|v| v.borrow().get(key).map(|e| e.current))
+}
+
+pub fn remember(key: &[u8], current: Option<i64>) {
+    let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    VERIFIED.with(|v| {
+        v.borrow_mut().insert(key.into(), Entry { current, subxact });
+    });
+}
+
+pub fn forget_all() {
+    VERIFIED.with(|v| {
+        if let Ok(mut map) = v.try_borrow_mut() {
+            map.clear()
+        }
+    });
+}
+
+
+pub unsafe extern "C-unwind" fn on_xact_event(_event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+    // Commit, abort, prepare: every row lock is either released or handed to
+    // the prepared transaction; nothing stays valid for the next transaction.
+    forget_all();
+}
+
+pub unsafe extern "C-unwind" fn on_subxact_event(
+    event: pg_sys::SubXactEvent::Type,
+    my_subid: pg_sys::SubTransactionId,
+    parent_subid: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    VERIFIED.with(|v| {
+        let Ok(mut map) = v.try_borrow_mut() else { return };
+        match event {
+            pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB => map.retain(|_, e| e.subxact != my_subid),
+            pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB => {
+                for e in map.values_mut().filter(|e| e.subxact == my_subid) {
+                    e.subxact = parent_subid;
+                }
+            }
+            _ => {}
+        }
+    });
+}

@@ -1,0 +1,76 @@
+//! Every `pg_lease.*` setting, defined in one place with typed accessors.
+
+use pgrx::pg_sys;
+use std::cell::Cell;
+use std::ffi::{c_char, c_void, CStr};
+
+thread_local! {
+    /// The parsed value of `pg_lease.token`, kept in step by the assign hook so
+    /// the per-row fence never parses a string.
+    static BOUND_TOKEN: Cell<Option<i64>> = const { Cell::new(None) };
+}
+
+/// Backing storage Postgres writes the raw `pg_lease.token` string into.
+static mut TOKEN_RAW: *mut c_char = std::ptr::null_mut();
+
+/// The writer's fencing token bound to the current transaction with
+/// `lease.bind_token(t)` or `SET LOCAL pg_lease.token = 't'`.
+#[inline]
+pub fn bound_token() -> Option<i64> {
+    BOUND_TOKEN.with(|t| t.get())
+}
+
+/// Parses a token as written in `pg_lease.token`: empty means unbound.
+pub fn parse_token(text: &str) -> Result<Option<i64>, &'static CStr> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    match text.parse::<i64>() {
+        Ok(t) if t >= 0 => Ok(Some(t)),
+        Ok(_) => Err(c"Fencing tokens are non-negative."),
+        Err(_) => Err(c"A fencing token is a bigint written in decimal, or empty for none."),
+    }
+}
+
+unsafe extern "C-unwind" fn check_token(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
+    if (*newval).is_null() {
+        return true;
+    }
+    let text = CStr::from_ptr(*newval).to_string_lossy();
+    match parse_token(&text) {
+        Ok(_) => true,
+        Err(why) => {
+            // What GUC_check_errdetail() does; Postgres reports it right after we return.
+            pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(why.as_ptr());
+            false
+        }
+    }
+}
+
+unsafe extern "C-unwind" fn assign_token(newval: *const c_char, _extra: *mut c_void) {
+    let parsed = if newval.is_null() {
+        None
+    } else {
+        parse_token(&CStr::from_ptr(newval).to_string_lossy()).unwrap_or(None)
+    };
+    BOUND_TOKEN.with(|t| t.set(parsed));
+}
+
+pub fn init() {
+    unsafe {
+        pg_sys::DefineCustomStringVariable(
+            c"pg_lease.token".as_ptr(),
+            c"Fencing token the current writer presents when the protected table has no token column.".as_ptr(),
+            c"Set it per transaction with lease.bind_token(token) or SET LOCAL.".as_ptr(),
+            &raw mut TOKEN_RAW,
+            c"".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            0,
+            Some(check_token),
+            Some(assign_token),
+            None,
+        );
+        pg_sys::MarkGUCPrefixReserved(c"pg_lease".as_ptr());
+    }
+}

@@ -1,0 +1,28 @@
+//! pg_lease: fencing tokens enforced inside PostgreSQL.
+//!
+//! This file only wires modules together; see README.md for the design.
+
+mod errors;
+mod fence;
+mod gucs;
+
+::pgrx::pg_module_magic!();
+
+pgrx::extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
+pgrx::extension_sql_file!("../sql/fence.sql", name = "fence", requires = ["schema"]);
+
+#[pgrx::pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    gucs::init();
+    fence::init();
+}
+
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}

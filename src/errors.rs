@@ -209,12 +209,15 @@ macro_rules! c_function {
     ($name:ident, $finfo:ident, $body:path) => {
         #[no_mangle]
         pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
-            const V1: ::pgrx::pg_sys::Pg_finfo_record = ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
+            const V1: ::pgrx::pg_sys::Pg_finfo_record =
+                ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
             &V1
         }
 
         #[no_mangle]
-        pub unsafe extern "C-unwind" fn $name(fcinfo: ::pgrx::pg_sys::FunctionCallInfo) -> ::pgrx::pg_sys::Datum {
+        pub unsafe extern "C-unwind" fn $name(
+            fcinfo: ::pgrx::pg_sys::FunctionCallInfo,
+        ) -> ::pgrx::pg_sys::Datum {
             $crate::errors::run_guarded(|| $body(fcinfo))
         }
     };
@@ -241,3 +244,62 @@ unsafe fn raise_by_name(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datu
 }
 
 c_function!(pg_lease_raise, pg_finfo_pg_lease_raise, raise_by_name);
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::LeaseError;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn sqlerrcode_uses_postgres_encoding() {
+        // Same arithmetic as MAKE_SQLSTATE, checked against a code Postgres defines.
+        let serialization_failure: i32 = "40001"
+            .bytes()
+            .enumerate()
+            .map(|(i, c)| ((c as i32 - 48) & 0x3F) << (6 * i))
+            .sum();
+        assert_eq!(
+            serialization_failure,
+            PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE as i32
+        );
+        let codes: Vec<_> = LeaseError::ALL.iter().map(|e| e.sqlstate()).collect();
+        assert_eq!(
+            codes,
+            ["LF001", "LF002", "LF003", "LF004", "LF005", "LF006", "LF007", "LF008"]
+        );
+        for e in LeaseError::ALL {
+            assert_eq!(LeaseError::from_name(e.name()), Some(e));
+            assert!(!e.hint().is_empty());
+        }
+        // Postgres renders the encoded code back to the same five characters.
+        let rendered = unsafe {
+            std::ffi::CStr::from_ptr(pg_sys::unpack_sql_state(
+                LeaseError::FenceTampering.sqlerrcode(),
+            ))
+        };
+        assert_eq!(rendered.to_str().unwrap(), "LF008");
+    }
+
+    #[pg_test]
+    fn refusals_abort_the_statement_and_write_nothing() {
+        Spi::run(
+            "CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE payouts (table_id int, fencing_token bigint);
+             SELECT lease.protect('payouts', '{table_id}', 'fencing_token');
+             INSERT INTO tables VALUES (1, 3);
+             INSERT INTO payouts VALUES (1, 3);",
+        )
+        .unwrap();
+        let caught = Spi::get_one::<String>(
+            "DO $$ BEGIN INSERT INTO payouts VALUES (1, 2); EXCEPTION WHEN SQLSTATE 'LF001' THEN
+                 PERFORM set_config('pg_lease_test.caught', 'LF001', true); END $$;
+             SELECT current_setting('pg_lease_test.caught')",
+        );
+        assert_eq!(caught.unwrap().as_deref(), Some("LF001"));
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT count(*) FROM payouts").unwrap(),
+            Some(1)
+        );
+    }
+}

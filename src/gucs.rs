@@ -33,7 +33,11 @@ pub fn parse_token(text: &str) -> Result<Option<i64>, &'static CStr> {
     }
 }
 
-unsafe extern "C-unwind" fn check_token(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
+unsafe extern "C-unwind" fn check_token(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
     if (*newval).is_null() {
         return true;
     }
@@ -72,5 +76,32 @@ pub fn init() {
             None,
         );
         pg_sys::MarkGUCPrefixReserved(c"pg_lease".as_ptr());
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn token_text_parses_strictly() {
+        assert_eq!(parse_token(""), Ok(None));
+        assert_eq!(parse_token(" 42 "), Ok(Some(42)));
+        assert_eq!(parse_token("9223372036854775807"), Ok(Some(i64::MAX)));
+        assert!(parse_token("-1").is_err());
+        assert!(parse_token("4x").is_err());
+        assert!(parse_token("9223372036854775808").is_err());
+    }
+
+    #[pg_test]
+    fn bound_token_follows_set_local() {
+        Spi::run("SET LOCAL pg_lease.token = '17'").unwrap();
+        assert_eq!(bound_token(), Some(17));
+        Spi::run("SELECT lease.bind_token(18)").unwrap();
+        assert_eq!(bound_token(), Some(18));
+        Spi::run("SET LOCAL pg_lease.token = ''").unwrap();
+        assert_eq!(bound_token(), None);
     }
 }

@@ -71,7 +71,8 @@ impl Drop for FenceConfig {
         if let Mode::Owner(owner) = &self.mode {
             // Drops can happen inside an invalidation callback, where freeing
             // plans is not safe; they are freed on the next config build.
-            STALE_PLANS.with(|p| p.borrow_mut().push(owner.plan));
+            // At backend exit the list may already be gone: nothing to free then.
+            let _ = STALE_PLANS.try_with(|p| p.borrow_mut().push(owner.plan));
         }
     }
 }
@@ -165,7 +166,10 @@ fn column(relid: pg_sys::Oid, display: &str, name: &str) -> Result<(i16, pg_sys:
     let cname = CString::new(name).expect("column names have no NUL");
     let attnum = unsafe { pg_sys::get_attnum(relid, cname.as_ptr()) };
     if attnum <= 0 {
-        return Err(misconfigured(display, format!("column \"{name}\" of {display} no longer exists")));
+        return Err(misconfigured(
+            display,
+            format!("column \"{name}\" of {display} no longer exists"),
+        ));
     }
     Ok((attnum, unsafe { pg_sys::get_atttype(relid, attnum) }))
 }
@@ -189,7 +193,13 @@ fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
         let (attnum, typid) = column(relid, &display, name)?;
         let (mut typlen, mut typbyval) = (0i16, false);
         unsafe { pg_sys::get_typlenbyval(typid, &mut typlen, &mut typbyval) };
-        keys.push(KeyColumn { attnum, name: name.clone(), typid, typlen, typbyval });
+        keys.push(KeyColumn {
+            attnum,
+            name: name.clone(),
+            typid,
+            typlen,
+            typbyval,
+        });
     }
 
     let token = match &row.token_column {
@@ -197,7 +207,10 @@ fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
         Some(name) => {
             let (attnum, typid) = column(relid, &display, name)?;
             if !is_token_type(typid) {
-                return Err(misconfigured(&display, format!("token column \"{name}\" of {display} is no longer an integer")));
+                return Err(misconfigured(
+                    &display,
+                    format!("token column \"{name}\" of {display} is no longer an integer"),
+                ));
             }
             TokenSource::Column { attnum, typid }
         }
@@ -208,17 +221,35 @@ fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
         _ => Mode::Owner(prepare_owner_lookup(&display, &row, &keys)?),
     };
 
-    Ok(FenceConfig { relid, protected_relid: row.protected_relid, schema, table, display, keys, token, mode })
+    Ok(FenceConfig {
+        relid,
+        protected_relid: row.protected_relid,
+        schema,
+        table,
+        display,
+        keys,
+        token,
+        mode,
+    })
 }
 
-fn prepare_owner_lookup(display: &str, row: &ProtectedRow, keys: &[KeyColumn]) -> Result<OwnerLookup, Refusal> {
-    let owner_relid = row.owner_table.ok_or_else(|| misconfigured(display, "no owner table recorded".into()))?;
+fn prepare_owner_lookup(
+    display: &str,
+    row: &ProtectedRow,
+    keys: &[KeyColumn],
+) -> Result<OwnerLookup, Refusal> {
+    let owner_relid = row
+        .owner_table
+        .ok_or_else(|| misconfigured(display, "no owner table recorded".into()))?;
     let token_column = row.owner_token_column.clone().unwrap_or_default();
     let (owner_schema, owner_table) = relation_names(owner_relid);
     let owner_display = qualified_name(&owner_schema, &owner_table);
     let (_, token_typid) = column(owner_relid, &owner_display, &token_column)?;
     if !is_token_type(token_typid) {
-        return Err(misconfigured(display, format!("token column \"{token_column}\" of {owner_display} is no longer an integer")));
+        return Err(misconfigured(
+            display,
+            format!("token column \"{token_column}\" of {owner_display} is no longer an integer"),
+        ));
     }
     for name in &row.owner_key_columns {
         column(owner_relid, &owner_display, name)?;

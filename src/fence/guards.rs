@@ -21,7 +21,9 @@ unsafe fn attnum_of(relid: pg_sys::Oid, name: &str) -> (i16, pg_sys::Oid) {
 /// on an owner table.
 pub unsafe fn owner_guard(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Refusal> {
     let td = trigger_data(fcinfo, "lease.owner_guard");
-    if td.tg_event & pg_sys::TRIGGER_EVENT_OPMASK != pg_sys::TRIGGER_EVENT_UPDATE || td.tg_event & pg_sys::TRIGGER_EVENT_ROW == 0 {
+    if td.tg_event & pg_sys::TRIGGER_EVENT_OPMASK != pg_sys::TRIGGER_EVENT_UPDATE
+        || td.tg_event & pg_sys::TRIGGER_EVENT_ROW == 0
+    {
         pgrx::error!("lease.owner_guard() must be a BEFORE UPDATE ... FOR EACH ROW trigger");
     }
     let args = trigger_args(td);
@@ -61,7 +63,8 @@ unsafe fn describe_owner_key(relid: pg_sys::Oid, row: Row, key_columns: &[String
         .iter()
         .map(|name| {
             let (attnum, typid) = attnum_of(relid, name);
-            row.attr(attnum).map_or_else(|| "NULL".to_owned(), |d| datum_text(d, typid))
+            row.attr(attnum)
+                .map_or_else(|| "NULL".to_owned(), |d| datum_text(d, typid))
         })
         .collect();
     format!("({})=({})", key_columns.join(", "), values.join(", "))

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# `make test`: lint, in-process pgrx tests, then multi-session tests over real
+# connections against a scratch cluster with pg_lease preloaded.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SCRATCH=${PG_LEASE_SCRATCH:-/var/tmp/pg_lease}
+PORT=${PG_LEASE_TEST_PORT:-54401}
+
+scripts/setup.sh
+
+echo "== lint"
+cargo fmt --check
+cargo clippy --quiet --all-targets --features pg_test -- -D warnings
+
+echo "== pgrx tests (in-process)"
+mkdir -p "$SCRATCH"; chown postgres: "$SCRATCH"
+# The pgrx test cluster is rebuilt from scratch each run.
+rm -rf "$SCRATCH/pgrx-data"
+cargo pgrx test pg15 --runas postgres --pgdata "$SCRATCH/pgrx-data"
+
+echo "== install"
+cargo pgrx install --pg-config "$(command -v pg_config)" >/dev/null
+
+echo "== multi-session tests (real connections, port $PORT)"
+scripts/cluster.sh start sessions "$PORT"
+trap 'scripts/cluster.sh stop sessions' EXIT
+PG_LEASE_TEST_PORT=$PORT cargo test --manifest-path tests/sessions/Cargo.toml -- --test-threads=4

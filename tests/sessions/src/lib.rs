@@ -1,0 +1,131 @@
+//! Test support: a database per test in the scratch cluster that `make test`
+//! starts (port in `PG_LEASE_TEST_PORT`), and small helpers over `postgres`.
+
+use postgres::{Client, NoTls};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub use postgres;
+
+pub fn port() -> u16 {
+    std::env::var("PG_LEASE_TEST_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .expect("PG_LEASE_TEST_PORT is set by `make test` (scripts/test.sh)")
+}
+
+pub fn connect_to(dbname: &str, user: &str) -> Client {
+    let conn = format!(
+        "host=127.0.0.1 port={} user={user} dbname={dbname} application_name=pg_lease_tests",
+        port()
+    );
+    Client::connect(&conn, NoTls).unwrap_or_else(|e| panic!("connect to {dbname} as {user}: {e}"))
+}
+
+/// A fresh database with pg_lease installed, dropped again on drop.
+pub struct TestDb {
+    pub name: String,
+}
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+impl TestDb {
+    pub fn new(label: &str) -> TestDb {
+        let name = format!(
+            "t_{label}_{}_{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        );
+        let mut admin = connect_to("postgres", "postgres");
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .unwrap();
+        let db = TestDb { name };
+        db.connect()
+            .batch_execute("CREATE EXTENSION pg_lease")
+            .unwrap();
+        db
+    }
+
+    pub fn connect(&self) -> Client {
+        connect_to(&self.name, "postgres")
+    }
+
+    pub fn connect_as(&self, user: &str) -> Client {
+        connect_to(&self.name, user)
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Ok(mut admin) = Client::connect(
+            &format!(
+                "host=127.0.0.1 port={} user=postgres dbname=postgres",
+                port()
+            ),
+            NoTls,
+        ) {
+            let _ = admin.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
+        }
+    }
+}
+
+/// The SQLSTATE of a failed statement ("" when it succeeded).
+pub fn sqlstate<T>(r: &Result<T, postgres::Error>) -> String {
+    match r {
+        Ok(_) => String::new(),
+        Err(e) => e
+            .code()
+            .map(|c| c.code().to_owned())
+            .unwrap_or_else(|| format!("no sqlstate: {e}")),
+    }
+}
+
+/// Runs `sql` and returns its SQLSTATE ("" on success).
+pub fn try_sql(c: &mut Client, sql: &str) -> String {
+    sqlstate(&c.batch_execute(sql))
+}
+
+/// Asserts `sql` fails with `code`, returning the error message and detail.
+#[track_caller]
+pub fn expect_error(c: &mut Client, sql: &str, code: &str) -> String {
+    match c.batch_execute(sql) {
+        Ok(()) => panic!("expected {code} from: {sql}\nbut it succeeded"),
+        Err(e) => {
+            let db = e
+                .as_db_error()
+                .unwrap_or_else(|| panic!("expected {code}, got non-db error {e}"));
+            assert_eq!(
+                db.code().code(),
+                code,
+                "SQLSTATE for: {sql}\nmessage: {}",
+                db.message()
+            );
+            format!("{} | {}", db.message(), db.detail().unwrap_or(""))
+        }
+    }
+}
+
+pub fn one_i64(c: &mut Client, sql: &str) -> i64 {
+    c.query_one(sql, &[])
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .get(0)
+}
+
+/// The poker schema from the incident: owner rows in `tables`, fenced `payouts`.
+pub const POKER: &str = "
+    CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint);
+    CREATE TABLE balances (player text PRIMARY KEY, chips bigint NOT NULL);
+    CREATE TABLE payouts (
+        id bigserial PRIMARY KEY,
+        table_id int NOT NULL,
+        hand int NOT NULL DEFAULT 0,
+        player text NOT NULL DEFAULT 'house',
+        amount bigint NOT NULL DEFAULT 0,
+        fencing_token bigint
+    );
+    SELECT lease.protect('payouts', '{table_id}', 'fencing_token');
+    INSERT INTO tables VALUES (1, 5), (2, 5);
+";

@@ -3,6 +3,16 @@
 # connections against a scratch cluster with pg_lease preloaded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+LOG=$(mktemp)
+# Every test runner's output also goes to $LOG, summed up in the last line.
+exec > >(tee "$LOG") 2>&1
+summary() {
+    local rc=${1:-$?}
+    awk '/^test result:/ { p += $4; f += $6 } END { printf "total: %d passed, %d failed\n", p, f + 0 }' "$LOG"
+    [ $rc -eq 0 ] || echo "make test FAILED (exit $rc)"
+    rm -f "$LOG"
+}
+trap summary EXIT
 SCRATCH=${PG_LEASE_SCRATCH:-/var/tmp/pg_lease}
 PORT=${PG_LEASE_TEST_PORT:-54401}
 
@@ -23,5 +33,5 @@ cargo pgrx install --pg-config "$(command -v pg_config)" >/dev/null
 
 echo "== multi-session tests (real connections, port $PORT)"
 scripts/cluster.sh start sessions "$PORT"
-trap 'scripts/cluster.sh stop sessions' EXIT
+trap 'rc=$?; scripts/cluster.sh stop sessions; summary $rc' EXIT
 PG_LEASE_TEST_PORT=$PORT cargo test --manifest-path tests/sessions/Cargo.toml -- --test-threads=4

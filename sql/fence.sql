@@ -103,16 +103,27 @@ BEGIN
     END IF;
 END $$;
 
--- Creates the row fence and the TRUNCATE guard on a target, firing ALWAYS
+-- Creates the row fence and the TRUNCATE guards on a target, firing ALWAYS
 -- (also under session_replication_role = replica and logical replication).
+-- Row triggers on a partitioned table are cloned to its partitions by
+-- Postgres; statement-level TRUNCATE triggers are not, so each partition gets
+-- its own (new partitions get theirs from the DDL guard below).
 CREATE FUNCTION lease._install_target_triggers(target regclass) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     EXECUTE format('CREATE TRIGGER pg_lease_fence BEFORE INSERT OR UPDATE OR DELETE ON %s
                     FOR EACH ROW EXECUTE FUNCTION lease.fence_trigger()', target);
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pg_lease_fence', target);
+    PERFORM lease._install_truncate_guard(t.relid) FROM pg_partition_tree(target) t WHERE t.relid <> target;
+    PERFORM lease._install_truncate_guard(target);
+END $$;
+
+CREATE FUNCTION lease._install_truncate_guard(rel regclass) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
     EXECUTE format('CREATE TRIGGER pg_lease_truncate BEFORE TRUNCATE ON %s
-                    FOR EACH STATEMENT EXECUTE FUNCTION lease.truncate_guard(''target'')', target);
-    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pg_lease_fence, ENABLE ALWAYS TRIGGER pg_lease_truncate', target);
+                    FOR EACH STATEMENT EXECUTE FUNCTION lease.truncate_guard(''target'')', rel);
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pg_lease_truncate', rel);
 END $$;
 
 CREATE FUNCTION lease.protect(
@@ -213,6 +224,7 @@ CREATE FUNCTION lease.unprotect(target regclass) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     p lease.protected;
+    part regclass;
 BEGIN
     IF target IS NULL THEN
         RAISE EXCEPTION 'lease.unprotect: target must not be NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -223,7 +235,9 @@ BEGIN
         RAISE EXCEPTION 'pg_lease: % is not protected', target USING ERRCODE = 'undefined_object';
     END IF;
     EXECUTE format('DROP TRIGGER pg_lease_fence ON %s', target);
-    EXECUTE format('DROP TRIGGER pg_lease_truncate ON %s', target);
+    FOR part IN SELECT t.relid FROM pg_partition_tree(target) t UNION SELECT target LOOP
+        EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_truncate ON %s', part);
+    END LOOP;
     IF p.owner_table IS NOT NULL AND NOT EXISTS (SELECT 1 FROM lease.protected o WHERE o.owner_table = p.owner_table) THEN
         EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_owner_guard ON %s', p.owner_table);
         EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_owner_truncate ON %s', p.owner_table);
@@ -249,7 +263,8 @@ CREATE FUNCTION lease._fence_problems() RETURNS TABLE (relid regclass, problem t
         SELECT p.relid, t.rel, 'pg_lease_fence', 'lease.fence_trigger'::regproc
           FROM p JOIN tree t ON t.root = p.relid::oid
         UNION ALL
-        SELECT p.relid, p.relid::oid, 'pg_lease_truncate', 'lease.truncate_guard'::regproc FROM p
+        SELECT p.relid, t.rel, 'pg_lease_truncate', 'lease.truncate_guard'::regproc
+          FROM p JOIN tree t ON t.root = p.relid::oid
         UNION ALL
         SELECT p.relid, t.rel, 'pg_lease_owner_guard', 'lease.owner_guard'::regproc
           FROM p JOIN tree t ON t.root = p.owner_table::oid
@@ -302,6 +317,13 @@ CREATE FUNCTION lease._guard_ddl() RETURNS event_trigger
 DECLARE
     broken record;
 BEGIN
+    -- A partition created or attached under a protected table has the cloned
+    -- row trigger but no TRUNCATE guard yet: give it one.
+    IF tg_tag IN ('CREATE TABLE', 'ALTER TABLE') THEN
+        PERFORM lease._install_truncate_guard(t.relid)
+           FROM lease.protected p, pg_partition_tree(p.relid) t
+          WHERE NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = t.relid AND g.tgname = 'pg_lease_truncate');
+    END IF;
     SELECT * INTO broken FROM lease._fence_problems() LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',

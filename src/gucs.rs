@@ -75,6 +75,8 @@ pub fn init() {
             Some(assign_token),
             None,
         );
+        // Typos such as `SET pg_lease.tokne` then fail instead of creating a placeholder.
+        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]
         pg_sys::MarkGUCPrefixReserved(c"pg_lease".as_ptr());
     }
 }

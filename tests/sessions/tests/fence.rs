@@ -759,8 +759,6 @@ fn partitions_present_and_future_are_fenced() {
         "SELECT lease.protect('payouts_a', '{table_id}', 'fencing_token')",
         "42710",
     );
-    let partitions = one_i64(&mut c, "SELECT partitions::bigint FROM lease.protected_tables");
-    assert_eq!(partitions, 2);
 }
 
 #[test]

@@ -245,19 +245,23 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION lease.unprotect(regclass) IS 'Removes pg_lease''s fence from target (high-water marks are kept).';
 
--- Every way in which a protected table's fence is not fully in force.
-CREATE FUNCTION lease._fence_problems() RETURNS TABLE (relid regclass, problem text)
+-- Every way in which a protected table's fence is not fully in force, with
+-- the tables it concerns. kind: 'missing' (a trigger is absent), 'disabled'
+-- (present but not ENABLE ALWAYS), 'renamed' (one of our trigger functions
+-- under another name), 'column' (a fenced column is gone or retyped).
+CREATE FUNCTION lease._fence_problems()
+RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     WITH p AS (
         SELECT * FROM lease.protected p WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid)
     ),
     -- A table and, when partitioned, every partition (pg_partition_tree
     -- returns nothing for a table that is not in a partition tree).
+    roots (r) AS (SELECT relid::oid FROM p UNION SELECT owner_table::oid FROM p WHERE owner_table IS NOT NULL),
     tree (root, rel) AS (
-        SELECT r, r FROM (SELECT relid::oid FROM p UNION SELECT owner_table::oid FROM p WHERE owner_table IS NOT NULL) x(r)
+        SELECT r, r FROM roots
         UNION
-        SELECT x.r, t.relid FROM (SELECT relid::oid FROM p UNION SELECT owner_table::oid FROM p WHERE owner_table IS NOT NULL) x(r),
-               pg_partition_tree(x.r) t
+        SELECT roots.r, t.relid FROM roots, pg_partition_tree(roots.r) t
     ),
     expected_triggers (relid, rel, tgname, func) AS (
         SELECT p.relid, t.rel, 'pg_lease_fence', 'lease.fence_trigger'::regproc
@@ -281,15 +285,24 @@ CREATE FUNCTION lease._fence_problems() RETURNS TABLE (relid regclass, problem t
         UNION ALL
         SELECT p.relid, p.owner_table, p.owner_token_column, true FROM p WHERE p.owner_table IS NOT NULL
     )
-    SELECT e.relid::regclass, format('trigger %s on %s is %s', e.tgname, e.rel::regclass,
-               CASE WHEN t.oid IS NULL THEN 'missing' ELSE 'not ENABLE ALWAYS' END)
+    SELECT e.relid::regclass, e.rel::regclass,
+           CASE WHEN t.oid IS NULL THEN 'missing' ELSE 'disabled' END,
+           format('trigger %s on %s is %s', e.tgname, e.rel::regclass,
+                  CASE WHEN t.oid IS NULL THEN 'missing' ELSE 'not ENABLE ALWAYS' END)
       FROM expected_triggers e
       LEFT JOIN pg_trigger t ON t.tgrelid = e.rel AND t.tgname = e.tgname AND t.tgfoid = e.func
      WHERE t.oid IS NULL OR t.tgenabled <> 'A'
     UNION ALL
-    SELECT e.relid, format('%s column "%s" of %s is %s', CASE WHEN e.is_token THEN 'token' ELSE 'key' END, e.col, e.rel,
-               CASE WHEN lease._column_type(e.rel, e.col) IS NULL THEN 'missing'
-                    ELSE 'of type ' || lease._column_type(e.rel, e.col)::text END)
+    SELECT DISTINCT e.relid::regclass, t.tgrelid::regclass, 'renamed',
+           format('trigger %s on %s runs %s under another name', t.tgname, t.tgrelid::regclass, t.tgfoid::regproc)
+      FROM expected_triggers e
+      JOIN pg_trigger t ON t.tgrelid = e.rel AND t.tgfoid = e.func
+     WHERE NOT EXISTS (SELECT 1 FROM expected_triggers x WHERE x.rel = t.tgrelid AND x.tgname = t.tgname)
+    UNION ALL
+    SELECT e.relid, e.rel, 'column',
+           format('%s column "%s" of %s is %s', CASE WHEN e.is_token THEN 'token' ELSE 'key' END, e.col, e.rel,
+                  CASE WHEN lease._column_type(e.rel, e.col) IS NULL THEN 'missing'
+                       ELSE 'of type ' || lease._column_type(e.rel, e.col)::text END)
       FROM expected_columns e
      WHERE lease._column_type(e.rel, e.col) IS NULL
         OR (e.is_token AND lease._column_type(e.rel, e.col) NOT IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype))
@@ -306,25 +319,54 @@ SELECT p.relid              AS table_name,
        p.owner_token_column,
        (SELECT count(*) FROM pg_catalog.pg_partition_tree(p.relid) t WHERE t.relid OPERATOR(pg_catalog.<>) p.relid::oid)::int AS partitions,
        NOT EXISTS (SELECT 1 FROM lease._fence_problems() f WHERE f.relid OPERATOR(pg_catalog.=) p.relid) AS enforced,
+       (SELECT pg_catalog.array_agg(f.problem ORDER BY f.problem) FROM lease._fence_problems() f
+         WHERE f.relid OPERATOR(pg_catalog.=) p.relid) AS problems,
        p.protected_at,
        p.protected_by
   FROM lease.protected p;
-COMMENT ON VIEW lease.protected_tables IS 'What pg_lease protects and how; enforced = every trigger and column in place.';
+COMMENT ON VIEW lease.protected_tables IS 'What pg_lease protects and how; enforced = every trigger and column in place, problems = what is not.';
 
--- DDL guard: after any DDL that could weaken a fence, every fence must still be whole.
+-- DDL guard, after ALTER TABLE / ALTER TRIGGER / CREATE TABLE: refuses a
+-- command that leaves a pg_lease trigger disabled or renamed, or a fenced
+-- column gone or retyped, on a table the command touched. (Dropped triggers and
+-- columns are caught by the sql_drop guard below. Judging only what exists,
+-- never what is still absent, keeps pg_restore working: it creates each
+-- trigger and enables it ALWAYS before the next one exists.)
 CREATE FUNCTION lease._guard_ddl() RETURNS event_trigger
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    touched oid[];
     broken record;
 BEGIN
-    -- A partition created or attached under a protected table has the cloned
-    -- row trigger but no TRUNCATE guard yet: give it one.
-    IF tg_tag IN ('CREATE TABLE', 'ALTER TABLE') THEN
-        PERFORM lease._install_truncate_guard(t.relid)
-           FROM lease.protected p, pg_partition_tree(p.relid) t
-          WHERE NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = t.relid AND g.tgname = 'pg_lease_truncate');
+    SELECT array_agg(DISTINCT CASE WHEN c.classid = 'pg_trigger'::regclass
+                                   THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = c.objid)
+                                   ELSE c.objid END)
+      INTO touched
+      FROM pg_event_trigger_ddl_commands() c
+     WHERE c.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass);
+    IF touched IS NULL THEN
+        RETURN;
     END IF;
-    SELECT * INTO broken FROM lease._fence_problems() LIMIT 1;
+    -- Partitions created, or attached by this transaction, under a protected
+    -- table get the row fence cloned by Postgres, but not the statement-level
+    -- TRUNCATE guard: add it. (Not while the root's fence is itself being
+    -- created in this transaction, as in a single-transaction pg_restore that
+    -- will create the guards from the dump.)
+    PERFORM lease._install_truncate_guard(t.relid)
+       FROM lease.protected p
+       JOIN pg_partition_tree(p.relid) t ON t.relid <> p.relid::oid
+       JOIN pg_inherits i ON i.inhrelid = t.relid
+      WHERE (t.relid = ANY (touched) OR i.inhparent = ANY (touched))
+        AND i.xmin = xid(pg_current_xact_id())
+        AND NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = t.relid AND g.tgname = 'pg_lease_truncate')
+        AND EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = p.relid AND g.tgname = 'pg_lease_fence'
+                       AND g.xmin <> xid(pg_current_xact_id()));
+    SELECT f.* INTO broken
+      FROM lease._fence_problems() f
+     WHERE f.kind <> 'missing'
+       AND (f.rel::oid = ANY (touched)
+            OR EXISTS (SELECT 1 FROM pg_partition_ancestors(f.rel) a WHERE a.relid = ANY (touched)))
+     LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',
             format('%s would leave the fence on %s incomplete', tg_tag, broken.relid),
@@ -332,29 +374,47 @@ BEGIN
     END IF;
 END $$;
 
--- DROP TABLE of a fenced table removes its fence with it; dropping an owner
--- table that fenced tables still point at is refused.
+-- sql_drop guard. DROP TABLE of a fenced table removes its fence with it.
+-- Dropping one of pg_lease's triggers or a fenced column of a table that stays,
+-- or an owner table that fenced tables still point at, is refused.
 CREATE FUNCTION lease._guard_drop() RETURNS event_trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    dropped oid[] := ARRAY(SELECT d.objid FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'table');
+    dropped_tables oid[] := ARRAY(SELECT d.objid FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'table');
     orphan record;
+    victim record;
 BEGIN
-    DELETE FROM lease.protected p WHERE p.relid::oid = ANY (dropped);
-    DELETE FROM lease.high_water h WHERE h.target::oid = ANY (dropped);
-    SELECT p.relid, p.owner_table INTO orphan FROM lease.protected p WHERE p.owner_table::oid = ANY (dropped) LIMIT 1;
+    DELETE FROM lease.protected p WHERE p.relid::oid = ANY (dropped_tables);
+    DELETE FROM lease.high_water h WHERE h.target::oid = ANY (dropped_tables);
+    SELECT p.relid, p.owner_table INTO orphan FROM lease.protected p WHERE p.owner_table::oid = ANY (dropped_tables) LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',
             format('%s would drop owner table %s of fenced table %s', tg_tag, orphan.owner_table, orphan.relid),
             format('Table %s is fenced against the owner rows of %s.', orphan.relid, orphan.owner_table));
     END IF;
+    -- Triggers and columns: address_names is {schema, table, trigger or column}.
+    SELECT d.object_type, d.object_identity, f.relid INTO victim
+      FROM pg_event_trigger_dropped_objects() d
+      CROSS JOIN LATERAL (SELECT to_regclass(format('%I.%I', d.address_names[1], d.address_names[2])) AS rel) r
+      JOIN lease._fence_problems() f ON f.rel = r.rel
+     WHERE d.object_type IN ('trigger', 'table column')
+       AND NOT (r.rel::oid = ANY (dropped_tables))
+       AND ((d.object_type = 'trigger' AND f.kind = 'missing'
+             AND f.problem LIKE format('trigger %s on %%', quote_ident(d.address_names[3])))
+         OR (d.object_type = 'table column' AND f.kind = 'column'))
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('dropping %s %s would leave the fence on %s incomplete', victim.object_type, victim.object_identity, victim.relid),
+            format('pg_lease fences %s with it.', victim.relid));
+    END IF;
 END $$;
 
 CREATE EVENT TRIGGER pg_lease_guard_ddl ON ddl_command_end
-    WHEN TAG IN ('ALTER TABLE', 'DROP TRIGGER', 'ALTER TRIGGER', 'CREATE TABLE', 'DROP TABLE')
+    WHEN TAG IN ('ALTER TABLE', 'ALTER TRIGGER', 'CREATE TABLE')
     EXECUTE FUNCTION lease._guard_ddl();
 CREATE EVENT TRIGGER pg_lease_guard_drop ON sql_drop
-    WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
+    WHEN TAG IN ('DROP TABLE', 'DROP TRIGGER', 'ALTER TABLE', 'DROP SCHEMA', 'DROP OWNED')
     EXECUTE FUNCTION lease._guard_drop();
 
 -- The hand-boundary write: inserts a JSON array of row objects into a

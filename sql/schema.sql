@@ -29,3 +29,8 @@ COMMENT ON TABLE lease.high_water IS 'Highest fencing token accepted per resourc
 
 REVOKE ALL ON lease.protected, lease.high_water FROM PUBLIC;
 GRANT SELECT ON lease.protected TO PUBLIC;
+
+-- pg_dump carries this state with the database (pg_restore recreates the
+-- extension empty, then loads these rows).
+SELECT pg_catalog.pg_extension_config_dump('lease.protected', '');
+SELECT pg_catalog.pg_extension_config_dump('lease.high_water', '');

@@ -741,10 +741,11 @@ fn partitions_present_and_future_are_fenced() {
          INSERT INTO tables VALUES (1, 5), (150, 5);
          CREATE TABLE payouts (table_id int, fencing_token bigint) PARTITION BY RANGE (table_id);
          CREATE TABLE payouts_a PARTITION OF payouts FOR VALUES FROM (0) TO (100);
-         SELECT lease.protect('payouts', '{table_id}', 'fencing_token');
-         CREATE TABLE payouts_b PARTITION OF payouts FOR VALUES FROM (100) TO (200);",
+         SELECT lease.protect('payouts', '{table_id}', 'fencing_token');",
     )
     .unwrap();
+    c.batch_execute("CREATE TABLE payouts_b PARTITION OF payouts FOR VALUES FROM (100) TO (200)")
+        .unwrap();
     c.batch_execute("INSERT INTO payouts VALUES (1, 5), (150, 5)")
         .unwrap();
     expect_error(&mut c, "INSERT INTO payouts VALUES (1, 4)", "LF001");

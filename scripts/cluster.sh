@@ -4,6 +4,11 @@
 #   scripts/cluster.sh start NAME PORT [extra postgresql.conf lines...]
 #   scripts/cluster.sh stop NAME
 #   scripts/cluster.sh psql NAME PORT [psql args...]
+#   scripts/cluster.sh crash NAME        pg_ctl stop -m immediate (no shutdown checkpoint)
+#   scripts/cluster.sh kill9 NAME        SIGKILL to the postmaster, then its children
+#   scripts/cluster.sh restart NAME      start an existing cluster again (after a stop or crash)
+#   scripts/cluster.sh standby NAME PORT PRIMARY_PORT   streaming standby via pg_basebackup -R
+#   scripts/cluster.sh promote NAME
 set -euo pipefail
 BIN=$(pg_config --bindir)
 ROOT=${PG_LEASE_SCRATCH:-/var/tmp/pg_lease}
@@ -17,12 +22,13 @@ start)
     port=$3; shift 3
     mkdir -p "$ROOT"; chown postgres: "$ROOT"
     if [ -f "$dir/postmaster.pid" ]; then "${RUNAS[@]}" "$BIN/pg_ctl" -D "$dir" -m fast stop >/dev/null 2>&1 || true; fi
-    rm -rf "$dir"
+    rm -rf "$dir" "$dir.sock"
+    mkdir -p "$dir.sock"; chown postgres: "$dir.sock"
     "${RUNAS[@]}" "$BIN/initdb" -D "$dir" -U postgres --auth=trust --no-sync >/dev/null
     {
         echo "port = $port"
         echo "listen_addresses = '127.0.0.1'"
-        echo "unix_socket_directories = '$dir'"
+        echo "unix_socket_directories = '$dir.sock'"
         echo "shared_preload_libraries = 'pg_lease'"
         echo "fsync = off"
         echo "max_connections = 100"
@@ -34,9 +40,45 @@ start)
 stop)
     if [ -f "$dir/postmaster.pid" ]; then "${RUNAS[@]}" "$BIN/pg_ctl" -D "$dir" -m fast -w stop >/dev/null; fi
     ;;
+crash)
+    "${RUNAS[@]}" "$BIN/pg_ctl" -D "$dir" -m immediate -w stop >/dev/null
+    ;;
+kill9)
+    pid=$(head -1 "$dir/postmaster.pid")
+    kill -9 "$pid"
+    # Backends notice the postmaster is gone and exit; a new postmaster
+    # refuses to start while they still hold shared memory.
+    for _ in $(seq 100); do pgrep -P "$pid" >/dev/null || break; sleep 0.1; done
+    pkill -9 -P "$pid" 2>/dev/null || true
+    # Where PID 1 does not reap orphans, the dead postmaster stays a zombie and
+    # its pid file would make the next start believe it is still running.
+    for _ in $(seq 50); do
+        state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null || echo gone)
+        [ "$state" = Z ] || [ "$state" = gone ] && break
+        sleep 0.1
+    done
+    if [ "$state" = Z ]; then rm -f "$dir/postmaster.pid" "$dir".sock/.s.PGSQL.*; fi
+    ;;
+restart)
+    "${RUNAS[@]}" "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w start >/dev/null
+    ;;
+standby)
+    port=$3; primary_port=$4
+    rm -rf "$dir" "$dir.sock"
+    mkdir -p "$dir.sock"; chown postgres: "$dir.sock"
+    "${RUNAS[@]}" "$BIN/pg_basebackup" -h 127.0.0.1 -p "$primary_port" -U postgres -D "$dir" -R -X stream --no-sync
+    {
+        echo "port = $port"
+        echo "unix_socket_directories = '$dir.sock'"
+    } | "${RUNAS[@]}" tee -a "$dir/postgresql.conf" >/dev/null
+    "${RUNAS[@]}" "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w start >/dev/null
+    ;;
+promote)
+    "${RUNAS[@]}" "$BIN/pg_ctl" -D "$dir" -w promote >/dev/null
+    ;;
 psql)
     port=$3; shift 3
     exec psql -h 127.0.0.1 -p "$port" -U postgres "$@"
     ;;
-*) echo "usage: $0 start|stop|psql NAME [PORT]" >&2; exit 2 ;;
+*) echo "usage: $0 start|stop|crash|kill9|restart|standby|promote|psql NAME [PORT]" >&2; exit 2 ;;
 esac

@@ -1,5 +1,6 @@
 //! Every `pg_lease.*` setting, defined in one place with typed accessors.
 
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr};
@@ -12,6 +13,11 @@ thread_local! {
 
 /// Backing storage Postgres writes the raw `pg_lease.token` string into.
 static mut TOKEN_RAW: *mut c_char = std::ptr::null_mut();
+
+/// Shortest lease TTL `lease.acquire`/`renew` accept, in milliseconds.
+pub static MIN_TTL_MS: GucSetting<i32> = GucSetting::<i32>::new(100);
+/// Longest lease TTL `lease.acquire`/`renew` accept, in milliseconds (default one day).
+pub static MAX_TTL_MS: GucSetting<i32> = GucSetting::<i32>::new(86_400_000);
 
 /// The writer's fencing token bound to the current transaction with
 /// `lease.bind_token(t)` or `SET LOCAL pg_lease.token = 't'`.
@@ -74,6 +80,26 @@ pub fn init() {
             Some(check_token),
             Some(assign_token),
             None,
+        );
+        GucRegistry::define_int_guc(
+            c"pg_lease.min_ttl_ms",
+            c"Shortest lease TTL accepted by lease.acquire and lease.renew, in milliseconds.",
+            c"",
+            &MIN_TTL_MS,
+            1,
+            i32::MAX,
+            GucContext::Suset,
+            GucFlags::UNIT_MS,
+        );
+        GucRegistry::define_int_guc(
+            c"pg_lease.max_ttl_ms",
+            c"Longest lease TTL accepted by lease.acquire and lease.renew, in milliseconds.",
+            c"",
+            &MAX_TTL_MS,
+            1,
+            i32::MAX,
+            GucContext::Suset,
+            GucFlags::UNIT_MS,
         );
         // Typos such as `SET pg_lease.tokne` then fail instead of creating a placeholder.
         #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]

@@ -5,11 +5,17 @@
 mod errors;
 mod fence;
 mod gucs;
+mod lease;
 
 ::pgrx::pg_module_magic!();
 
 pgrx::extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 pgrx::extension_sql_file!("../sql/fence.sql", name = "fence", requires = ["schema"]);
+pgrx::extension_sql_file!(
+    "../sql/lease.sql",
+    name = "lease",
+    requires = ["fence", lease::token_floor, lease::check_ttl]
+);
 
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn _PG_init() {

@@ -129,3 +129,89 @@ pub const POKER: &str = "
     SELECT lease.protect('payouts', '{table_id}', 'fencing_token');
     INSERT INTO tables VALUES (1, 5), (2, 5);
 ";
+
+/// A cluster of its own, for tests that restart, crash or fail over a server.
+/// Managed through scripts/cluster.sh; stopped on drop.
+pub struct Cluster {
+    pub name: String,
+    pub port: u16,
+}
+
+fn cluster_sh(args: &[&str]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/cluster.sh");
+    let status = std::process::Command::new(script)
+        .args(args)
+        .status()
+        .unwrap_or_else(|e| panic!("running cluster.sh {args:?}: {e}"));
+    assert!(status.success(), "cluster.sh {args:?} failed");
+}
+
+impl Cluster {
+    /// A fresh primary with pg_lease preloaded. `port` must be unique per test.
+    pub fn start(name: &str, port: u16) -> Cluster {
+        cluster_sh(&["start", name, &port.to_string()]);
+        Cluster {
+            name: name.to_owned(),
+            port,
+        }
+    }
+
+    /// A streaming standby of `primary` (asynchronous, via pg_basebackup -R).
+    pub fn standby_of(primary: &Cluster, name: &str, port: u16) -> Cluster {
+        cluster_sh(&[
+            "standby",
+            name,
+            &port.to_string(),
+            &primary.port.to_string(),
+        ]);
+        Cluster {
+            name: name.to_owned(),
+            port,
+        }
+    }
+
+    pub fn connect(&self) -> Client {
+        let conn = format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            self.port
+        );
+        let start = std::time::Instant::now();
+        loop {
+            match Client::connect(&conn, NoTls) {
+                Ok(c) => return c,
+                Err(e) if start.elapsed() < std::time::Duration::from_secs(30) => {
+                    let _ = e;
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                Err(e) => panic!("connect to cluster {}: {e}", self.name),
+            }
+        }
+    }
+
+    pub fn stop(&self) {
+        cluster_sh(&["stop", &self.name]);
+    }
+    pub fn crash(&self) {
+        cluster_sh(&["crash", &self.name]);
+    }
+    pub fn kill9(&self) {
+        cluster_sh(&["kill9", &self.name]);
+    }
+    pub fn restart(&self) {
+        cluster_sh(&["restart", &self.name]);
+    }
+    pub fn promote(&self) {
+        cluster_sh(&["promote", &self.name]);
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../scripts/cluster.sh"
+        ))
+        .args(["stop", &self.name])
+        .status();
+    }
+}

@@ -32,6 +32,8 @@ echo "== install"
 cargo pgrx install --pg-config "$(command -v pg_config)" >/dev/null
 
 echo "== multi-session tests (real connections, port $PORT)"
-scripts/cluster.sh start sessions "$PORT"
+scripts/cluster.sh start sessions "$PORT" "pg_lease.database = 'pg_lease_audit'"
 trap 'rc=$?; scripts/cluster.sh stop sessions; summary $rc' EXIT
+scripts/cluster.sh psql sessions "$PORT" -X -q -c "CREATE DATABASE pg_lease_audit"
+scripts/cluster.sh psql sessions "$PORT" -X -q -d pg_lease_audit -c "CREATE EXTENSION pg_lease"
 PG_LEASE_TEST_PORT=$PORT cargo test --manifest-path tests/sessions/Cargo.toml -- --test-threads=4

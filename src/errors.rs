@@ -96,18 +96,17 @@ impl LeaseError {
         Self::ALL.into_iter().find(|e| e.name() == name)
     }
 
+    pub fn from_sqlstate(code: &str) -> Option<LeaseError> {
+        Self::ALL.into_iter().find(|e| e.sqlstate() == code)
+    }
+
     /// The MAKE_SQLSTATE encoding Postgres keeps in `ErrorData.sqlerrcode`.
     pub fn sqlerrcode(self) -> i32 {
-        self.sqlstate()
-            .bytes()
-            .enumerate()
-            .map(|(i, c)| (((c as i32) - ('0' as i32)) & 0x3F) << (6 * i))
-            .sum()
+        self.sqlstate().bytes().enumerate().map(|(i, c)| (((c as i32) - ('0' as i32)) & 0x3F) << (6 * i)).sum()
     }
 }
 
 /// A refusal decided by pg_lease, raised with its own SQLSTATE by [`raise`].
-#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     pub error: LeaseError,
     /// Follows the error's name in the message: `StaleOwnerBoundaryWrite: <summary>`.
@@ -115,17 +114,18 @@ pub struct Refusal {
     pub detail: String,
     pub schema: Option<String>,
     pub table: Option<String>,
+    /// Set for refused writes: what the audit records.
+    pub audit: Option<Box<crate::audit::AuditFacts>>,
 }
 
 impl Refusal {
     pub fn new(error: LeaseError, summary: impl Into<String>, detail: impl Into<String>) -> Self {
-        Refusal {
-            error,
-            summary: summary.into(),
-            detail: detail.into(),
-            schema: None,
-            table: None,
-        }
+        Refusal { error, summary: summary.into(), detail: detail.into(), schema: None, table: None, audit: None }
+    }
+
+    pub fn audited(mut self, facts: crate::audit::AuditFacts) -> Self {
+        self.audit = Some(Box::new(facts));
+        self
     }
 
     pub fn on_table(mut self, schema: &str, table: &str) -> Self {
@@ -190,13 +190,15 @@ pub unsafe fn raise(refusal: Refusal) -> ! {
 }
 
 /// Runs `work` under pgrx's guard (so Rust panics and Postgres errors inside it
-/// are reported normally) and raises its refusal, if any, with our SQLSTATE.
+/// are reported normally), audits its refusal, if any, and raises it with our
+/// SQLSTATE.
 ///
 /// # Safety
 /// Call only as the whole body of a version-1 C function.
 #[inline(always)]
 pub unsafe fn run_guarded(work: impl FnOnce() -> Result<pg_sys::Datum, Refusal>) -> pg_sys::Datum {
-    match pgrx::pg_sys::panic::pgrx_extern_c_guard(work) {
+    let guarded = || work().inspect_err(crate::audit::on_refusal);
+    match pgrx::pg_sys::panic::pgrx_extern_c_guard(guarded) {
         Ok(datum) => datum,
         Err(refusal) => raise(refusal),
     }
@@ -209,15 +211,12 @@ macro_rules! c_function {
     ($name:ident, $finfo:ident, $body:path) => {
         #[no_mangle]
         pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
-            const V1: ::pgrx::pg_sys::Pg_finfo_record =
-                ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
+            const V1: ::pgrx::pg_sys::Pg_finfo_record = ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
             &V1
         }
 
         #[no_mangle]
-        pub unsafe extern "C-unwind" fn $name(
-            fcinfo: ::pgrx::pg_sys::FunctionCallInfo,
-        ) -> ::pgrx::pg_sys::Datum {
+        pub unsafe extern "C-unwind" fn $name(fcinfo: ::pgrx::pg_sys::FunctionCallInfo) -> ::pgrx::pg_sys::Datum {
             $crate::errors::run_guarded(|| $body(fcinfo))
         }
     };
@@ -254,30 +253,18 @@ mod tests {
     #[pg_test]
     fn sqlerrcode_uses_postgres_encoding() {
         // Same arithmetic as MAKE_SQLSTATE, checked against a code Postgres defines.
-        let serialization_failure: i32 = "40001"
-            .bytes()
-            .enumerate()
-            .map(|(i, c)| ((c as i32 - 48) & 0x3F) << (6 * i))
-            .sum();
-        assert_eq!(
-            serialization_failure,
-            PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE as i32
-        );
+        let serialization_failure: i32 =
+            "40001".bytes().enumerate().map(|(i, c)| ((c as i32 - 48) & 0x3F) << (6 * i)).sum();
+        assert_eq!(serialization_failure, PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE as i32);
         let codes: Vec<_> = LeaseError::ALL.iter().map(|e| e.sqlstate()).collect();
-        assert_eq!(
-            codes,
-            ["LF001", "LF002", "LF003", "LF004", "LF005", "LF006", "LF007", "LF008"]
-        );
+        assert_eq!(codes, ["LF001", "LF002", "LF003", "LF004", "LF005", "LF006", "LF007", "LF008"]);
         for e in LeaseError::ALL {
             assert_eq!(LeaseError::from_name(e.name()), Some(e));
             assert!(!e.hint().is_empty());
         }
         // Postgres renders the encoded code back to the same five characters.
-        let rendered = unsafe {
-            std::ffi::CStr::from_ptr(pg_sys::unpack_sql_state(
-                LeaseError::FenceTampering.sqlerrcode(),
-            ))
-        };
+        let rendered =
+            unsafe { std::ffi::CStr::from_ptr(pg_sys::unpack_sql_state(LeaseError::FenceTampering.sqlerrcode())) };
         assert_eq!(rendered.to_str().unwrap(), "LF008");
     }
 
@@ -297,9 +284,6 @@ mod tests {
              SELECT current_setting('pg_lease_test.caught')",
         );
         assert_eq!(caught.unwrap().as_deref(), Some("LF001"));
-        assert_eq!(
-            Spi::get_one::<i64>("SELECT count(*) FROM payouts").unwrap(),
-            Some(1)
-        );
+        assert_eq!(Spi::get_one::<i64>("SELECT count(*) FROM payouts").unwrap(), Some(1));
     }
 }

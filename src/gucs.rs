@@ -14,6 +14,29 @@ thread_local! {
 /// Backing storage Postgres writes the raw `pg_lease.token` string into.
 static mut TOKEN_RAW: *mut c_char = std::ptr::null_mut();
 
+/// Record refusals in `lease.rejected_writes` (needs preload).
+pub static AUDIT: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// Records the shared-memory queue holds; a full queue counts refusals as dropped.
+pub static AUDIT_QUEUE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(2048);
+/// How often, at most, the audit worker sleeps between flushes.
+pub static AUDIT_FLUSH_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
+/// Also keep the refused statement's text (may hold personal data).
+pub static AUDIT_STATEMENT: GucSetting<bool> = GucSetting::<bool>::new(false);
+/// Also keep the refused row as jsonb (may hold personal data).
+pub static AUDIT_ROW: GucSetting<bool> = GucSetting::<bool>::new(false);
+/// Delete audit rows older than this many minutes (0: keep them).
+pub static AUDIT_RETENTION_MIN: GucSetting<i32> = GucSetting::<i32>::new(0);
+/// One structured LOG line per refusal.
+pub static LOG_REJECTIONS: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// The database whose `lease.rejected_writes` the audit worker writes.
+pub static DATABASE: GucSetting<Option<std::ffi::CString>> =
+    GucSetting::<Option<std::ffi::CString>>::new(Some(c"postgres"));
+
+/// The audit database's name.
+pub fn database() -> String {
+    DATABASE.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_else(|| "postgres".to_owned())
+}
+
 /// Shortest lease TTL `lease.acquire`/`renew` accept, in milliseconds.
 pub static MIN_TTL_MS: GucSetting<i32> = GucSetting::<i32>::new(100);
 /// Longest lease TTL `lease.acquire`/`renew` accept, in milliseconds (default one day).
@@ -59,11 +82,8 @@ unsafe extern "C-unwind" fn check_token(
 }
 
 unsafe extern "C-unwind" fn assign_token(newval: *const c_char, _extra: *mut c_void) {
-    let parsed = if newval.is_null() {
-        None
-    } else {
-        parse_token(&CStr::from_ptr(newval).to_string_lossy()).unwrap_or(None)
-    };
+    let parsed =
+        if newval.is_null() { None } else { parse_token(&CStr::from_ptr(newval).to_string_lossy()).unwrap_or(None) };
     BOUND_TOKEN.with(|t| t.set(parsed));
 }
 
@@ -101,6 +121,80 @@ pub fn init() {
             GucContext::Suset,
             GucFlags::UNIT_MS,
         );
+        GucRegistry::define_bool_guc(
+            c"pg_lease.audit",
+            c"Record refused writes in lease.rejected_writes (needs shared_preload_libraries).",
+            c"",
+            &AUDIT,
+            GucContext::Sighup,
+            GucFlags::default(),
+        );
+        GucRegistry::define_int_guc(
+            c"pg_lease.audit_flush_ms",
+            c"Longest time the audit worker waits before writing queued refusals.",
+            c"",
+            &AUDIT_FLUSH_MS,
+            10,
+            60_000,
+            GucContext::Sighup,
+            GucFlags::UNIT_MS,
+        );
+        GucRegistry::define_bool_guc(
+            c"pg_lease.audit_statement",
+            c"Keep the text of refused statements in lease.rejected_writes.",
+            c"Off by default: statements can hold personal data.",
+            &AUDIT_STATEMENT,
+            GucContext::Suset,
+            GucFlags::default(),
+        );
+        GucRegistry::define_bool_guc(
+            c"pg_lease.audit_row",
+            c"Keep refused rows as jsonb in lease.rejected_writes.",
+            c"Off by default: payouts can hold personal data.",
+            &AUDIT_ROW,
+            GucContext::Suset,
+            GucFlags::default(),
+        );
+        GucRegistry::define_int_guc(
+            c"pg_lease.audit_retention",
+            c"Age after which the audit worker deletes rows of lease.rejected_writes; 0 keeps them.",
+            c"",
+            &AUDIT_RETENTION_MIN,
+            0,
+            i32::MAX,
+            GucContext::Sighup,
+            GucFlags::UNIT_MIN,
+        );
+        GucRegistry::define_bool_guc(
+            c"pg_lease.log_rejections",
+            c"Write one structured LOG line per refused write.",
+            c"",
+            &LOG_REJECTIONS,
+            GucContext::Suset,
+            GucFlags::default(),
+        );
+        // Server-start settings can only be defined while preloading; without
+        // preload there is no queue or worker for them to configure.
+        if pg_sys::process_shared_preload_libraries_in_progress {
+            GucRegistry::define_int_guc(
+                c"pg_lease.audit_queue_size",
+                c"Refusal records the shared-memory audit queue holds.",
+                c"When it is full, refusals are counted as dropped (they still reach the log).",
+                &AUDIT_QUEUE_SIZE,
+                16,
+                1 << 20,
+                GucContext::Postmaster,
+                GucFlags::default(),
+            );
+            GucRegistry::define_string_guc(
+                c"pg_lease.database",
+                c"Database whose lease.rejected_writes the audit worker writes.",
+                c"Refusals from every database of the cluster are recorded there.",
+                &DATABASE,
+                GucContext::Postmaster,
+                GucFlags::default(),
+            );
+        }
         // Typos such as `SET pg_lease.tokne` then fail instead of creating a placeholder.
         #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]
         pg_sys::MarkGUCPrefixReserved(c"pg_lease".as_ptr());

@@ -35,11 +35,7 @@ pub fn check_ttl(ttl_ms: Option<i32>) -> i32 {
     let (min, max) = (gucs::MIN_TTL_MS.get(), gucs::MAX_TTL_MS.get());
     match ttl_ms {
         None => {
-            ereport!(
-                ERROR,
-                PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
-                "pg_lease: ttl_ms must not be NULL"
-            );
+            ereport!(ERROR, PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "pg_lease: ttl_ms must not be NULL");
         }
         Some(ttl) if ttl < min || ttl > max => {
             ereport!(
@@ -60,13 +56,8 @@ mod tests {
 
     #[pg_test]
     fn token_floor_is_the_timeline_epoch() {
-        let floor = Spi::get_one::<i64>("SELECT lease._token_floor()")
-            .unwrap()
-            .unwrap();
-        let timeline =
-            Spi::get_one::<i64>("SELECT timeline_id::bigint FROM pg_control_checkpoint()")
-                .unwrap()
-                .unwrap();
+        let floor = Spi::get_one::<i64>("SELECT lease._token_floor()").unwrap().unwrap();
+        let timeline = Spi::get_one::<i64>("SELECT timeline_id::bigint FROM pg_control_checkpoint()").unwrap().unwrap();
         assert_eq!(floor, timeline << super::EPOCH_SHIFT);
     }
 

@@ -2,15 +2,23 @@
 //!
 //! This file only wires modules together; see README.md for the design.
 
+mod audit;
 mod errors;
 mod fence;
 mod gucs;
 mod lease;
 
+use pgrx::pg_sys;
+
 ::pgrx::pg_module_magic!();
 
 pgrx::extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 pgrx::extension_sql_file!("../sql/fence.sql", name = "fence", requires = ["schema"]);
+pgrx::extension_sql_file!(
+    "../sql/audit.sql",
+    name = "audit",
+    requires = ["schema", "lease", audit::status::stats, audit::status::audit_status, audit::status::stats_reset]
+);
 pgrx::extension_sql_file!(
     "../sql/lease.sql",
     name = "lease",
@@ -21,6 +29,13 @@ pgrx::extension_sql_file!(
 pub extern "C-unwind" fn _PG_init() {
     gucs::init();
     fence::init();
+    // Shared memory and the audit worker exist only when preloaded (and not
+    // while pg_upgrade runs the server in binary-upgrade mode).
+    unsafe {
+        if pg_sys::process_shared_preload_libraries_in_progress && !pg_sys::IsBinaryUpgrade {
+            audit::init_preloaded();
+        }
+    }
 }
 
 #[cfg(test)]

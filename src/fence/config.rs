@@ -56,13 +56,13 @@ pub struct FenceConfig {
     pub keys: Vec<KeyColumn>,
     pub token: TokenSource,
     pub mode: Mode,
+    /// Shared accepted/refused counters of the protected table (with preload).
+    pub stats: Option<&'static crate::audit::shmem::StatSlot>,
 }
 
 impl FenceConfig {
     fn depends_on(&self, relid: pg_sys::Oid) -> bool {
-        self.relid == relid
-            || self.protected_relid == relid
-            || matches!(&self.mode, Mode::Owner(o) if o.relid == relid)
+        self.relid == relid || self.protected_relid == relid || matches!(&self.mode, Mode::Owner(o) if o.relid == relid)
     }
 }
 
@@ -155,21 +155,14 @@ fn load_row(relid: pg_sys::Oid) -> Option<ProtectedRow> {
 }
 
 fn misconfigured(display: &str, what: String) -> Refusal {
-    Refusal::new(
-        LeaseError::FenceTampering,
-        format!("the fence on {display} is inconsistent"),
-        what,
-    )
+    Refusal::new(LeaseError::FenceTampering, format!("the fence on {display} is inconsistent"), what)
 }
 
 fn column(relid: pg_sys::Oid, display: &str, name: &str) -> Result<(i16, pg_sys::Oid), Refusal> {
     let cname = CString::new(name).expect("column names have no NUL");
     let attnum = unsafe { pg_sys::get_attnum(relid, cname.as_ptr()) };
     if attnum <= 0 {
-        return Err(misconfigured(
-            display,
-            format!("column \"{name}\" of {display} no longer exists"),
-        ));
+        return Err(misconfigured(display, format!("column \"{name}\" of {display} no longer exists")));
     }
     Ok((attnum, unsafe { pg_sys::get_atttype(relid, attnum) }))
 }
@@ -193,13 +186,7 @@ fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
         let (attnum, typid) = column(relid, &display, name)?;
         let (mut typlen, mut typbyval) = (0i16, false);
         unsafe { pg_sys::get_typlenbyval(typid, &mut typlen, &mut typbyval) };
-        keys.push(KeyColumn {
-            attnum,
-            name: name.clone(),
-            typid,
-            typlen,
-            typbyval,
-        });
+        keys.push(KeyColumn { attnum, name: name.clone(), typid, typlen, typbyval });
     }
 
     let token = match &row.token_column {
@@ -221,26 +208,13 @@ fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
         _ => Mode::Owner(prepare_owner_lookup(&display, &row, &keys)?),
     };
 
-    Ok(FenceConfig {
-        relid,
-        protected_relid: row.protected_relid,
-        schema,
-        table,
-        display,
-        keys,
-        token,
-        mode,
-    })
+    let (protected_schema, protected_table) = relation_names(row.protected_relid);
+    let stats = crate::audit::stat_slot(row.protected_relid, &qualified_name(&protected_schema, &protected_table));
+    Ok(FenceConfig { relid, protected_relid: row.protected_relid, schema, table, display, keys, token, mode, stats })
 }
 
-fn prepare_owner_lookup(
-    display: &str,
-    row: &ProtectedRow,
-    keys: &[KeyColumn],
-) -> Result<OwnerLookup, Refusal> {
-    let owner_relid = row
-        .owner_table
-        .ok_or_else(|| misconfigured(display, "no owner table recorded".into()))?;
+fn prepare_owner_lookup(display: &str, row: &ProtectedRow, keys: &[KeyColumn]) -> Result<OwnerLookup, Refusal> {
+    let owner_relid = row.owner_table.ok_or_else(|| misconfigured(display, "no owner table recorded".into()))?;
     let token_column = row.owner_token_column.clone().unwrap_or_default();
     let (owner_schema, owner_table) = relation_names(owner_relid);
     let owner_display = qualified_name(&owner_schema, &owner_table);
@@ -262,12 +236,8 @@ fn prepare_owner_lookup(
         .map(|(i, name)| format!("o.{} OPERATOR(pg_catalog.=) ${}", quote_ident(name), i + 1))
         .collect::<Vec<_>>()
         .join(" AND ");
-    let sql = format!(
-        "SELECT o.{} FROM {} o WHERE {} FOR SHARE OF o",
-        quote_ident(&token_column),
-        owner_display,
-        conditions
-    );
+    let sql =
+        format!("SELECT o.{} FROM {} o WHERE {} FOR SHARE OF o", quote_ident(&token_column), owner_display, conditions);
     let csql = CString::new(sql).expect("no NUL in generated SQL");
     let mut argtypes: Vec<pg_sys::Oid> = keys.iter().map(|k| k.typid).collect();
     let plan = Spi::connect(|_| unsafe {
@@ -278,10 +248,5 @@ fn prepare_owner_lookup(
         pg_sys::SPI_keepplan(plan);
         plan
     });
-    Ok(OwnerLookup {
-        relid: owner_relid,
-        rel_owner: rel_owner(owner_relid),
-        display: owner_display,
-        plan,
-    })
+    Ok(OwnerLookup { relid: owner_relid, rel_owner: rel_owner(owner_relid), display: owner_display, plan })
 }

@@ -1,6 +1,7 @@
 //! Triggers that keep the fence's inputs honest: owner tokens only rise, and
 //! TRUNCATE (which fires no row trigger) cannot bypass the fence.
 
+use crate::audit::AuditFacts;
 use crate::errors::{LeaseError, Refusal};
 use crate::fence::pg::{datum_text, qualified_name, relation_names, token_from_datum};
 use crate::fence::trigger::{show, trigger_args, trigger_data, Row};
@@ -42,12 +43,26 @@ pub unsafe fn owner_guard(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Da
             let (schema, table) = relation_names(rel.rd_id);
             let display = qualified_name(&schema, &table);
             let key = describe_owner_key(rel.rd_id, old, key_columns);
+            let facts = AuditFacts {
+                stats: None,
+                relid: rel.rd_id,
+                table: display.clone(),
+                operation: "UPDATE",
+                resource: key.clone(),
+                presented: after,
+                current: Some(b),
+                row_json: crate::audit::row_json(td.tg_newtuple, rel.rd_att),
+            };
             return Err(Refusal::new(
                 LeaseError::FencingTokenRegression,
                 format!("owner row {key} of {display} would lower its fencing token from {b} to {}", show(after)),
-                format!("Table {display}, owner row {key}, column \"{token_column}\": current token {b}, new token {}.", show(after)),
+                format!(
+                    "Table {display}, owner row {key}, column \"{token_column}\": current token {b}, new token {}.",
+                    show(after)
+                ),
             )
-            .on_table(&schema, &table));
+            .on_table(&schema, &table)
+            .audited(facts));
         }
     }
     if before != after {
@@ -63,8 +78,7 @@ unsafe fn describe_owner_key(relid: pg_sys::Oid, row: Row, key_columns: &[String
         .iter()
         .map(|name| {
             let (attnum, typid) = attnum_of(relid, name);
-            row.attr(attnum)
-                .map_or_else(|| "NULL".to_owned(), |d| datum_text(d, typid))
+            row.attr(attnum).map_or_else(|| "NULL".to_owned(), |d| datum_text(d, typid))
         })
         .collect();
     format!("({})=({})", key_columns.join(", "), values.join(", "))
@@ -89,5 +103,15 @@ pub unsafe fn truncate_guard(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys:
             format!("Table {display} is protected by pg_lease; TRUNCATE fires no row trigger, so no fencing token could be checked. Delete rows with a bound token, or call lease.unprotect first."),
         )
     };
-    Err(refusal.on_table(&schema, &table))
+    let facts = AuditFacts {
+        stats: None,
+        relid: rel.rd_id,
+        table: display,
+        operation: "TRUNCATE",
+        resource: String::new(),
+        presented: None,
+        current: None,
+        row_json: None,
+    };
+    Err(refusal.on_table(&schema, &table).audited(facts))
 }

@@ -56,53 +56,36 @@ fn plans() -> Plans {
             role: pg_sys::InvalidOid,
         }
     });
-    let p = Plans {
-        role: rel_owner(high_water_relid()),
-        ..p
-    };
+    let p = Plans { role: rel_owner(high_water_relid()), ..p };
     PLANS.with(|c| c.set(Some(p)));
     p
 }
 
 fn high_water_relid() -> pg_sys::Oid {
-    pgrx::spi::Spi::get_one::<pg_sys::Oid>(
-        "SELECT 'lease.high_water'::pg_catalog.regclass::pg_catalog.oid",
-    )
-    .ok()
-    .flatten()
-    .expect("lease.high_water exists")
+    pgrx::spi::Spi::get_one::<pg_sys::Oid>("SELECT 'lease.high_water'::pg_catalog.regclass::pg_catalog.oid")
+        .ok()
+        .flatten()
+        .expect("lease.high_water exists")
 }
 
 /// The key values as text[], the resource's name in `lease.high_water`.
 fn resource_datum(cfg: &FenceConfig, row: Row) -> pg_sys::Datum {
-    let values: Vec<String> = cfg
-        .keys
-        .iter()
-        .map(|k| datum_text(row.attr(k.attnum).expect("key checked non-NULL"), k.typid))
-        .collect();
+    let values: Vec<String> =
+        cfg.keys.iter().map(|k| datum_text(row.attr(k.attnum).expect("key checked non-NULL"), k.typid)).collect();
     values.into_datum().expect("text[] datum")
 }
 
 /// The resource's mark, share-locked; None if it has none yet.
 pub fn read_and_lock(cfg: &FenceConfig, row: Row) -> Option<i64> {
     let p = plans();
-    let mut args = [
-        pg_sys::Datum::from(cfg.protected_relid),
-        resource_datum(cfg, row),
-    ];
+    let mut args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row)];
     unsafe { run_plan_for_token(p.select, &mut args, p.role) }.flatten()
 }
 
 fn raise_mark(cfg: &FenceConfig, row: Row, token: i64) -> i64 {
     let p = plans();
-    let mut args = [
-        pg_sys::Datum::from(cfg.protected_relid),
-        resource_datum(cfg, row),
-        pg_sys::Datum::from(token),
-    ];
-    unsafe { run_plan_for_token(p.upsert, &mut args, p.role) }
-        .flatten()
-        .expect("the upsert returns the mark")
+    let mut args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row), pg_sys::Datum::from(token)];
+    unsafe { run_plan_for_token(p.upsert, &mut args, p.role) }.flatten().expect("the upsert returns the mark")
 }
 
 /// Verdict for `token` against `mark`. `key` is Some when the mark was just
@@ -123,14 +106,7 @@ pub fn check(
             if token == m {
                 Ok(())
             } else {
-                Err(refusal(
-                    LeaseError::StaleOwnerBoundaryWrite,
-                    cfg,
-                    row,
-                    op,
-                    Some(token),
-                    Some(m),
-                ))
+                Err(refusal(LeaseError::StaleOwnerBoundaryWrite, cfg, row, op, Some(token), Some(m)))
             }
         }
         _ => {
@@ -140,14 +116,7 @@ pub fn check(
             if raised == token {
                 Ok(())
             } else {
-                Err(refusal(
-                    LeaseError::StaleOwnerBoundaryWrite,
-                    cfg,
-                    row,
-                    op,
-                    Some(token),
-                    Some(raised),
-                ))
+                Err(refusal(LeaseError::StaleOwnerBoundaryWrite, cfg, row, op, Some(token), Some(raised)))
             }
         }
     }

@@ -71,8 +71,7 @@ pub fn as_role<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
         pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_ctx);
         pg_sys::SetUserIdAndSecContext(
             role,
-            saved_ctx
-                | (pg_sys::SECURITY_LOCAL_USERID_CHANGE | pg_sys::SECURITY_NOFORCE_RLS) as i32,
+            saved_ctx | (pg_sys::SECURITY_LOCAL_USERID_CHANGE | pg_sys::SECURITY_NOFORCE_RLS) as i32,
         );
         // On error, (sub)transaction abort restores the saved user and context.
         let r = f();

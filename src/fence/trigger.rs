@@ -6,6 +6,7 @@
 //! the owner row (or the high-water mark) through a plan prepared once per
 //! backend, and remembers the answer for the rest of the transaction.
 
+use crate::audit::{self, AuditFacts};
 use crate::errors::{LeaseError, Refusal};
 use crate::fence::config::{self, FenceConfig, KeyColumn, Mode, OwnerLookup, TokenSource};
 use crate::fence::pg::{as_role, datum_text, token_from_datum};
@@ -57,10 +58,7 @@ impl Row {
 }
 
 /// Validates the call and returns its `TriggerData`.
-pub unsafe fn trigger_data<'a>(
-    fcinfo: pg_sys::FunctionCallInfo,
-    name: &str,
-) -> &'a pg_sys::TriggerData {
+pub unsafe fn trigger_data<'a>(fcinfo: pg_sys::FunctionCallInfo, name: &str) -> &'a pg_sys::TriggerData {
     let ctx = (*fcinfo).context;
     if ctx.is_null() || (*ctx).type_ != pg_sys::NodeTag::T_TriggerData {
         pgrx::error!("{name}() may only be called as a trigger");
@@ -72,11 +70,7 @@ pub unsafe fn trigger_data<'a>(
 pub unsafe fn trigger_args(td: &pg_sys::TriggerData) -> Vec<String> {
     let trigger = &*td.tg_trigger;
     (0..trigger.tgnargs as usize)
-        .map(|i| {
-            std::ffi::CStr::from_ptr(*trigger.tgargs.add(i))
-                .to_string_lossy()
-                .into_owned()
-        })
+        .map(|i| std::ffi::CStr::from_ptr(*trigger.tgargs.add(i)).to_string_lossy().into_owned())
         .collect()
 }
 
@@ -118,9 +112,7 @@ pub unsafe fn fence_trigger(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::
 #[inline]
 fn presented_token(cfg: &FenceConfig, row: Row) -> Option<i64> {
     match cfg.token {
-        TokenSource::Column { attnum, typid } => {
-            row.attr(attnum).map(|d| token_from_datum(d, typid))
-        }
+        TokenSource::Column { attnum, typid } => row.attr(attnum).map(|d| token_from_datum(d, typid)),
         TokenSource::Bound => gucs::bound_token(),
     }
 }
@@ -188,18 +180,11 @@ fn same_resource(cfg: &FenceConfig, a: Row, b: Row) -> bool {
 
 /// `(table_id, seat)=(7, 2)`, the way Postgres prints keys in its own errors.
 pub fn describe_key(cfg: &FenceConfig, row: Row) -> String {
-    let names: Vec<String> = cfg
-        .keys
-        .iter()
-        .map(|k| crate::fence::pg::quote_ident(&k.name))
-        .collect();
+    let names: Vec<String> = cfg.keys.iter().map(|k| crate::fence::pg::quote_ident(&k.name)).collect();
     let values: Vec<String> = cfg
         .keys
         .iter()
-        .map(|k| {
-            row.attr(k.attnum)
-                .map_or_else(|| "NULL".to_owned(), |d| datum_text(d, k.typid))
-        })
+        .map(|k| row.attr(k.attnum).map_or_else(|| "NULL".to_owned(), |d| datum_text(d, k.typid)))
         .collect();
     format!("({})=({})", names.join(", "), values.join(", "))
 }
@@ -218,35 +203,31 @@ pub fn refusal(
     current: Option<i64>,
 ) -> Refusal {
     let key = describe_key(cfg, row);
-    let summary =
-        match error {
-            LeaseError::StaleOwnerBoundaryWrite => {
-                format!(
-            "{} on {} for resource {key} presents fencing token {} but the current token is {}",
-            op.as_str(), cfg.display, show(presented), show(current)
-        )
-            }
-            LeaseError::FencingTokenAhead => format!(
-            "{} on {} for resource {key} presents fencing token {}, ahead of the current token {}",
-            op.as_str(), cfg.display, show(presented), show(current)
-        ),
-            LeaseError::MissingFencingToken => format!(
-                "{} on {} for resource {key} presents no fencing token",
-                op.as_str(),
-                cfg.display
-            ),
-            LeaseError::FenceOwnerMissing => format!(
-                "{} on {} for resource {key} has no owner row",
-                op.as_str(),
-                cfg.display
-            ),
-            other => format!(
-                "{} on {} refused ({})",
+    let summary = match error {
+        LeaseError::StaleOwnerBoundaryWrite => {
+            format!(
+                "{} on {} for resource {key} presents fencing token {} but the current token is {}",
                 op.as_str(),
                 cfg.display,
-                other.name()
-            ),
-        };
+                show(presented),
+                show(current)
+            )
+        }
+        LeaseError::FencingTokenAhead => format!(
+            "{} on {} for resource {key} presents fencing token {}, ahead of the current token {}",
+            op.as_str(),
+            cfg.display,
+            show(presented),
+            show(current)
+        ),
+        LeaseError::MissingFencingToken => {
+            format!("{} on {} for resource {key} presents no fencing token", op.as_str(), cfg.display)
+        }
+        LeaseError::FenceOwnerMissing => {
+            format!("{} on {} for resource {key} has no owner row", op.as_str(), cfg.display)
+        }
+        other => format!("{} on {} refused ({})", op.as_str(), cfg.display, other.name()),
+    };
     let source = match &cfg.mode {
         Mode::Owner(owner) => format!("owner row in {}", owner.display),
         Mode::HighWater => "high-water mark".to_owned(),
@@ -257,7 +238,17 @@ pub fn refusal(
         show(presented),
         show(current)
     );
-    Refusal::new(error, summary, detail).on_table(&cfg.schema, &cfg.table)
+    let facts = AuditFacts {
+        stats: cfg.stats,
+        relid: cfg.protected_relid,
+        table: cfg.display.clone(),
+        operation: op.as_str(),
+        resource: key,
+        presented,
+        current,
+        row_json: audit::row_json(row.tuple, row.desc),
+    };
+    Refusal::new(error, summary, detail).on_table(&cfg.schema, &cfg.table).audited(facts)
 }
 
 enum Known {
@@ -270,15 +261,16 @@ enum Known {
 }
 
 fn check_row(cfg: &FenceConfig, row: Row, token: Option<i64>, op: Op) -> Result<(), Refusal> {
+    let verdict = verdict(cfg, row, token, op);
+    if let (Ok(()), Some(stats)) = (&verdict, cfg.stats) {
+        stats.accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    verdict
+}
+
+fn verdict(cfg: &FenceConfig, row: Row, token: Option<i64>, op: Op) -> Result<(), Refusal> {
     let Some(token) = token else {
-        return Err(refusal(
-            LeaseError::MissingFencingToken,
-            cfg,
-            row,
-            op,
-            None,
-            None,
-        ));
+        return Err(refusal(LeaseError::MissingFencingToken, cfg, row, op, None, None));
     };
     let known = KEY_BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
@@ -295,61 +287,26 @@ fn check_row(cfg: &FenceConfig, row: Row, token: Option<i64>, op: Op) -> Result<
             let current = match known {
                 Known::Verified(current) => current,
                 Known::NoResource => {
-                    return Err(refusal(
-                        LeaseError::FenceOwnerMissing,
-                        cfg,
-                        row,
-                        op,
-                        Some(token),
-                        None,
-                    ))
+                    return Err(refusal(LeaseError::FenceOwnerMissing, cfg, row, op, Some(token), None))
                 }
                 Known::Unverified(key) => match lock_owner_row(cfg, owner, row) {
                     Some(current) => {
                         verified::remember(&key, current);
                         current
                     }
-                    None => {
-                        return Err(refusal(
-                            LeaseError::FenceOwnerMissing,
-                            cfg,
-                            row,
-                            op,
-                            Some(token),
-                            None,
-                        ))
-                    }
+                    None => return Err(refusal(LeaseError::FenceOwnerMissing, cfg, row, op, Some(token), None)),
                 },
             };
             match current {
                 Some(c) if token == c => Ok(()),
-                Some(c) if token < c => Err(refusal(
-                    LeaseError::StaleOwnerBoundaryWrite,
-                    cfg,
-                    row,
-                    op,
-                    Some(token),
-                    current,
-                )),
-                _ => Err(refusal(
-                    LeaseError::FencingTokenAhead,
-                    cfg,
-                    row,
-                    op,
-                    Some(token),
-                    current,
-                )),
+                Some(c) if token < c => {
+                    Err(refusal(LeaseError::StaleOwnerBoundaryWrite, cfg, row, op, Some(token), current))
+                }
+                _ => Err(refusal(LeaseError::FencingTokenAhead, cfg, row, op, Some(token), current)),
             }
         }
         Mode::HighWater => match known {
-            Known::NoResource => Err(refusal(
-                LeaseError::FenceOwnerMissing,
-                cfg,
-                row,
-                op,
-                Some(token),
-                None,
-            )),
+            Known::NoResource => Err(refusal(LeaseError::FenceOwnerMissing, cfg, row, op, Some(token), None)),
             Known::Verified(mark) => high_water::check(cfg, row, op, token, mark, None),
             Known::Unverified(key) => {
                 let mark = high_water::read_and_lock(cfg, row);
@@ -362,11 +319,8 @@ fn check_row(cfg: &FenceConfig, row: Row, token: Option<i64>, op: Op) -> Result<
 /// `SELECT token ... FOR SHARE` on the owner row, as the owner table's owner.
 /// None: no owner row. Some(None): the owner row's token is NULL.
 fn lock_owner_row(cfg: &FenceConfig, owner: &OwnerLookup, row: Row) -> Option<Option<i64>> {
-    let mut args: Vec<pg_sys::Datum> = cfg
-        .keys
-        .iter()
-        .map(|k| row.attr(k.attnum).expect("key checked non-NULL"))
-        .collect();
+    let mut args: Vec<pg_sys::Datum> =
+        cfg.keys.iter().map(|k| row.attr(k.attnum).expect("key checked non-NULL")).collect();
     unsafe { run_plan_for_token(owner.plan, &mut args, owner.rel_owner) }
 }
 
@@ -379,9 +333,7 @@ pub unsafe fn run_plan_for_token(
     pg_sys::SPI_connect();
     // read_only = false: a fresh snapshot, so READ COMMITTED sees the latest
     // committed token, and the lock waits for (then follows) concurrent bumps.
-    let rc = as_role(role, || {
-        pg_sys::SPI_execute_plan(plan, args.as_mut_ptr(), std::ptr::null(), false, 1)
-    });
+    let rc = as_role(role, || pg_sys::SPI_execute_plan(plan, args.as_mut_ptr(), std::ptr::null(), false, 1));
     if rc < 0 {
         pgrx::error!("pg_lease: fence lookup failed (SPI code {rc})");
     }

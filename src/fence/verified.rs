@@ -32,8 +32,7 @@ pub fn lookup(key: &[u8]) -> Option<Option<i64>> {
 pub fn remember(key: &[u8], current: Option<i64>) {
     let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
     VERIFIED.with(|v| {
-        v.borrow_mut()
-            .insert(key.into(), Entry { current, subxact });
+        v.borrow_mut().insert(key.into(), Entry { current, subxact });
     });
 }
 
@@ -45,10 +44,7 @@ pub fn forget_all() {
     });
 }
 
-pub unsafe extern "C-unwind" fn on_xact_event(
-    _event: pg_sys::XactEvent::Type,
-    _arg: *mut std::ffi::c_void,
-) {
+pub unsafe extern "C-unwind" fn on_xact_event(_event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     // Commit, abort, prepare: every row lock is either released or handed to
     // the prepared transaction; nothing stays valid for the next transaction.
     forget_all();
@@ -65,9 +61,7 @@ pub unsafe extern "C-unwind" fn on_subxact_event(
             return;
         };
         match event {
-            pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB => {
-                map.retain(|_, e| e.subxact != my_subid)
-            }
+            pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB => map.retain(|_, e| e.subxact != my_subid),
             pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB => {
                 for e in map.values_mut().filter(|e| e.subxact == my_subid) {
                     e.subxact = parent_subid;

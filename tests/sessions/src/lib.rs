@@ -14,10 +14,7 @@ pub fn port() -> u16 {
 }
 
 pub fn connect_to(dbname: &str, user: &str) -> Client {
-    let conn = format!(
-        "host=127.0.0.1 port={} user={user} dbname={dbname} application_name=pg_lease_tests",
-        port()
-    );
+    let conn = format!("host=127.0.0.1 port={} user={user} dbname={dbname} application_name=pg_lease_tests", port());
     Client::connect(&conn, NoTls).unwrap_or_else(|e| panic!("connect to {dbname} as {user}: {e}"))
 }
 
@@ -30,19 +27,11 @@ static SEQ: AtomicUsize = AtomicUsize::new(0);
 
 impl TestDb {
     pub fn new(label: &str) -> TestDb {
-        let name = format!(
-            "t_{label}_{}_{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::SeqCst)
-        );
+        let name = format!("t_{label}_{}_{}", std::process::id(), SEQ.fetch_add(1, Ordering::SeqCst));
         let mut admin = connect_to("postgres", "postgres");
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .unwrap();
+        admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
         let db = TestDb { name };
-        db.connect()
-            .batch_execute("CREATE EXTENSION pg_lease")
-            .unwrap();
+        db.connect().batch_execute("CREATE EXTENSION pg_lease").unwrap();
         db
     }
 
@@ -57,17 +46,10 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        if let Ok(mut admin) = Client::connect(
-            &format!(
-                "host=127.0.0.1 port={} user=postgres dbname=postgres",
-                port()
-            ),
-            NoTls,
-        ) {
-            let _ = admin.batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ));
+        if let Ok(mut admin) =
+            Client::connect(&format!("host=127.0.0.1 port={} user=postgres dbname=postgres", port()), NoTls)
+        {
+            let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
         }
     }
 }
@@ -76,10 +58,7 @@ impl Drop for TestDb {
 pub fn sqlstate<T>(r: &Result<T, postgres::Error>) -> String {
     match r {
         Ok(_) => String::new(),
-        Err(e) => e
-            .code()
-            .map(|c| c.code().to_owned())
-            .unwrap_or_else(|| format!("no sqlstate: {e}")),
+        Err(e) => e.code().map(|c| c.code().to_owned()).unwrap_or_else(|| format!("no sqlstate: {e}")),
     }
 }
 
@@ -94,24 +73,23 @@ pub fn expect_error(c: &mut Client, sql: &str, code: &str) -> String {
     match c.batch_execute(sql) {
         Ok(()) => panic!("expected {code} from: {sql}\nbut it succeeded"),
         Err(e) => {
-            let db = e
-                .as_db_error()
-                .unwrap_or_else(|| panic!("expected {code}, got non-db error {e}"));
-            assert_eq!(
-                db.code().code(),
-                code,
-                "SQLSTATE for: {sql}\nmessage: {}",
-                db.message()
-            );
+            let db = e.as_db_error().unwrap_or_else(|| panic!("expected {code}, got non-db error {e}"));
+            assert_eq!(db.code().code(), code, "SQLSTATE for: {sql}\nmessage: {}", db.message());
             format!("{} | {}", db.message(), db.detail().unwrap_or(""))
         }
     }
 }
 
 pub fn one_i64(c: &mut Client, sql: &str) -> i64 {
-    c.query_one(sql, &[])
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .get(0)
+    c.query_one(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
+}
+
+/// The database `make test` points `pg_lease.database` at: where the audit
+/// worker records refusals of every database in the cluster.
+pub const AUDIT_DB: &str = "pg_lease_audit";
+
+pub fn audit_db() -> Client {
+    connect_to(AUDIT_DB, "postgres")
 }
 
 /// The poker schema from the incident: owner rows in `tables`, fenced `payouts`.
@@ -149,32 +127,47 @@ fn cluster_sh(args: &[&str]) {
 impl Cluster {
     /// A fresh primary with pg_lease preloaded. `port` must be unique per test.
     pub fn start(name: &str, port: u16) -> Cluster {
-        cluster_sh(&["start", name, &port.to_string()]);
-        Cluster {
-            name: name.to_owned(),
-            port,
-        }
+        Self::start_with(name, port, &[])
+    }
+
+    /// Same, with extra postgresql.conf lines (later lines win).
+    pub fn start_with(name: &str, port: u16, conf: &[&str]) -> Cluster {
+        let port_s = port.to_string();
+        let mut args = vec!["start", name, &port_s];
+        args.extend_from_slice(conf);
+        cluster_sh(&args);
+        Cluster { name: name.to_owned(), port }
+    }
+
+    /// The server log, for tests that check what reached it.
+    pub fn server_log(&self) -> String {
+        let root = std::env::var("PG_LEASE_SCRATCH").unwrap_or_else(|_| "/var/tmp/pg_lease".to_owned());
+        std::fs::read_to_string(format!("{root}/{}/server.log", self.name)).unwrap_or_default()
+    }
+
+    /// A connection that also collects the notices and warnings it receives.
+    pub fn connect_collecting_notices(&self) -> (Client, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+        let notices = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = notices.clone();
+        let client = postgres::Config::new()
+            .host("127.0.0.1")
+            .port(self.port)
+            .user("postgres")
+            .dbname("postgres")
+            .notice_callback(move |n| sink.lock().unwrap().push(format!("{}: {}", n.severity(), n.message())))
+            .connect(NoTls)
+            .unwrap();
+        (client, notices)
     }
 
     /// A streaming standby of `primary` (asynchronous, via pg_basebackup -R).
     pub fn standby_of(primary: &Cluster, name: &str, port: u16) -> Cluster {
-        cluster_sh(&[
-            "standby",
-            name,
-            &port.to_string(),
-            &primary.port.to_string(),
-        ]);
-        Cluster {
-            name: name.to_owned(),
-            port,
-        }
+        cluster_sh(&["standby", name, &port.to_string(), &primary.port.to_string()]);
+        Cluster { name: name.to_owned(), port }
     }
 
     pub fn connect(&self) -> Client {
-        let conn = format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres",
-            self.port
-        );
+        let conn = format!("host=127.0.0.1 port={} user=postgres dbname=postgres", self.port);
         let start = std::time::Instant::now();
         loop {
             match Client::connect(&conn, NoTls) {
@@ -207,11 +200,8 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let _ = std::process::Command::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../scripts/cluster.sh"
-        ))
-        .args(["stop", &self.name])
-        .status();
+        let _ = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/cluster.sh"))
+            .args(["stop", &self.name])
+            .status();
     }
 }

@@ -8,18 +8,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn setup(c: &mut Client) {
-    c.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER}"))
-        .unwrap();
+    c.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER}")).unwrap();
 }
 
 /// The game server on host-a (re-)takes table 1: every call bumps the token.
 fn take(c: &mut Client) -> i64 {
-    c.query_one(
-        "SELECT token FROM lease.acquire('table:1', 'host-a', 60000, 'tables', '{1}')",
-        &[],
-    )
-    .unwrap()
-    .get(0)
+    c.query_one("SELECT token FROM lease.acquire('table:1', 'host-a', 60000, 'tables', '{1}')", &[]).unwrap().get(0)
 }
 
 fn current(c: &mut Client) -> i64 {
@@ -32,17 +26,11 @@ fn tokens_rise_across_restart_crash_and_kill9() {
     let mut c = cluster.connect();
     setup(&mut c);
     // Even with asynchronous commit configured, a token is flushed before it is returned.
-    c.batch_execute("ALTER SYSTEM SET synchronous_commit = off")
-        .unwrap();
+    c.batch_execute("ALTER SYSTEM SET synchronous_commit = off").unwrap();
     c.batch_execute("SELECT pg_reload_conf()").unwrap();
     drop(c);
     let mut c = cluster.connect();
-    assert_eq!(
-        c.query_one("SHOW synchronous_commit", &[])
-            .unwrap()
-            .get::<_, String>(0),
-        "off"
-    );
+    assert_eq!(c.query_one("SHOW synchronous_commit", &[]).unwrap().get::<_, String>(0), "off");
     let mut last = take(&mut c);
     for (how, fault) in [
         ("clean restart", Cluster::stop as fn(&Cluster)),
@@ -55,18 +43,8 @@ fn tokens_rise_across_restart_crash_and_kill9() {
         fault(&cluster);
         cluster.restart();
         c = cluster.connect();
-        assert_eq!(
-            current(&mut c),
-            issued,
-            "the last issued token survived the {how}"
-        );
-        assert_eq!(
-            one_i64(
-                &mut c,
-                "SELECT owner_fencing_token FROM tables WHERE id = 1"
-            ),
-            issued
-        );
+        assert_eq!(current(&mut c), issued, "the last issued token survived the {how}");
+        assert_eq!(one_i64(&mut c, "SELECT owner_fencing_token FROM tables WHERE id = 1"), issued);
         let next = take(&mut c);
         assert!(next > issued, "token after {how}: {next} <= {issued}");
         last = next;
@@ -88,16 +66,7 @@ fn tokens_and_fences_survive_dump_and_restore() {
     let dump = std::env::temp_dir().join(format!("pg_lease_dump_{}.dump", std::process::id()));
     let port = port().to_string();
     let status = Command::new("pg_dump")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "-U",
-            "postgres",
-            "-Fc",
-            "-f",
-        ])
+        .args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-Fc", "-f"])
         .arg(&dump)
         .arg(&src.name)
         .status()
@@ -107,81 +76,40 @@ fn tokens_and_fences_survive_dump_and_restore() {
     // Restore into a database without the extension: pg_restore creates it.
     let dst_name = format!("{}_restored", src.name);
     let mut admin = connect_to("postgres", "postgres");
-    admin
-        .batch_execute(&format!("CREATE DATABASE {dst_name}"))
-        .unwrap();
+    admin.batch_execute(&format!("CREATE DATABASE {dst_name}")).unwrap();
     let dst = TestDb { name: dst_name };
     let out = Command::new("pg_restore")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "-U",
-            "postgres",
-            "--exit-on-error",
-            "-d",
-            &dst.name,
-        ])
+        .args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "--exit-on-error", "-d", &dst.name])
         .arg(&dump)
         .output()
         .unwrap();
     let _ = std::fs::remove_file(&dump);
-    assert!(
-        out.status.success(),
-        "pg_restore: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "pg_restore: {}", String::from_utf8_lossy(&out.stderr));
 
     let mut r = dst.connect();
     assert_eq!(current(&mut r), before);
     assert_eq!(
-        one_i64(
-            &mut r,
-            "SELECT count(*) FROM lease.protected_tables WHERE enforced"
-        ),
+        one_i64(&mut r, "SELECT count(*) FROM lease.protected_tables WHERE enforced"),
         2,
         "both fences restored whole"
     );
-    expect_error(
-        &mut r,
-        &format!(
-            "INSERT INTO payouts (table_id, fencing_token) VALUES (1, {})",
-            before - 1
-        ),
-        "LF001",
-    );
+    expect_error(&mut r, &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {})", before - 1), "LF001");
     expect_error(&mut r, "INSERT INTO ledger VALUES (1, 8)", "LF001");
-    expect_error(
-        &mut r,
-        "ALTER TABLE payouts DISABLE TRIGGER pg_lease_fence",
-        "LF008",
-    );
+    expect_error(&mut r, "ALTER TABLE payouts DISABLE TRIGGER pg_lease_fence", "LF008");
     let after = take(&mut r);
     assert!(after > before);
 }
 
 fn wait_for_replay(primary: &mut Client, standby: &mut Client) {
-    let target: String = primary
-        .query_one("SELECT pg_current_wal_lsn()::text", &[])
-        .unwrap()
-        .get(0);
+    let target: String = primary.query_one("SELECT pg_current_wal_lsn()::text", &[]).unwrap().get(0);
     let start = Instant::now();
     loop {
-        let caught_up: bool = standby
-            .query_one(
-                "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
-                &[&target],
-            )
-            .unwrap()
-            .get(0);
+        let caught_up: bool =
+            standby.query_one("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", &[&target]).unwrap().get(0);
         if caught_up {
             return;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "standby never caught up"
-        );
+        assert!(start.elapsed() < Duration::from_secs(30), "standby never caught up");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -204,35 +132,21 @@ fn tokens_rise_after_promoting_a_standby_that_missed_the_last_wal() {
     standby.stop();
     let lost = take(&mut p);
     assert!(lost > replicated);
-    p.batch_execute(&format!(
-        "INSERT INTO payouts (table_id, fencing_token) VALUES (1, {lost})"
-    ))
-    .unwrap();
+    p.batch_execute(&format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {lost})")).unwrap();
     // ...then the primary dies and the stale standby is promoted.
     drop(p);
     primary.crash();
     standby.restart();
     standby.promote();
     let mut n = standby.connect();
-    assert_eq!(
-        current(&mut n),
-        replicated,
-        "the new primary never saw the lost token"
-    );
+    assert_eq!(current(&mut n), replicated, "the new primary never saw the lost token");
     assert_eq!(one_i64(&mut n, "SELECT count(*) FROM payouts"), 0);
 
     // The process holding the lost token is refused as ahead of the database...
-    let ahead = expect_error(
-        &mut n,
-        &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {lost})"),
-        "LF002",
-    );
+    let ahead =
+        expect_error(&mut n, &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {lost})"), "LF002");
     assert!(ahead.starts_with("FencingTokenAhead"), "{ahead}");
-    expect_error(
-        &mut n,
-        &format!("SELECT lease.renew('table:1', 'host-a', {lost}, 60000)"),
-        "LF006",
-    );
+    expect_error(&mut n, &format!("SELECT lease.renew('table:1', 'host-a', {lost}, 60000)"), "LF006");
     // ...and the next token issued beats the lost one, though its WAL is gone.
     let next = take(&mut n);
     assert!(next > lost, "after failover: {next} <= lost {lost}");

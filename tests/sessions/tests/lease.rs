@@ -9,12 +9,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 fn acquire(c: &mut Client, name: &str, owner: &str, ttl_ms: i32) -> Result<i64, String> {
-    c.query_opt(
-        "SELECT token FROM lease.acquire($1, $2, $3)",
-        &[&name, &owner, &ttl_ms],
-    )
-    .map(|r| r.expect("acquire returns a row").get(0))
-    .map_err(|e| sqlstate::<()>(&Err(e)))
+    c.query_opt("SELECT token FROM lease.acquire($1, $2, $3)", &[&name, &owner, &ttl_ms])
+        .map(|r| r.expect("acquire returns a row").get(0))
+        .map_err(|e| sqlstate::<()>(&Err(e)))
 }
 
 fn poker_with_leases(label: &str) -> (TestDb, Client) {
@@ -34,42 +31,20 @@ fn acquire_reacquire_takeover_and_release() {
     let t2 = acquire(&mut c, "table:1", "host-a", 15_000).unwrap();
     assert!(t2 > t1);
     // Another owner is refused while the lease is live, with holder and expiry in DETAIL.
-    let detail = expect_error(
-        &mut c,
-        "SELECT lease.acquire('table:1', 'host-b', 15000)",
-        "LF005",
-    );
-    assert!(
-        detail.contains("host-a") && detail.contains("expires at"),
-        "{detail}"
-    );
-    let none = c
-        .query(
-            "SELECT * FROM lease.try_acquire('table:1', 'host-b', 15000)",
-            &[],
-        )
-        .unwrap();
+    let detail = expect_error(&mut c, "SELECT lease.acquire('table:1', 'host-b', 15000)", "LF005");
+    assert!(detail.contains("host-a") && detail.contains("expires at"), "{detail}");
+    let none = c.query("SELECT * FROM lease.try_acquire('table:1', 'host-b', 15000)", &[]).unwrap();
     assert!(none.is_empty());
     // Release: anyone may take it at once, with a higher token.
-    let released: bool = c
-        .query_one("SELECT lease.release('table:1', 'host-a', $1)", &[&t2])
-        .unwrap()
-        .get(0);
+    let released: bool = c.query_one("SELECT lease.release('table:1', 'host-a', $1)", &[&t2]).unwrap().get(0);
     assert!(released);
-    let again: bool = c
-        .query_one("SELECT lease.release('table:1', 'host-a', $1)", &[&t2])
-        .unwrap()
-        .get(0);
+    let again: bool = c.query_one("SELECT lease.release('table:1', 'host-a', $1)", &[&t2]).unwrap().get(0);
     assert!(!again, "a second release finds nothing to release");
     let t3 = acquire(&mut c, "table:1", "host-b", 15_000).unwrap();
     assert!(t3 > t2);
     // Expiry is judged on the database clock.
     let t4 = acquire(&mut c, "table:2", "host-a", 150).unwrap();
-    expect_error(
-        &mut c,
-        "SELECT lease.acquire('table:2', 'host-b', 15000)",
-        "LF005",
-    );
+    expect_error(&mut c, "SELECT lease.acquire('table:2', 'host-b', 15000)", "LF005");
     thread::sleep(Duration::from_millis(250));
     let t5 = acquire(&mut c, "table:2", "host-b", 15_000).unwrap();
     assert!(t5 > t4);
@@ -84,134 +59,53 @@ fn acquire_bound_to_an_owner_row_fences_the_previous_process() {
     let (_db, mut c) = poker_with_leases("lease_bound");
     // The owner row still carries a large token from the Redis era.
     let redis_era = (3_i64 << 40) + 17;
-    c.execute(
-        "UPDATE tables SET owner_fencing_token = $1 WHERE id = 1",
-        &[&redis_era],
-    )
-    .unwrap();
+    c.execute("UPDATE tables SET owner_fencing_token = $1 WHERE id = 1", &[&redis_era]).unwrap();
     let old: i64 = c
-        .query_one(
-            "SELECT token FROM lease.acquire('table:1', 'proc-old', 15000, 'tables', '{1}')",
-            &[],
-        )
+        .query_one("SELECT token FROM lease.acquire('table:1', 'proc-old', 15000, 'tables', '{1}')", &[])
         .unwrap()
         .get(0);
-    assert_eq!(
-        old,
-        redis_era + 1,
-        "above the owner row's token, never below"
-    );
-    assert_eq!(
-        one_i64(
-            &mut c,
-            "SELECT owner_fencing_token FROM tables WHERE id = 1"
-        ),
-        old
-    );
-    c.batch_execute(&format!(
-        "INSERT INTO payouts (table_id, fencing_token) VALUES (1, {old})"
-    ))
-    .unwrap();
+    assert_eq!(old, redis_era + 1, "above the owner row's token, never below");
+    assert_eq!(one_i64(&mut c, "SELECT owner_fencing_token FROM tables WHERE id = 1"), old);
+    c.batch_execute(&format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {old})")).unwrap();
     // Deploy overlap: the same host re-takes the table from a new process.
     let new: i64 = c
-        .query_one(
-            "SELECT token FROM lease.acquire('table:1', 'proc-old', 15000, 'tables', '{1}')",
-            &[],
-        )
+        .query_one("SELECT token FROM lease.acquire('table:1', 'proc-old', 15000, 'tables', '{1}')", &[])
         .unwrap()
         .get(0);
     assert!(new > old);
-    expect_error(
-        &mut c,
-        &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {old})"),
-        "LF001",
-    );
-    c.batch_execute(&format!(
-        "INSERT INTO payouts (table_id, fencing_token) VALUES (1, {new})"
-    ))
-    .unwrap();
+    expect_error(&mut c, &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {old})"), "LF001");
+    c.batch_execute(&format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {new})")).unwrap();
     // Bad bindings: nothing taken.
-    expect_error(
-        &mut c,
-        "SELECT lease.acquire('table:9', 'p', 15000, 'tables', '{9}')",
-        "LF007",
-    );
-    expect_error(
-        &mut c,
-        "SELECT lease.acquire('table:9', 'p', 15000, 'payouts', '{9}')",
-        "55000",
-    );
-    expect_error(
-        &mut c,
-        "SELECT lease.acquire('table:9', 'p', 15000, 'tables', '{1,2}')",
-        "22023",
-    );
-    expect_error(
-        &mut c,
-        "SELECT lease.acquire('table:9', 'p', 15000, 'tables')",
-        "22023",
-    );
-    assert_eq!(
-        one_i64(
-            &mut c,
-            "SELECT count(*) FROM lease.leases WHERE name = 'table:9'"
-        ),
-        0
-    );
+    expect_error(&mut c, "SELECT lease.acquire('table:9', 'p', 15000, 'tables', '{9}')", "LF007");
+    expect_error(&mut c, "SELECT lease.acquire('table:9', 'p', 15000, 'payouts', '{9}')", "55000");
+    expect_error(&mut c, "SELECT lease.acquire('table:9', 'p', 15000, 'tables', '{1,2}')", "22023");
+    expect_error(&mut c, "SELECT lease.acquire('table:9', 'p', 15000, 'tables')", "22023");
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE name = 'table:9'"), 0);
 }
 
 #[test]
 fn renew_says_why_a_lease_was_lost() {
     let (_db, mut c) = poker_with_leases("lease_renew");
     let t = acquire(&mut c, "a", "host-a", 15_000).unwrap();
-    let before: std::time::SystemTime = c
-        .query_one("SELECT expires_at FROM lease.leases WHERE name = 'a'", &[])
-        .unwrap()
-        .get(0);
-    let after: std::time::SystemTime = c
-        .query_one("SELECT lease.renew('a', 'host-a', $1, 20000)", &[&t])
-        .unwrap()
-        .get(0);
+    let before: std::time::SystemTime =
+        c.query_one("SELECT expires_at FROM lease.leases WHERE name = 'a'", &[]).unwrap().get(0);
+    let after: std::time::SystemTime =
+        c.query_one("SELECT lease.renew('a', 'host-a', $1, 20000)", &[&t]).unwrap().get(0);
     assert!(after > before);
     let lost = |c: &mut Client, sql: &str, why: &str| {
         let msg = expect_error(c, sql, "LF006");
         assert!(msg.starts_with("LeaseLost") && msg.contains(why), "{msg}");
     };
-    lost(
-        &mut c,
-        "SELECT lease.renew('nope', 'host-a', 1, 15000)",
-        "never existed",
-    );
-    lost(
-        &mut c,
-        &format!("SELECT lease.renew('a', 'host-b', {t}, 15000)"),
-        "taken by host-a",
-    );
-    lost(
-        &mut c,
-        &format!("SELECT lease.renew('a', 'host-a', {}, 15000)", t + 5),
-        "never issued",
-    );
+    lost(&mut c, "SELECT lease.renew('nope', 'host-a', 1, 15000)", "never existed");
+    lost(&mut c, &format!("SELECT lease.renew('a', 'host-b', {t}, 15000)"), "taken by host-a");
+    lost(&mut c, &format!("SELECT lease.renew('a', 'host-a', {}, 15000)", t + 5), "never issued");
     let t2 = acquire(&mut c, "a", "host-a", 15_000).unwrap();
-    lost(
-        &mut c,
-        &format!("SELECT lease.renew('a', 'host-a', {t}, 15000)"),
-        "re-acquired",
-    );
-    c.execute("SELECT lease.release('a', 'host-a', $1)", &[&t2])
-        .unwrap();
-    lost(
-        &mut c,
-        &format!("SELECT lease.renew('a', 'host-a', {t2}, 15000)"),
-        "released",
-    );
+    lost(&mut c, &format!("SELECT lease.renew('a', 'host-a', {t}, 15000)"), "re-acquired");
+    c.execute("SELECT lease.release('a', 'host-a', $1)", &[&t2]).unwrap();
+    lost(&mut c, &format!("SELECT lease.renew('a', 'host-a', {t2}, 15000)"), "released");
     let t3 = acquire(&mut c, "b", "host-a", 100).unwrap();
     thread::sleep(Duration::from_millis(200));
-    lost(
-        &mut c,
-        &format!("SELECT lease.renew('b', 'host-a', {t3}, 15000)"),
-        "expired",
-    );
+    lost(&mut c, &format!("SELECT lease.renew('b', 'host-a', {t3}, 15000)"), "expired");
 }
 
 #[test]
@@ -224,39 +118,20 @@ fn renew_all_renews_and_reports_losses() {
     acquire(&mut c, "other", "host-b", 15_000).unwrap();
     thread::sleep(Duration::from_millis(200));
     let heartbeat = |c: &mut Client| -> Vec<(String, bool)> {
-        c.query(
-            "SELECT name, renewed FROM lease.renew_all('host-a', 15000) ORDER BY name",
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect()
+        c.query("SELECT name, renewed FROM lease.renew_all('host-a', 15000) ORDER BY name", &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
     };
-    let s = |v: &[(&str, bool)]| {
-        v.iter()
-            .map(|(n, b)| (n.to_string(), *b))
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(
-        heartbeat(&mut c),
-        s(&[("t1", true), ("t2", true), ("t3", true), ("t4", false)])
-    );
+    let s = |v: &[(&str, bool)]| v.iter().map(|(n, b)| (n.to_string(), *b)).collect::<Vec<_>>();
+    assert_eq!(heartbeat(&mut c), s(&[("t1", true), ("t2", true), ("t3", true), ("t4", false)]));
     // host-b takes the expired t4: host-a hears about it once, then t4 is gone from its view.
     acquire(&mut c, "t4", "host-b", 15_000).unwrap();
-    assert_eq!(
-        heartbeat(&mut c),
-        s(&[("t1", true), ("t2", true), ("t3", true), ("t4", false)])
-    );
-    assert_eq!(
-        heartbeat(&mut c),
-        s(&[("t1", true), ("t2", true), ("t3", true)])
-    );
+    assert_eq!(heartbeat(&mut c), s(&[("t1", true), ("t2", true), ("t3", true), ("t4", false)]));
+    assert_eq!(heartbeat(&mut c), s(&[("t1", true), ("t2", true), ("t3", true)]));
     // SIGTERM path.
-    assert_eq!(
-        one_i64(&mut c, "SELECT lease.release_all('host-a')::bigint"),
-        3
-    );
+    assert_eq!(one_i64(&mut c, "SELECT lease.release_all('host-a')::bigint"), 3);
     assert!(heartbeat(&mut c).is_empty());
     acquire(&mut c, "t1", "host-b", 15_000).unwrap();
 }
@@ -264,19 +139,11 @@ fn renew_all_renews_and_reports_losses() {
 #[test]
 fn renew_all_handles_ten_thousand_leases_in_one_statement() {
     let (_db, mut c) = poker_with_leases("lease_10k");
-    c.batch_execute(
-        "SELECT lease.acquire('table:' || g, 'big-host', 60000) FROM generate_series(1, 10000) g",
-    )
-    .unwrap();
+    c.batch_execute("SELECT lease.acquire('table:' || g, 'big-host', 60000) FROM generate_series(1, 10000) g").unwrap();
     let mut best = Duration::MAX;
     for _ in 0..3 {
         let start = Instant::now();
-        let rows = c
-            .query(
-                "SELECT count(*) FROM lease.renew_all('big-host', 60000) WHERE renewed",
-                &[],
-            )
-            .unwrap();
+        let rows = c.query("SELECT count(*) FROM lease.renew_all('big-host', 60000) WHERE renewed", &[]).unwrap();
         best = best.min(start.elapsed());
         assert_eq!(rows[0].get::<_, i64>(0), 10_000);
     }
@@ -295,24 +162,12 @@ fn bad_names_owners_and_ttls_get_clear_errors() {
         ("SELECT lease.acquire('', 'o', 1000)".to_owned(), "22023"),
         ("SELECT lease.acquire('  ', 'o', 1000)".to_owned(), "22023"),
         ("SELECT lease.acquire('n', NULL, 1000)".to_owned(), "22004"),
-        (
-            format!("SELECT lease.acquire('{long}', 'o', 1000)"),
-            "22023",
-        ),
-        (
-            format!("SELECT lease.acquire('n', '{long}', 1000)"),
-            "22023",
-        ),
+        (format!("SELECT lease.acquire('{long}', 'o', 1000)"), "22023"),
+        (format!("SELECT lease.acquire('n', '{long}', 1000)"), "22023"),
         ("SELECT lease.acquire('n', 'o', 5)".to_owned(), "22023"),
         ("SELECT lease.acquire('n', 'o', NULL)".to_owned(), "22004"),
-        (
-            "SELECT lease.acquire('n', 'o', 2000000000)".to_owned(),
-            "22023",
-        ),
-        (
-            "SELECT lease.renew('n', 'o', NULL, 1000)".to_owned(),
-            "22004",
-        ),
+        ("SELECT lease.acquire('n', 'o', 2000000000)".to_owned(), "22023"),
+        ("SELECT lease.renew('n', 'o', NULL, 1000)".to_owned(), "22004"),
         ("SELECT lease.renew_all('o', -1)".to_owned(), "22023"),
         ("SELECT lease.release_all('')".to_owned(), "22023"),
     ] {
@@ -329,8 +184,7 @@ fn lease_changes_are_notified() {
     let mut listener = db.connect();
     listener.batch_execute("LISTEN pg_lease").unwrap();
     let t1 = acquire(&mut c, "table:1", "host-a", 15_000).unwrap();
-    c.execute("SELECT lease.release('table:1', 'host-a', $1)", &[&t1])
-        .unwrap();
+    c.execute("SELECT lease.release('table:1', 'host-a', $1)", &[&t1]).unwrap();
     let t2 = acquire(&mut c, "table:1", "host-b", 15_000).unwrap();
     let mut payloads = Vec::new();
     let mut notifications = listener.notifications();
@@ -347,11 +201,7 @@ fn lease_changes_are_notified() {
         "{}",
         payloads[0]
     );
-    assert!(
-        payloads[1].contains(r#""event" : "released""#),
-        "{}",
-        payloads[1]
-    );
+    assert!(payloads[1].contains(r#""event" : "released""#), "{}", payloads[1]);
     assert!(
         payloads[2].contains(r#""owner" : "host-b""#)
             && payloads[2].contains(r#""previous_owner" : "host-a""#)
@@ -375,12 +225,7 @@ fn racing_acquires_have_exactly_one_winner_per_round() {
                 let mut wins = Vec::new();
                 for round in 0..ROUNDS {
                     barrier.wait();
-                    match acquire(
-                        &mut c,
-                        &format!("round:{round}"),
-                        &format!("proc-{i}"),
-                        60_000,
-                    ) {
+                    match acquire(&mut c, &format!("round:{round}"), &format!("proc-{i}"), 60_000) {
                         Ok(token) => wins.push((round, token)),
                         Err(code) => assert_eq!(code, "LF005", "round {round}"),
                     }
@@ -415,17 +260,11 @@ fn renew_racing_a_takeover_at_expiry_has_one_winner() {
         let r = thread::scope(|s| {
             let h = s.spawn(|| {
                 b1.wait();
-                try_sql(
-                    &mut holder,
-                    &format!("SELECT lease.renew('{n1}', 'holder', {token}, 10000)"),
-                )
+                try_sql(&mut holder, &format!("SELECT lease.renew('{n1}', 'holder', {token}, 10000)"))
             });
             let t = s.spawn(|| {
                 b2.wait();
-                try_sql(
-                    &mut taker,
-                    &format!("SELECT lease.acquire('{name}', 'taker', 10000)"),
-                )
+                try_sql(&mut taker, &format!("SELECT lease.acquire('{name}', 'taker', 10000)"))
             });
             (h.join().unwrap(), t.join().unwrap())
         });
@@ -443,33 +282,21 @@ fn owner_paused_past_its_ttl_loses_and_is_fenced() {
     let (db, mut c) = poker_with_leases("lease_paused");
     let mut old = db.connect();
     let t_old: i64 = old
-        .query_one(
-            "SELECT token FROM lease.acquire('table:1', 'proc-old', 300, 'tables', '{1}')",
-            &[],
-        )
+        .query_one("SELECT token FROM lease.acquire('table:1', 'proc-old', 300, 'tables', '{1}')", &[])
         .unwrap()
         .get(0);
     // The old owner is mid-hand: its session sleeps past the TTL (a GC pause, SIGSTOP...).
     old.batch_execute("BEGIN").unwrap();
     let paused = thread::spawn(move || {
         old.batch_execute("SELECT pg_sleep(0.8)").unwrap();
-        let write = try_sql(
-            &mut old,
-            &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {t_old})"),
-        );
+        let write = try_sql(&mut old, &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {t_old})"));
         old.batch_execute("ROLLBACK").unwrap();
-        let renew = try_sql(
-            &mut old,
-            &format!("SELECT lease.renew('table:1', 'proc-old', {t_old}, 300)"),
-        );
+        let renew = try_sql(&mut old, &format!("SELECT lease.renew('table:1', 'proc-old', {t_old}, 300)"));
         (write, renew)
     });
     thread::sleep(Duration::from_millis(400));
     let t_new: i64 = c
-        .query_one(
-            "SELECT token FROM lease.acquire('table:1', 'proc-new', 15000, 'tables', '{1}')",
-            &[],
-        )
+        .query_one("SELECT token FROM lease.acquire('table:1', 'proc-new', 15000, 'tables', '{1}')", &[])
         .unwrap()
         .get(0);
     assert!(t_new > t_old);
@@ -483,8 +310,7 @@ fn owner_paused_past_its_ttl_loses_and_is_fenced() {
 fn application_role_needs_execute_grants() {
     let (db, mut c) = poker_with_leases("lease_grants");
     let role = format!("game_{}", std::process::id());
-    c.batch_execute(&format!("CREATE ROLE {role} LOGIN"))
-        .unwrap();
+    c.batch_execute(&format!("CREATE ROLE {role} LOGIN")).unwrap();
     let mut app = db.connect_as(&role);
     expect_error(&mut app, "SELECT lease.acquire('t', 'o', 1000)", "42501");
     c.batch_execute(&format!(
@@ -495,12 +321,7 @@ fn application_role_needs_execute_grants() {
     acquire(&mut app, "t", "o", 1000).unwrap();
     // It still cannot touch the state behind the functions.
     expect_error(&mut app, "UPDATE lease.lease_state SET token = 1", "42501");
-    expect_error(
-        &mut app,
-        "SELECT lease._acquire('t', 'x', 1000, NULL, NULL, true)",
-        "42501",
-    );
+    expect_error(&mut app, "SELECT lease._acquire('t', 'x', 1000, NULL, NULL, true)", "42501");
     drop(app);
-    c.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
-        .unwrap();
+    c.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).unwrap();
 }

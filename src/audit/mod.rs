@@ -1,0 +1,197 @@
+//! Audit of refused writes: every refusal is counted, logged as one
+//! structured LOG line, and queued in shared memory for the audit worker,
+//! which writes it to `lease.rejected_writes` in its own transaction, so it
+//! survives the writer's rollback.
+
+pub mod shmem;
+pub mod status;
+pub mod worker;
+
+use crate::errors::Refusal;
+use crate::gucs;
+use pgrx::pg_sys;
+use shmem::{AuditRecord, StatSlot};
+use std::cell::Cell;
+use std::ffi::CStr;
+use std::sync::atomic::Ordering;
+
+/// What a refused write leaves behind, beyond the error itself.
+pub struct AuditFacts {
+    pub stats: Option<&'static StatSlot>,
+    pub relid: pg_sys::Oid,
+    pub table: String,
+    pub operation: &'static str,
+    pub resource: String,
+    pub presented: Option<i64>,
+    pub current: Option<i64>,
+    /// The refused row as JSON, when `pg_lease.audit_row` is on.
+    pub row_json: Option<String>,
+}
+
+/// The refused row as JSON text, if `pg_lease.audit_row` asks for it.
+pub fn row_json(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> Option<String> {
+    if !gucs::AUDIT_ROW.get() {
+        return None;
+    }
+    unsafe {
+        let record = pg_sys::heap_copy_tuple_as_datum(tuple, desc);
+        let json =
+            pg_sys::OidFunctionCall1Coll(pg_sys::Oid::from(pg_sys::F_ROW_TO_JSON_RECORD), pg_sys::InvalidOid, record);
+        Some(cstr(pg_sys::text_to_cstring(json.cast_mut_ptr())))
+    }
+}
+
+unsafe fn cstr(p: *const std::ffi::c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+struct Session {
+    database: String,
+    role: String,
+    application_name: String,
+    client_addr: String,
+    pid: i32,
+}
+
+thread_local! {
+    /// (database, client address): fixed for the life of a backend.
+    static CONNECTION: std::cell::OnceCell<(String, String)> = const { std::cell::OnceCell::new() };
+}
+
+fn session() -> Session {
+    let (database, client_addr) = CONNECTION.with(|c| {
+        c.get_or_init(|| {
+            let database = unsafe { cstr(pg_sys::get_database_name(pg_sys::MyDatabaseId)) };
+            // pgrx does not expose Port's fields; ask once per backend.
+            let client =
+                pgrx::spi::Spi::get_one::<String>("SELECT coalesce(pg_catalog.inet_client_addr()::text, '[local]')")
+                    .ok()
+                    .flatten()
+                    .unwrap_or_default();
+            (database, client)
+        })
+        .clone()
+    });
+    unsafe {
+        Session {
+            database,
+            role: cstr(pg_sys::GetUserNameFromId(pg_sys::GetUserId(), true)),
+            application_name: cstr(pg_sys::application_name),
+            client_addr,
+            pid: pg_sys::MyProcPid,
+        }
+    }
+}
+
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn json_token(t: Option<i64>) -> String {
+    t.map_or_else(|| "null".to_owned(), |t| t.to_string())
+}
+
+thread_local! {
+    static WARNED_NO_PRELOAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Called for every refusal raised through `c_function!`, before the error.
+pub fn on_refusal(refusal: &Refusal) {
+    let Some(facts) = refusal.audit.as_deref() else {
+        return;
+    };
+    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    let who = session();
+    if gucs::LOG_REJECTIONS.get() {
+        pgrx::log!(
+            "pg_lease rejected write: {{\"sqlstate\": \"{}\", \"error\": \"{}\", \"table\": {}, \"operation\": \"{}\", \"resource\": {}, \"presented_token\": {}, \"current_token\": {}, \"database\": {}, \"role\": {}, \"application_name\": {}, \"client_addr\": {}, \"pid\": {}}}",
+            refusal.error.sqlstate(),
+            refusal.error.name(),
+            json_str(&facts.table),
+            facts.operation,
+            json_str(&facts.resource),
+            json_token(facts.presented),
+            json_token(facts.current),
+            json_str(&who.database),
+            json_str(&who.role),
+            json_str(&who.application_name),
+            json_str(&who.client_addr),
+            who.pid
+        );
+    }
+    if let Some(slot) = facts.stats {
+        slot.refused.fetch_add(1, Ordering::Relaxed);
+        slot.last_refusal.store(now, Ordering::Relaxed);
+    }
+    if shmem::shared().is_none() {
+        warn_once_without_preload();
+        return;
+    }
+    if !gucs::AUDIT.get() {
+        shmem::enqueue(None);
+        return;
+    }
+    let mut record = Box::new(AuditRecord::EMPTY);
+    record.rejected_at = now;
+    record.backend_pid = who.pid;
+    record.table_relid = facts.relid.to_u32();
+    record.sqlstate.copy_from_slice(refusal.error.sqlstate().as_bytes());
+    record.has_presented = facts.presented.is_some();
+    record.presented = facts.presented.unwrap_or(0);
+    record.has_current = facts.current.is_some();
+    record.current = facts.current.unwrap_or(0);
+    record.database.set(&who.database);
+    record.role.set(&who.role);
+    record.application_name.set(&who.application_name);
+    record.client_addr.set(&who.client_addr);
+    record.operation.set(facts.operation);
+    record.target_table.set(&facts.table);
+    record.resource_key.set(&facts.resource);
+    if gucs::AUDIT_STATEMENT.get() {
+        record.statement.set(&unsafe { cstr(pg_sys::debug_query_string) });
+    }
+    if let Some(json) = &facts.row_json {
+        if json.len() <= 500 {
+            record.row_data.set(json);
+        } else {
+            // Never store a cut JSON document.
+            record.row_data.set(&format!("{{\"truncated\": true, \"bytes\": {}}}", json.len()));
+        }
+    }
+    shmem::enqueue(Some(&record));
+}
+
+fn warn_once_without_preload() {
+    if WARNED_NO_PRELOAD.with(|w| w.replace(true)) {
+        return;
+    }
+    pgrx::warning!(
+        "pg_lease: refused writes are not being recorded in lease.rejected_writes: pg_lease is not in shared_preload_libraries (they are still refused, and logged when pg_lease.log_rejections is on)"
+    );
+}
+
+/// The stats slot for a protected table of the current database.
+pub fn stat_slot(protected_relid: pg_sys::Oid, display: &str) -> Option<&'static StatSlot> {
+    shmem::stat_slot(unsafe { pg_sys::MyDatabaseId }, protected_relid, display)
+}
+
+/// Registers shared memory and the worker; from `_PG_init` during preload.
+pub fn init_preloaded() {
+    unsafe { shmem::install_hooks() };
+    worker::register();
+}

@@ -1,0 +1,117 @@
+//! SQL views onto the shared counters: `lease._stats()`, `lease.audit_status()`,
+//! `lease.stats_reset()`.
+
+use super::shmem;
+use crate::gucs;
+use pgrx::prelude::*;
+use std::sync::atomic::Ordering;
+
+fn timestamp(t: i64) -> Option<TimestampWithTimeZone> {
+    (t != 0).then(|| unsafe { TimestampWithTimeZone::from_datum(pg_sys::Datum::from(t), false) }).flatten()
+}
+
+/// Per protected table counters of every database (for the `lease.stats` view).
+#[pg_extern(name = "_stats", volatile, parallel_safe)]
+pub fn stats() -> TableIterator<
+    'static,
+    (
+        name!(database_oid, pg_sys::Oid),
+        name!(table_oid, pg_sys::Oid),
+        name!(table_name, String),
+        name!(accepted, i64),
+        name!(refused, i64),
+        name!(last_refusal_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    let rows: Vec<_> = shmem::shared()
+        .map(|s| {
+            s.stats
+                .iter()
+                .filter(|slot| slot.relid.load(Ordering::Acquire) != 0)
+                .map(|slot| {
+                    (
+                        pg_sys::Oid::from(slot.dboid.load(Ordering::Relaxed)),
+                        pg_sys::Oid::from(slot.relid.load(Ordering::Relaxed)),
+                        slot.table_name.as_str().to_owned(),
+                        slot.accepted.load(Ordering::Relaxed) as i64,
+                        slot.refused.load(Ordering::Relaxed) as i64,
+                        timestamp(slot.last_refusal.load(Ordering::Relaxed)),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    TableIterator::new(rows)
+}
+
+/// Whether refusals reach `lease.rejected_writes`, and the queue's accounting:
+/// `refused = recorded + dropped + queued`, always.
+// pgrx reads the column names from `name!` in the signature itself, so the
+// type cannot move into an alias.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_safe)]
+pub fn audit_status() -> TableIterator<
+    'static,
+    (
+        name!(preloaded, bool),
+        name!(audit, bool),
+        name!(audit_database, String),
+        name!(worker_pid, Option<i32>),
+        name!(queue_size, i64),
+        name!(queued, i64),
+        name!(refused, i64),
+        name!(recorded, i64),
+        name!(dropped, i64),
+        name!(last_flush_at, Option<TimestampWithTimeZone>),
+        name!(status, String),
+    ),
+> {
+    let database = gucs::database();
+    let audit = gucs::AUDIT.get();
+    let row = match (shmem::shared(), shmem::counters()) {
+        (Some(s), Some(c)) => {
+            let pid = s.worker_pid.load(Ordering::Acquire);
+            let status = if !audit {
+                "pg_lease.audit is off: refusals are counted as dropped and only logged".to_owned()
+            } else if pid == 0 {
+                format!("the audit worker is not running; refusals stay queued for database \"{database}\"")
+            } else {
+                format!("recording refusals of every database in \"{database}\".lease.rejected_writes")
+            };
+            (
+                true,
+                audit,
+                database,
+                (pid != 0).then_some(pid),
+                c.capacity as i64,
+                c.queued as i64,
+                c.refused as i64,
+                c.recorded as i64,
+                c.dropped as i64,
+                timestamp(s.last_flush.load(Ordering::Relaxed)),
+                status,
+            )
+        }
+        _ => (
+            false,
+            audit,
+            database,
+            None,
+            0,
+            0,
+            0,
+            0,
+            0,
+            None,
+            "not recording: add pg_lease to shared_preload_libraries and restart; refusals are still enforced and logged"
+                .to_owned(),
+        ),
+    };
+    TableIterator::once(row)
+}
+
+/// Zeroes accepted/refused/recorded/dropped counters (queued records stay).
+#[pg_extern(volatile, parallel_unsafe)]
+pub fn stats_reset() {
+    shmem::reset();
+}

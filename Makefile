@@ -1,5 +1,5 @@
 # pg_lease — every target installs what it needs (scripts/setup.sh).
-.PHONY: setup build install test demo fmt clean
+.PHONY: setup build install test demo bench fmt clean
 
 setup:
 	scripts/setup.sh
@@ -15,6 +15,10 @@ test:
 
 demo:
 	scripts/demo.sh
+
+bench:
+	scripts/setup.sh bench
+	python3 bench/run.py
 
 fmt:
 	cargo fmt

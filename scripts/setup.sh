@@ -4,8 +4,11 @@
 set -euo pipefail
 PGRX_VERSION=0.18.0
 
+# `setup.sh bench` also installs what `make bench` compares against.
+packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo)
+[ "${1:-}" = bench ] && packages+=(redis-server redis-tools)
 missing=()
-for pkg in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo; do
+for pkg in "${packages[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

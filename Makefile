@@ -1,5 +1,5 @@
 # pg_lease — every target installs what it needs (scripts/setup.sh).
-.PHONY: setup build install test demo bench fmt clean
+.PHONY: setup build install package test demo bench chaos fmt clean
 
 setup:
 	scripts/setup.sh
@@ -10,6 +10,11 @@ build: setup
 install: setup
 	cargo pgrx install --pg-config "$$(command -v pg_config)"
 
+# Release files laid out as installed, under target/release/pg_lease-pg15/
+# (what the Dockerfile copies into the postgres image).
+package: setup
+	cargo pgrx package --pg-config "$$(command -v pg_config)"
+
 test:
 	scripts/test.sh
 
@@ -19,6 +24,12 @@ demo:
 bench:
 	scripts/setup.sh bench
 	python3 bench/run.py
+
+# Fault-injection run: make chaos [CHAOS_SECONDS=600] [CHAOS_SEED=n]
+CHAOS_SECONDS ?= 600
+chaos: install
+	cargo run --release --manifest-path tests/sessions/Cargo.toml --bin chaos -- \
+		run --seconds $(CHAOS_SECONDS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 fmt:
 	cargo fmt

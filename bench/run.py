@@ -154,21 +154,21 @@ SELECT pl_release('cycle:' || :n, 'owner-' || :client_id, :tok);
 def renew_pg():
     return lambda: pgbench("""\\set n random(1, 1000)
 SELECT lease.renew('renew:' || :client_id || ':' || :n, 'owner-' || :client_id,
-                   (SELECT token FROM lease.leases WHERE name = 'renew:' || :client_id || ':' || :n), 15000);
+                   (SELECT token FROM lease.leases WHERE name = 'renew:' || :client_id || ':' || :n), 86400000);
 """, seconds=SECONDS)
 
 
 def renew_plpgsql():
     return lambda: pgbench("""\\set n random(1, 1000)
 SELECT pl_renew('renew:' || :client_id || ':' || :n, 'owner-' || :client_id,
-                (SELECT fencing_token FROM leases WHERE name = 'renew:' || :client_id || ':' || :n), 15000);
+                (SELECT fencing_token FROM leases WHERE name = 'renew:' || :client_id || ':' || :n), 86400000);
 """, seconds=SECONDS)
 
 
 REDIS_CYCLE = ("local ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 15000) "
                "if not ok then return 0 end "
                "local t = redis.call('INCR', KEYS[1] .. ':fence') redis.call('DEL', KEYS[1]) return t")
-REDIS_RENEW = ("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], 15000) end "
+REDIS_RENEW = ("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], 86400000) end "
                "return 0")
 
 

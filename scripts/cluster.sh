@@ -15,6 +15,14 @@ ROOT=${PG_LEASE_SCRATCH:-/var/tmp/pg_lease}
 RUNAS=(sudo -u postgres --preserve-env=PGOPTIONS)
 [ "$(id -un)" = postgres ] && RUNAS=()
 
+# With PG_LEASE_FAKETIME_FILE set, servers run under libfaketime and their
+# wall clock follows the offset written in that file (e.g. "+30s"), live.
+FAKE=()
+if [ -n "${PG_LEASE_FAKETIME_FILE:-}" ]; then
+    FAKE=(env LD_PRELOAD=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
+          FAKETIME_TIMESTAMP_FILE="$PG_LEASE_FAKETIME_FILE" FAKETIME_NO_CACHE=1 DONT_FAKE_MONOTONIC=1)
+fi
+
 cmd=$1; name=$2
 dir=$ROOT/$name
 case "$cmd" in
@@ -35,7 +43,7 @@ start)
         echo "log_min_messages = warning"
         for line in "$@"; do echo "$line"; done
     } | "${RUNAS[@]}" tee -a "$dir/postgresql.conf" >/dev/null
-    "${RUNAS[@]}" "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w start >/dev/null
+    "${RUNAS[@]}" "${FAKE[@]}" "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w start >/dev/null
     ;;
 stop)
     if [ -f "$dir/postmaster.pid" ]; then "${RUNAS[@]}" "$BIN/pg_ctl" -D "$dir" -m fast -w stop >/dev/null; fi
@@ -60,7 +68,7 @@ kill9)
     if [ "$state" = Z ]; then rm -f "$dir/postmaster.pid" "$dir".sock/.s.PGSQL.*; fi
     ;;
 restart)
-    "${RUNAS[@]}" "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w start >/dev/null
+    "${RUNAS[@]}" "${FAKE[@]}" "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w start >/dev/null
     ;;
 standby)
     port=$3; primary_port=$4
@@ -71,7 +79,7 @@ standby)
         echo "port = $port"
         echo "unix_socket_directories = '$dir.sock'"
     } | "${RUNAS[@]}" tee -a "$dir/postgresql.conf" >/dev/null
-    "${RUNAS[@]}" "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w start >/dev/null
+    "${RUNAS[@]}" "${FAKE[@]}" "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w start >/dev/null
     ;;
 promote)
     "${RUNAS[@]}" "$BIN/pg_ctl" -D "$dir" -w promote >/dev/null

@@ -5,7 +5,8 @@ set -euo pipefail
 PGRX_VERSION=0.18.0
 
 # `setup.sh bench` also installs what `make bench` compares against.
-packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo)
+packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo faketime)
+command -v npm >/dev/null || packages+=(nodejs npm)
 [ "${1:-}" = bench ] && packages+=(redis-server redis-tools)
 missing=()
 for pkg in "${packages[@]}"; do

@@ -8,7 +8,9 @@ LOG=$(mktemp)
 exec > >(tee "$LOG") 2>&1
 summary() {
     local rc=${1:-$?}
-    awk '/^test result:/ { p += $4; f += $6 } END { printf "total: %d passed, %d failed\n", p, f + 0 }' "$LOG"
+    awk '/^test result:/ { p += $4; f += $6 } /^# pass / { p += $3 } /^# fail / { f += $3 }
+         / passed, [0-9]+ failed$/ && /^chaos:/ { p += $2; f += $4 }
+         END { printf "total: %d passed, %d failed\n", p, f + 0 }' "$LOG"
     [ $rc -eq 0 ] || echo "make test FAILED (exit $rc)"
     rm -f "$LOG"
 }
@@ -28,8 +30,16 @@ mkdir -p "$SCRATCH"; chown postgres: "$SCRATCH"
 rm -rf "$SCRATCH/pgrx-data"
 cargo pgrx test pg15 --runas postgres --pgdata "$SCRATCH/pgrx-data"
 
+echo "== schema and upgrade scripts"
+scripts/check-schema.sh
+
 echo "== install"
 cargo pgrx install --pg-config "$(command -v pg_config)" >/dev/null
+# Earlier releases' full scripts, so the upgrade test can install them.
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+for f in sql/released/pg_lease--*.sql; do
+    [ "$f" = "sql/released/pg_lease--$version.sql" ] || cp "$f" "$(pg_config --sharedir)/extension/"
+done
 
 echo "== multi-session tests (real connections, port $PORT)"
 scripts/cluster.sh start sessions "$PORT" "pg_lease.database = 'pg_lease_audit'"
@@ -37,3 +47,14 @@ trap 'rc=$?; scripts/cluster.sh stop sessions; summary $rc' EXIT
 scripts/cluster.sh psql sessions "$PORT" -X -q -c "CREATE DATABASE pg_lease_audit"
 scripts/cluster.sh psql sessions "$PORT" -X -q -d pg_lease_audit -c "CREATE EXTENSION pg_lease"
 PG_LEASE_TEST_PORT=$PORT cargo test --manifest-path tests/sessions/Cargo.toml -- --test-threads=4
+
+echo "== TypeScript game-server client (node's test runner)"
+(cd examples/game-server && npm ci --no-audit --no-fund --loglevel=error && PG_LEASE_TEST_PORT=$PORT npm test)
+
+echo "== chaos (CI-sized: ${PG_LEASE_CHAOS_SECONDS:-45} s)"
+cargo run --quiet --release --manifest-path tests/sessions/Cargo.toml --bin chaos -- \
+    run --seconds "${PG_LEASE_CHAOS_SECONDS:-45}"
+
+echo "== package (the Dockerfile's build stage)"
+make --no-print-directory package >/dev/null
+scripts/check-dockerfile.sh

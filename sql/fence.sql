@@ -32,6 +32,12 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION lease.bind_token(bigint) IS 'Binds the fencing token presented by this transaction''s writes (same as SET LOCAL pg_lease.token).';
 
+-- The token bound to the current transaction, or NULL (since 0.2.0).
+CREATE FUNCTION lease.bound_token() RETURNS bigint
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+    RETURN nullif(current_setting('pg_lease.token', true), '')::bigint;
+COMMENT ON FUNCTION lease.bound_token() IS 'The fencing token bound to this transaction by lease.bind_token, or NULL.';
+
 -- The type of a live column, or NULL.
 CREATE FUNCTION lease._column_type(rel regclass, col text) RETURNS regtype
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$

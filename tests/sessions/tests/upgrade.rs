@@ -1,0 +1,98 @@
+//! Upgrades: install the previous release with data, `ALTER EXTENSION pg_lease
+//! UPDATE`, and check that the result is the current release, object for
+//! object, with protections, leases, marks and audit rows intact and working.
+
+use pg_lease_sessions::postgres::Client;
+use pg_lease_sessions::*;
+
+const PREVIOUS: &str = "0.1.0";
+
+/// Every object of the extension with a digest of its definition and grants.
+const FINGERPRINT: &str = "
+    SELECT pg_describe_object(d.classid, d.objid, 0) || ' ' || coalesce(
+        CASE d.classid
+            WHEN 'pg_proc'::regclass THEN
+                (SELECT md5(pg_get_functiondef(p.oid) || coalesce(p.proacl::text, '')) FROM pg_proc p WHERE p.oid = d.objid)
+            WHEN 'pg_class'::regclass THEN
+                (SELECT md5(coalesce(string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' '
+                                                || a.attnotnull || ' ' || coalesce(pg_get_expr(ad.adbin, ad.adrelid), ''),
+                                                ',' ORDER BY a.attnum), '')
+                            || coalesce(pg_get_viewdef(d.objid), '')
+                            || coalesce((SELECT relacl::text FROM pg_class WHERE oid = d.objid), '')
+                            || coalesce((SELECT string_agg(pg_get_indexdef(i.indexrelid), ';' ORDER BY 1)
+                                           FROM pg_index i WHERE i.indrelid = d.objid), '')
+                            || coalesce((SELECT string_agg(pg_get_constraintdef(c.oid), ';' ORDER BY 1)
+                                           FROM pg_constraint c WHERE c.conrelid = d.objid), ''))
+                   FROM pg_attribute a LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+                  WHERE a.attrelid = d.objid AND a.attnum > 0 AND NOT a.attisdropped)
+            WHEN 'pg_event_trigger'::regclass THEN
+                (SELECT md5(evtevent || evtfoid::regproc::text || coalesce(evttags::text, '')) FROM pg_event_trigger WHERE oid = d.objid)
+        END, '')
+      FROM pg_depend d
+     WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+       AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'pg_lease')
+     ORDER BY 1";
+
+fn fingerprint(c: &mut Client) -> Vec<String> {
+    c.query(FINGERPRINT, &[]).unwrap().iter().map(|r| r.get(0)).collect()
+}
+
+#[test]
+fn upgrading_the_previous_release_keeps_everything_and_matches_a_fresh_install() {
+    let old = TestDb::new("upgrade_old");
+    let mut c = old.connect();
+    c.batch_execute(&format!("DROP EXTENSION pg_lease; CREATE EXTENSION pg_lease VERSION '{PREVIOUS}'")).unwrap();
+    c.batch_execute(POKER).unwrap();
+    c.batch_execute(
+        "CREATE TABLE ledger (p int, token bigint);
+         SELECT lease.protect_high_water('ledger', '{p}', 'token');
+         INSERT INTO ledger VALUES (1, 9);
+         INSERT INTO lease.rejected_writes (rejected_at, database, target_table, operation, sqlstate)
+         VALUES (now(), current_database(), 'public.payouts', 'INSERT', 'LF001');",
+    )
+    .unwrap();
+    let token: i64 = c
+        .query_one("SELECT token FROM lease.acquire('table:1', 'host-a', 60000, 'tables', '{1}')", &[])
+        .unwrap()
+        .get(0);
+    c.batch_execute(&format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {token})")).unwrap();
+
+    c.batch_execute("ALTER EXTENSION pg_lease UPDATE").unwrap();
+    let version: String =
+        c.query_one("SELECT extversion FROM pg_extension WHERE extname = 'pg_lease'", &[]).unwrap().get(0);
+    let fresh = TestDb::new("upgrade_fresh");
+    let expected: String = fresh
+        .connect()
+        .query_one("SELECT extversion FROM pg_extension WHERE extname = 'pg_lease'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, expected);
+    assert_ne!(version, PREVIOUS);
+
+    // Object for object, the upgraded extension is the current one.
+    let (upgraded, current) = (fingerprint(&mut c), fingerprint(&mut fresh.connect()));
+    let only_upgraded: Vec<_> = upgraded.iter().filter(|o| !current.contains(o)).collect();
+    let only_current: Vec<_> = current.iter().filter(|o| !upgraded.contains(o)).collect();
+    assert!(
+        only_upgraded.is_empty() && only_current.is_empty(),
+        "upgrade script out of step with the schema:\nonly after upgrade: {only_upgraded:#?}\nonly in a fresh install: {only_current:#?}"
+    );
+
+    // The data came through and everything still works on it.
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected_tables WHERE enforced"), 2);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes"), 1);
+    assert_eq!(one_i64(&mut c, "SELECT token FROM lease.high_water"), 9);
+    expect_error(&mut c, &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {})", token - 1), "LF001");
+    expect_error(&mut c, "INSERT INTO ledger VALUES (1, 8)", "LF001");
+    expect_error(&mut c, "ALTER TABLE payouts DISABLE TRIGGER pg_lease_fence", "LF008");
+    expect_error(&mut c, "SELECT lease.acquire('table:1', 'host-b', 60000)", "LF005");
+    let next: i64 = c
+        .query_one("SELECT token FROM lease.acquire('table:1', 'host-a', 60000, 'tables', '{1}')", &[])
+        .unwrap()
+        .get(0);
+    assert!(next > token);
+    // New in this version.
+    c.batch_execute(&format!("BEGIN; SELECT lease.bind_token({next})")).unwrap();
+    assert_eq!(one_i64(&mut c, "SELECT lease.bound_token()"), next);
+    c.batch_execute("COMMIT").unwrap();
+}

@@ -139,15 +139,15 @@ def settlement_inserts(table):
 
 def lease_cycle_pg():
     return lambda: pgbench("""\\set n random(1, 1000000)
-SELECT token AS tok FROM lease.acquire('cycle:' || :n, 'owner-' || :client_id, 15000) \\gset
-SELECT lease.release('cycle:' || :n, 'owner-' || :client_id, :tok);
+SELECT token AS tok FROM lease.acquire('cycle:' || :client_id || ':' || :n, 'owner-' || :client_id, 15000) \\gset
+SELECT lease.release('cycle:' || :client_id || ':' || :n, 'owner-' || :client_id, :tok);
 """, seconds=SECONDS)
 
 
 def lease_cycle_plpgsql():
     return lambda: pgbench("""\\set n random(1, 1000000)
-SELECT pl_acquire('cycle:' || :n, 'owner-' || :client_id, 15000) AS tok \\gset
-SELECT pl_release('cycle:' || :n, 'owner-' || :client_id, :tok);
+SELECT pl_acquire('cycle:' || :client_id || ':' || :n, 'owner-' || :client_id, 15000) AS tok \\gset
+SELECT pl_release('cycle:' || :client_id || ':' || :n, 'owner-' || :client_id, :tok);
 """, seconds=SECONDS)
 
 

@@ -126,14 +126,17 @@ struct ProtectedRow {
 }
 
 fn load_row(relid: pg_sys::Oid) -> Option<ProtectedRow> {
+    // Runs with the writer's search_path: every operator is schema-qualified,
+    // so look-alike objects in other schemas cannot steer it.
     Spi::connect(|client| {
         let rows = client
             .select(
-                "SELECT p.relid::oid, p.mode, p.key_columns, p.token_column::text, p.owner_table::oid,
-                        p.owner_key_columns, p.owner_token_column::text
+                "SELECT p.relid::pg_catalog.oid, p.mode, p.key_columns, p.token_column, p.owner_table::pg_catalog.oid,
+                        p.owner_key_columns, p.owner_token_column
                    FROM lease.protected p
-                  WHERE p.relid::oid = $1::oid
-                     OR p.relid::oid IN (SELECT a.relid::oid FROM pg_catalog.pg_partition_ancestors($1) a)",
+                  WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) $1::pg_catalog.oid
+                     OR p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (ARRAY(
+                            SELECT a.relid::pg_catalog.oid FROM pg_catalog.pg_partition_ancestors($1) a))",
                 Some(1),
                 &[unsafe { pgrx::datum::DatumWithOid::new(relid, pg_sys::REGCLASSOID) }],
             )

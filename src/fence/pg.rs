@@ -33,7 +33,7 @@ pub fn qualified_name(schema: &str, table: &str) -> String {
 /// The role that owns `relid` (lookups run as it, as RI triggers do).
 pub fn rel_owner(relid: pg_sys::Oid) -> pg_sys::Oid {
     pgrx::spi::Spi::get_one_with_args::<pg_sys::Oid>(
-        "SELECT relowner FROM pg_catalog.pg_class WHERE oid = $1",
+        "SELECT relowner FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) $1",
         &[relid.into()],
     )
     .ok()

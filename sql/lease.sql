@@ -47,21 +47,17 @@ BEGIN
     END IF;
 END $$;
 
--- A token must be durable before the client sees it: never let this
--- transaction commit asynchronously.
-CREATE FUNCTION lease._durable_commit() RETURNS void
-    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    IF current_setting('synchronous_commit') = 'off' THEN
-        PERFORM set_config('synchronous_commit', 'local', true);
-    END IF;
-END $$;
-
-CREATE FUNCTION lease._acquire(p_name text, p_owner text, p_ttl_ms integer, p_owner_table regclass,
-                               p_owner_key text[], p_raise boolean)
+CREATE FUNCTION lease.acquire(name text, owner text, ttl_ms integer, owner_table regclass DEFAULT NULL,
+                              owner_key text[] DEFAULT NULL)
 RETURNS TABLE (token bigint, expires_at timestamptz)
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
+    p_name ALIAS FOR $1;
+    p_owner ALIAS FOR $2;
+    p_ttl_ms ALIAS FOR $3;
+    p_owner_table ALIAS FOR $4;
+    p_owner_key ALIAS FOR $5;
     floor bigint := lease._token_floor();   -- also refuses on a standby
     ttl integer := lease._check_ttl(p_ttl_ms);
     cur lease.lease_state;
@@ -73,8 +69,11 @@ DECLARE
     new_token bigint;
     matched bigint;
 BEGIN
-    PERFORM lease._check_label('name', p_name);
-    PERFORM lease._check_label('owner', p_owner);
+    IF p_name IS NULL OR p_owner IS NULL OR length(p_name) > 256 OR length(p_owner) > 256
+       OR btrim(p_name) = '' OR btrim(p_owner) = '' THEN
+        PERFORM lease._check_label('name', p_name);
+        PERFORM lease._check_label('owner', p_owner);
+    END IF;
     IF (p_owner_table IS NULL) <> (p_owner_key IS NULL) THEN
         RAISE EXCEPTION 'pg_lease: owner_table and owner_key go together' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -93,17 +92,17 @@ BEGIN
         END IF;
     END IF;
 
-    -- The lease row, created on first use and locked: racing acquires queue here.
-    INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at, released_at)
-    VALUES (p_name, p_owner, 0, '-infinity', '-infinity', '-infinity', '-infinity')
-    ON CONFLICT (name) DO NOTHING;
+    -- The lease row, locked (created on first use): racing acquires queue here.
     SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at, released_at)
+        VALUES (p_name, p_owner, 0, '-infinity', '-infinity', '-infinity', '-infinity')
+        ON CONFLICT (name) DO NOTHING;
+        SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
+    END IF;
     now_ts := clock_timestamp();   -- read after the lock wait
     live := cur.released_at IS NULL AND cur.expires_at > now_ts;
     IF live AND cur.owner <> p_owner THEN
-        IF NOT p_raise THEN
-            RETURN;
-        END IF;
         PERFORM lease._raise('LeaseOwnedElsewhere',
             format('lease "%s" is held by %s', p_name, cur.owner),
             format('Lease %s, holder %s, token %s, expires at %s (in %s).', p_name, cur.owner, cur.token,
@@ -140,21 +139,19 @@ BEGIN
      WHERE l.name = p_name
     RETURNING l.token, l.expires_at INTO token, expires_at;
 
-    PERFORM pg_notify('pg_lease', json_build_object(
-        'event', 'acquired', 'name', p_name, 'owner', p_owner, 'token', new_token,
-        'previous_owner', CASE WHEN cur.token > 0 THEN cur.owner END,
-        'previous_token', CASE WHEN cur.token > 0 THEN cur.token END,
-        'expires_at', expires_at)::text);
-    PERFORM lease._durable_commit();
+    -- The lease changed hands from a holder that did not release it (it expired,
+    -- or its owner re-took it from another process): tell a live previous
+    -- holder, so it can freeze before its next write is refused.
+    IF cur.released_at IS NULL AND cur.token > 0 THEN
+        PERFORM pg_notify('pg_lease', json_build_object(
+            'event', 'taken', 'name', p_name, 'owner', p_owner, 'token', new_token,
+            'previous_owner', cur.owner, 'previous_token', cur.token, 'expires_at', expires_at)::text);
+    END IF;
+    -- A token must be durable before the client sees it.
+    IF current_setting('synchronous_commit') = 'off' THEN
+        PERFORM set_config('synchronous_commit', 'local', true);
+    END IF;
     RETURN NEXT;
-END $$;
-
-CREATE FUNCTION lease.acquire(name text, owner text, ttl_ms integer, owner_table regclass DEFAULT NULL,
-                              owner_key text[] DEFAULT NULL)
-RETURNS TABLE (token bigint, expires_at timestamptz)
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    RETURN QUERY SELECT * FROM lease._acquire(name, owner, ttl_ms, owner_table, owner_key, true);
 END $$;
 COMMENT ON FUNCTION lease.acquire(text, text, integer, regclass, text[]) IS
     'Takes (or re-takes) a lease with a new, higher fencing token; LF005 when another live owner holds it.';
@@ -164,7 +161,9 @@ CREATE FUNCTION lease.try_acquire(name text, owner text, ttl_ms integer, owner_t
 RETURNS TABLE (token bigint, expires_at timestamptz)
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM lease._acquire(name, owner, ttl_ms, owner_table, owner_key, false);
+    RETURN QUERY SELECT * FROM lease.acquire(name, owner, ttl_ms, owner_table, owner_key);
+EXCEPTION WHEN SQLSTATE 'LF005' THEN
+    RETURN;   -- held by another live owner: no row
 END $$;
 COMMENT ON FUNCTION lease.try_acquire(text, text, integer, regclass, text[]) IS
     'Like lease.acquire, but returns no row when another live owner holds the lease.';
@@ -178,8 +177,11 @@ DECLARE
     why text;
     new_expiry timestamptz;
 BEGIN
-    PERFORM lease._check_label('name', name);
-    PERFORM lease._check_label('owner', owner);
+    IF name IS NULL OR owner IS NULL OR length(name) > 256 OR length(owner) > 256
+       OR btrim(name) = '' OR btrim(owner) = '' THEN
+        PERFORM lease._check_label('name', name);
+        PERFORM lease._check_label('owner', owner);
+    END IF;
     IF token IS NULL THEN
         RAISE EXCEPTION 'pg_lease: token must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
@@ -244,17 +246,16 @@ DECLARE
     now_ts timestamptz := clock_timestamp();
     was_live boolean;
 BEGIN
-    PERFORM lease._check_label('name', name);
-    PERFORM lease._check_label('owner', owner);
+    IF name IS NULL OR owner IS NULL OR length(name) > 256 OR length(owner) > 256
+       OR btrim(name) = '' OR btrim(owner) = '' THEN
+        PERFORM lease._check_label('name', name);
+        PERFORM lease._check_label('owner', owner);
+    END IF;
     -- An expired lease of this holder is marked released too (it stops being
     -- reported as lost), but only a live one counts as released by this call.
     UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
      WHERE l.name = release.name AND l.owner = release.owner AND l.token = release.token AND l.released_at IS NULL
     RETURNING l.expires_at = now_ts INTO was_live;
-    IF was_live THEN
-        PERFORM pg_notify('pg_lease', json_build_object(
-            'event', 'released', 'name', release.name, 'owner', release.owner, 'token', release.token)::text);
-    END IF;
     RETURN coalesce(was_live, false);
 END $$;
 COMMENT ON FUNCTION lease.release(text, text, bigint) IS
@@ -269,19 +270,14 @@ DECLARE
 BEGIN
     PERFORM lease._check_label('owner', who);
     WITH held AS (
-        SELECT l.name, l.token, l.expires_at > now_ts AS was_live FROM lease.lease_state l
+        SELECT l.name, l.expires_at > now_ts AS was_live FROM lease.lease_state l
          WHERE l.owner = who AND l.released_at IS NULL FOR UPDATE
     ), done AS (
         UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
           FROM held WHERE l.name = held.name
-        RETURNING held.name, held.token, held.was_live
-    ), notified AS (
-        SELECT pg_notify('pg_lease', json_build_object('event', 'released', 'name', d.name, 'owner', who,
-                                                      'token', d.token)::text)
-          FROM done d WHERE d.was_live
+        RETURNING held.was_live
     )
-    SELECT count(*) FILTER (WHERE d.was_live) INTO released
-      FROM done d LEFT JOIN (SELECT count(*) FROM notified) n ON true;
+    SELECT count(*) FILTER (WHERE d.was_live) INTO released FROM done d;
     UPDATE lease.lease_state l SET lost_by = NULL, lost_token = NULL WHERE l.lost_by = who;
     RETURN released;
 END $$;
@@ -289,7 +285,6 @@ COMMENT ON FUNCTION lease.release_all(text) IS 'Releases every lease of owner (t
 
 -- Lease operations write pg_lease's state and bound owner rows as the
 -- extension owner; the DBA grants them to the game server's role.
-REVOKE EXECUTE ON FUNCTION lease._acquire(text, text, integer, regclass, text[], boolean),
-    lease.acquire(text, text, integer, regclass, text[]), lease.try_acquire(text, text, integer, regclass, text[]),
+REVOKE EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]), lease.try_acquire(text, text, integer, regclass, text[]),
     lease.renew(text, text, bigint, integer), lease.renew_all(text, integer),
     lease.release(text, text, bigint), lease.release_all(text) FROM PUBLIC;

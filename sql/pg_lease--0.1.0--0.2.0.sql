@@ -6,3 +6,218 @@ CREATE FUNCTION lease.bound_token() RETURNS bigint
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
     RETURN nullif(current_setting('pg_lease.token', true), '')::bigint;
 COMMENT ON FUNCTION lease.bound_token() IS 'The fencing token bound to this transaction by lease.bind_token, or NULL.';
+
+-- Leases: one function frame less per acquire, label checks inlined, and
+-- NOTIFY only when a lease changes hands without a release (a live previous
+-- holder is the one who needs to hear it).
+DROP FUNCTION lease.try_acquire(text, text, integer, regclass, text[]);
+DROP FUNCTION lease.acquire(text, text, integer, regclass, text[]);
+DROP FUNCTION lease._acquire(text, text, integer, regclass, text[], boolean);
+DROP FUNCTION lease._durable_commit();
+
+CREATE FUNCTION lease.acquire(name text, owner text, ttl_ms integer, owner_table regclass DEFAULT NULL,
+                              owner_key text[] DEFAULT NULL)
+RETURNS TABLE (token bigint, expires_at timestamptz)
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    p_name ALIAS FOR $1;
+    p_owner ALIAS FOR $2;
+    p_ttl_ms ALIAS FOR $3;
+    p_owner_table ALIAS FOR $4;
+    p_owner_key ALIAS FOR $5;
+    floor bigint := lease._token_floor();   -- also refuses on a standby
+    ttl integer := lease._check_ttl(p_ttl_ms);
+    cur lease.lease_state;
+    now_ts timestamptz;
+    live boolean;
+    binding record;
+    key_match text;
+    owner_token bigint;
+    new_token bigint;
+    matched bigint;
+BEGIN
+    IF p_name IS NULL OR p_owner IS NULL OR length(p_name) > 256 OR length(p_owner) > 256
+       OR btrim(p_name) = '' OR btrim(p_owner) = '' THEN
+        PERFORM lease._check_label('name', p_name);
+        PERFORM lease._check_label('owner', p_owner);
+    END IF;
+    IF (p_owner_table IS NULL) <> (p_owner_key IS NULL) THEN
+        RAISE EXCEPTION 'pg_lease: owner_table and owner_key go together' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_owner_table IS NOT NULL THEN
+        SELECT p.owner_key_columns, p.owner_token_column INTO binding
+          FROM lease.protected p WHERE p.owner_table = p_owner_table LIMIT 1;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'pg_lease: % is not the owner table of any table protected with lease.protect', p_owner_table
+                USING ERRCODE = 'object_not_in_prerequisite_state';
+        END IF;
+        IF cardinality(p_owner_key) IS DISTINCT FROM cardinality(binding.owner_key_columns)
+           OR array_position(p_owner_key, NULL) IS NOT NULL THEN
+            RAISE EXCEPTION 'pg_lease: owner_key % does not match the key columns % of %',
+                    p_owner_key, binding.owner_key_columns, p_owner_table
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+
+    -- The lease row, locked (created on first use): racing acquires queue here.
+    SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at, released_at)
+        VALUES (p_name, p_owner, 0, '-infinity', '-infinity', '-infinity', '-infinity')
+        ON CONFLICT (name) DO NOTHING;
+        SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
+    END IF;
+    now_ts := clock_timestamp();   -- read after the lock wait
+    live := cur.released_at IS NULL AND cur.expires_at > now_ts;
+    IF live AND cur.owner <> p_owner THEN
+        PERFORM lease._raise('LeaseOwnedElsewhere',
+            format('lease "%s" is held by %s', p_name, cur.owner),
+            format('Lease %s, holder %s, token %s, expires at %s (in %s).', p_name, cur.owner, cur.token,
+                   cur.expires_at, date_trunc('millisecond', cur.expires_at - now_ts)));
+    END IF;
+
+    IF p_owner_table IS NOT NULL THEN
+        SELECT string_agg(format('%I OPERATOR(pg_catalog.=) ($1[%s])::%s', c, n,
+                                 lease._column_type(p_owner_table, c)), ' AND ')
+          INTO key_match
+          FROM unnest(binding.owner_key_columns) WITH ORDINALITY AS k(c, n);
+        -- FOR UPDATE waits for writers still fenced under the old token.
+        EXECUTE format('SELECT %I FROM %s WHERE %s FOR UPDATE', binding.owner_token_column, p_owner_table, key_match)
+           INTO owner_token USING p_owner_key;
+        GET DIAGNOSTICS matched = ROW_COUNT;
+        IF matched = 0 THEN
+            PERFORM lease._raise('FenceOwnerMissing',
+                format('lease "%s" is bound to owner row %s of %s, which does not exist', p_name, p_owner_key, p_owner_table),
+                format('Lease %s, owner table %s, key %s = %s.', p_name, p_owner_table, binding.owner_key_columns, p_owner_key));
+        END IF;
+    END IF;
+
+    new_token := greatest(cur.token, owner_token, floor) + 1;
+    IF p_owner_table IS NOT NULL THEN
+        EXECUTE format('UPDATE %s SET %I = $2 WHERE %s', p_owner_table, binding.owner_token_column, key_match)
+          USING p_owner_key, new_token;
+    END IF;
+    UPDATE lease.lease_state l
+       SET owner = p_owner, token = new_token, acquired_at = now_ts, renewed_at = now_ts,
+           expires_at = now_ts + ttl * interval '1 millisecond', released_at = NULL,
+           owner_table = p_owner_table, owner_key = p_owner_key,
+           lost_by = CASE WHEN cur.released_at IS NULL AND cur.owner <> p_owner THEN cur.owner ELSE l.lost_by END,
+           lost_token = CASE WHEN cur.released_at IS NULL AND cur.owner <> p_owner THEN cur.token ELSE l.lost_token END
+     WHERE l.name = p_name
+    RETURNING l.token, l.expires_at INTO token, expires_at;
+
+    -- The lease changed hands from a holder that did not release it (it expired,
+    -- or its owner re-took it from another process): tell a live previous
+    -- holder, so it can freeze before its next write is refused.
+    IF cur.released_at IS NULL AND cur.token > 0 THEN
+        PERFORM pg_notify('pg_lease', json_build_object(
+            'event', 'taken', 'name', p_name, 'owner', p_owner, 'token', new_token,
+            'previous_owner', cur.owner, 'previous_token', cur.token, 'expires_at', expires_at)::text);
+    END IF;
+    -- A token must be durable before the client sees it.
+    IF current_setting('synchronous_commit') = 'off' THEN
+        PERFORM set_config('synchronous_commit', 'local', true);
+    END IF;
+    RETURN NEXT;
+END $$;
+COMMENT ON FUNCTION lease.acquire(text, text, integer, regclass, text[]) IS
+    'Takes (or re-takes) a lease with a new, higher fencing token; LF005 when another live owner holds it.';
+
+CREATE FUNCTION lease.try_acquire(name text, owner text, ttl_ms integer, owner_table regclass DEFAULT NULL,
+                                  owner_key text[] DEFAULT NULL)
+RETURNS TABLE (token bigint, expires_at timestamptz)
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM lease.acquire(name, owner, ttl_ms, owner_table, owner_key);
+EXCEPTION WHEN SQLSTATE 'LF005' THEN
+    RETURN;   -- held by another live owner: no row
+END $$;
+COMMENT ON FUNCTION lease.try_acquire(text, text, integer, regclass, text[]) IS
+    'Like lease.acquire, but returns no row when another live owner holds the lease.';
+
+CREATE OR REPLACE FUNCTION lease.renew(name text, owner text, token bigint, ttl_ms integer) RETURNS timestamptz
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ttl integer := lease._check_ttl(ttl_ms);
+    cur lease.lease_state;
+    now_ts timestamptz;
+    why text;
+    new_expiry timestamptz;
+BEGIN
+    IF name IS NULL OR owner IS NULL OR length(name) > 256 OR length(owner) > 256
+       OR btrim(name) = '' OR btrim(owner) = '' THEN
+        PERFORM lease._check_label('name', name);
+        PERFORM lease._check_label('owner', owner);
+    END IF;
+    IF token IS NULL THEN
+        RAISE EXCEPTION 'pg_lease: token must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT * INTO cur FROM lease.lease_state l WHERE l.name = renew.name FOR UPDATE;
+    now_ts := clock_timestamp();
+    why := CASE
+        WHEN cur.name IS NULL THEN 'it never existed'
+        WHEN cur.owner <> renew.owner THEN format('it was taken by %s with token %s', cur.owner, cur.token)
+        WHEN cur.token > renew.token THEN format('%s re-acquired it since, with token %s', cur.owner, cur.token)
+        WHEN cur.token < renew.token THEN format('token %s was never issued for it (current token %s)', renew.token, cur.token)
+        WHEN cur.released_at IS NOT NULL THEN format('it was released at %s', cur.released_at)
+        WHEN cur.expires_at <= now_ts THEN format('it expired at %s, %s ago', cur.expires_at, date_trunc('millisecond', now_ts - cur.expires_at))
+    END;
+    IF why IS NOT NULL THEN
+        PERFORM lease._raise('LeaseLost',
+            format('%s no longer holds lease "%s" with token %s', renew.owner, renew.name, renew.token),
+            format('Lease %s: %s.', renew.name, why));
+    END IF;
+    UPDATE lease.lease_state l SET renewed_at = now_ts, expires_at = now_ts + ttl * interval '1 millisecond'
+     WHERE l.name = renew.name
+    RETURNING l.expires_at INTO new_expiry;
+    RETURN new_expiry;
+END $$;
+COMMENT ON FUNCTION lease.renew(text, text, bigint, integer) IS
+    'Extends a live lease held by owner with token; LF006 (DETAIL says why) otherwise.';
+
+CREATE OR REPLACE FUNCTION lease.release(name text, owner text, token bigint) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    now_ts timestamptz := clock_timestamp();
+    was_live boolean;
+BEGIN
+    IF name IS NULL OR owner IS NULL OR length(name) > 256 OR length(owner) > 256
+       OR btrim(name) = '' OR btrim(owner) = '' THEN
+        PERFORM lease._check_label('name', name);
+        PERFORM lease._check_label('owner', owner);
+    END IF;
+    -- An expired lease of this holder is marked released too (it stops being
+    -- reported as lost), but only a live one counts as released by this call.
+    UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
+     WHERE l.name = release.name AND l.owner = release.owner AND l.token = release.token AND l.released_at IS NULL
+    RETURNING l.expires_at = now_ts INTO was_live;
+    RETURN coalesce(was_live, false);
+END $$;
+COMMENT ON FUNCTION lease.release(text, text, bigint) IS
+    'Releases a live lease held by owner with token; anyone may take it at once. False if not held.';
+
+CREATE OR REPLACE FUNCTION lease.release_all(owner text) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    now_ts timestamptz := clock_timestamp();
+    who text := owner;
+    released integer;
+BEGIN
+    PERFORM lease._check_label('owner', who);
+    WITH held AS (
+        SELECT l.name, l.expires_at > now_ts AS was_live FROM lease.lease_state l
+         WHERE l.owner = who AND l.released_at IS NULL FOR UPDATE
+    ), done AS (
+        UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
+          FROM held WHERE l.name = held.name
+        RETURNING held.was_live
+    )
+    SELECT count(*) FILTER (WHERE d.was_live) INTO released FROM done d;
+    UPDATE lease.lease_state l SET lost_by = NULL, lost_token = NULL WHERE l.lost_by = who;
+    RETURN released;
+END $$;
+COMMENT ON FUNCTION lease.release_all(text) IS 'Releases every lease of owner (the SIGTERM path); returns how many were live.';
+
+REVOKE EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]),
+    lease.try_acquire(text, text, integer, regclass, text[]) FROM PUBLIC;

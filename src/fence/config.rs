@@ -8,10 +8,10 @@
 
 use crate::errors::{LeaseError, Refusal};
 use crate::fence::pg::{qualified_name, quote_ident, rel_owner, relation_names};
+use crate::fence::FastMap;
 use pgrx::prelude::*;
 use pgrx::spi::Spi;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::ffi::CString;
 use std::rc::Rc;
 
@@ -78,7 +78,7 @@ impl Drop for FenceConfig {
 }
 
 thread_local! {
-    static CONFIGS: RefCell<HashMap<pg_sys::Oid, Rc<FenceConfig>>> = RefCell::new(HashMap::new());
+    static CONFIGS: RefCell<FastMap<pg_sys::Oid, Rc<FenceConfig>>> = RefCell::new(FastMap::default());
     static FLUSH_ALL: Cell<bool> = const { Cell::new(false) };
     static STALE_PLANS: RefCell<Vec<pg_sys::SPIPlanPtr>> = const { RefCell::new(Vec::new()) };
 }

@@ -10,6 +10,35 @@ mod verified;
 
 use crate::c_function;
 use pgrx::pg_sys;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// FxHash (as in rustc): the keys are a few bytes, hashed once per row, and
+/// only ever come from this transaction's own rows, so SipHash's resistance to
+/// crafted collisions buys nothing here.
+#[derive(Default)]
+pub(crate) struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let word = u64::from_le_bytes(chunk.try_into().unwrap());
+            self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(SEED);
+        }
+        for &b in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(SEED);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// The per-row lookups' hash map.
+pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 c_function!(pg_lease_fence_trigger, pg_finfo_pg_lease_fence_trigger, trigger::fence_trigger);
 c_function!(pg_lease_owner_guard, pg_finfo_pg_lease_owner_guard, guards::owner_guard);

@@ -8,9 +8,9 @@
 //! A change of an owner token by this very transaction (the owner guard) or a
 //! raised high-water mark also drops entries, so the next row re-reads.
 
+use crate::fence::FastMap;
 use pgrx::pg_sys;
 use std::cell::RefCell;
-use std::collections::HashMap;
 
 #[derive(Clone, Copy)]
 struct Entry {
@@ -20,7 +20,7 @@ struct Entry {
 }
 
 thread_local! {
-    static VERIFIED: RefCell<HashMap<Box<[u8]>, Entry>> = RefCell::new(HashMap::new());
+    static VERIFIED: RefCell<FastMap<Box<[u8]>, Entry>> = RefCell::new(FastMap::default());
 }
 
 /// The verified current token for this resource key, if this transaction holds its lock.

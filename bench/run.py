@@ -276,6 +276,10 @@ def report(workloads, seconds_taken, machine_line):
     print("\n" + table + "\n")
     chart(workloads)
     settings = "\n".join(f"- `{s}`" for s in SETTINGS)
+    # A hand-written analysis below the marker survives re-runs.
+    marker = "<!-- analysis: kept by make bench -->"
+    old = (ROOT / "BENCHMARKS.md").read_text() if (ROOT / "BENCHMARKS.md").exists() else ""
+    analysis = old[old.index(marker):] if marker in old else marker + "\n"
     (ROOT / "BENCHMARKS.md").write_text(f"""# pg_lease benchmarks
 
 Produced by `make bench` ({RUNS} interleaved runs per variant, {SECONDS} s per throughput run,
@@ -304,7 +308,8 @@ variant median / baseline median.
 {table}
 
 ![pg_lease relative to its baseline per workload](bench/ratios.svg)
-""")
+
+{analysis}""")
     print(f"Wrote BENCHMARKS.md and bench/ratios.svg ({seconds_taken / 60:.1f} min)")
 
 

@@ -46,6 +46,12 @@ scripts/cluster.sh start sessions "$PORT" "pg_lease.database = 'pg_lease_audit'"
 trap 'rc=$?; scripts/cluster.sh stop sessions; summary $rc' EXIT
 scripts/cluster.sh psql sessions "$PORT" -X -q -c "CREATE DATABASE pg_lease_audit"
 scripts/cluster.sh psql sessions "$PORT" -X -q -d pg_lease_audit -c "CREATE EXTENSION pg_lease"
+# The audit worker retries its connection every 5 s until its database exists.
+for _ in $(seq 150); do
+    pid=$(scripts/cluster.sh psql sessions "$PORT" -X -At -d pg_lease_audit -c "SELECT worker_pid FROM lease.audit_status()")
+    [ -n "$pid" ] && break
+    sleep 0.1
+done
 PG_LEASE_TEST_PORT=$PORT cargo test --manifest-path tests/sessions/Cargo.toml -- --test-threads=4
 
 echo "== TypeScript game-server client (node's test runner)"

@@ -8,11 +8,11 @@ pub mod status;
 pub mod worker;
 
 use crate::errors::Refusal;
+use crate::fence::pg::owned;
 use crate::gucs;
 use pgrx::pg_sys;
 use shmem::{AuditRecord, StatSlot};
 use std::cell::Cell;
-use std::ffi::CStr;
 use std::sync::atomic::Ordering;
 
 /// What a refused write leaves behind, beyond the error itself.
@@ -37,15 +37,7 @@ pub fn row_json(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> Option<Str
         let record = pg_sys::heap_copy_tuple_as_datum(tuple, desc);
         let json =
             pg_sys::OidFunctionCall1Coll(pg_sys::Oid::from(pg_sys::F_ROW_TO_JSON_RECORD), pg_sys::InvalidOid, record);
-        Some(cstr(pg_sys::text_to_cstring(json.cast_mut_ptr())))
-    }
-}
-
-unsafe fn cstr(p: *const std::ffi::c_char) -> String {
-    if p.is_null() {
-        String::new()
-    } else {
-        CStr::from_ptr(p).to_string_lossy().into_owned()
+        Some(owned(pg_sys::text_to_cstring(json.cast_mut_ptr())))
     }
 }
 
@@ -65,7 +57,7 @@ thread_local! {
 fn session() -> Session {
     let (database, client_addr) = CONNECTION.with(|c| {
         c.get_or_init(|| {
-            let database = unsafe { cstr(pg_sys::get_database_name(pg_sys::MyDatabaseId)) };
+            let database = unsafe { owned(pg_sys::get_database_name(pg_sys::MyDatabaseId)) };
             // pgrx does not expose Port's fields; ask once per backend.
             let client =
                 pgrx::spi::Spi::get_one::<String>("SELECT coalesce(pg_catalog.inet_client_addr()::text, '[local]')")
@@ -79,8 +71,8 @@ fn session() -> Session {
     unsafe {
         Session {
             database,
-            role: cstr(pg_sys::GetUserNameFromId(pg_sys::GetUserId(), true)),
-            application_name: cstr(pg_sys::application_name),
+            role: owned(pg_sys::GetUserNameFromId(pg_sys::GetUserId(), true)),
+            application_name: owned(pg_sys::application_name),
             client_addr,
             pid: pg_sys::MyProcPid,
         }
@@ -163,7 +155,7 @@ pub fn on_refusal(refusal: &Refusal) {
     record.target_table.set(&facts.table);
     record.resource_key.set(&facts.resource);
     if gucs::AUDIT_STATEMENT.get() {
-        record.statement.set(&unsafe { cstr(pg_sys::debug_query_string) });
+        record.statement.set(&unsafe { owned(pg_sys::debug_query_string) });
     }
     if let Some(json) = &facts.row_json {
         if json.len() <= 500 {

@@ -7,7 +7,7 @@
 //! and drop triggers, which invalidates the relation in every backend).
 
 use crate::errors::{LeaseError, Refusal};
-use crate::fence::pg::{qualified_name, quote_ident, rel_owner, relation_names};
+use crate::fence::pg::{prepare_saved, qualified_name, quote_ident, rel_owner, relation_names};
 use crate::fence::FastMap;
 use pgrx::prelude::*;
 use pgrx::spi::Spi;
@@ -243,13 +243,7 @@ fn prepare_owner_lookup(display: &str, row: &ProtectedRow, keys: &[KeyColumn]) -
         format!("SELECT o.{} FROM {} o WHERE {} FOR SHARE OF o", quote_ident(&token_column), owner_display, conditions);
     let csql = CString::new(sql).expect("no NUL in generated SQL");
     let mut argtypes: Vec<pg_sys::Oid> = keys.iter().map(|k| k.typid).collect();
-    let plan = Spi::connect(|_| unsafe {
-        let plan = pg_sys::SPI_prepare(csql.as_ptr(), argtypes.len() as i32, argtypes.as_mut_ptr());
-        if plan.is_null() {
-            pgrx::error!("pg_lease: could not prepare the owner lookup for {display}");
-        }
-        pg_sys::SPI_keepplan(plan);
-        plan
-    });
+    let plan =
+        Spi::connect(|_| unsafe { prepare_saved(&csql, &mut argtypes, &format!("the owner lookup for {display}")) });
     Ok(OwnerLookup { relid: owner_relid, rel_owner: rel_owner(owner_relid), display: owner_display, plan })
 }

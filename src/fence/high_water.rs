@@ -8,7 +8,7 @@
 
 use crate::errors::{LeaseError, Refusal};
 use crate::fence::config::FenceConfig;
-use crate::fence::pg::{datum_text, rel_owner};
+use crate::fence::pg::{datum_text, prepare_saved, rel_owner};
 use crate::fence::trigger::{refusal, run_plan_for_token, Op, Row};
 use crate::fence::verified;
 use pgrx::{pg_sys, IntoDatum};
@@ -26,15 +26,6 @@ thread_local! {
     static PLANS: Cell<Option<Plans>> = const { Cell::new(None) };
 }
 
-unsafe fn prepare(sql: &std::ffi::CStr, argtypes: &mut [pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
-    let plan = pg_sys::SPI_prepare(sql.as_ptr(), argtypes.len() as i32, argtypes.as_mut_ptr());
-    if plan.is_null() {
-        pgrx::error!("pg_lease: could not prepare the high-water lookup");
-    }
-    pg_sys::SPI_keepplan(plan);
-    plan
-}
-
 fn plans() -> Plans {
     if let Some(p) = PLANS.with(|p| p.get()) {
         return p;
@@ -42,16 +33,18 @@ fn plans() -> Plans {
     let p = pgrx::spi::Spi::connect(|_| unsafe {
         let mut args = [pg_sys::REGCLASSOID, pg_sys::TEXTARRAYOID, pg_sys::INT8OID];
         Plans {
-            select: prepare(
+            select: prepare_saved(
                 c"SELECT token FROM lease.high_water WHERE target OPERATOR(pg_catalog.=) $1 AND resource OPERATOR(pg_catalog.=) $2 FOR SHARE",
                 &mut args[..2],
+                "the high-water lookup",
             ),
-            upsert: prepare(
+            upsert: prepare_saved(
                 c"INSERT INTO lease.high_water AS h (target, resource, token) VALUES ($1, $2, $3)
                   ON CONFLICT (target, resource) DO UPDATE
                   SET token = pg_catalog.int8larger(h.token, excluded.token), updated_at = pg_catalog.now()
                   RETURNING h.token",
                 &mut args,
+                "the high-water upsert",
             ),
             role: pg_sys::InvalidOid,
         }

@@ -4,7 +4,7 @@
 mod config;
 mod guards;
 mod high_water;
-mod pg;
+pub(crate) mod pg;
 mod trigger;
 mod verified;
 

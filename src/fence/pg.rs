@@ -3,7 +3,8 @@
 use pgrx::pg_sys;
 use std::ffi::CStr;
 
-unsafe fn owned(p: *const std::ffi::c_char) -> String {
+/// A C string owned by Postgres, copied into Rust (NULL becomes empty).
+pub(crate) unsafe fn owned(p: *const std::ffi::c_char) -> String {
     if p.is_null() {
         String::new()
     } else {
@@ -39,6 +40,17 @@ pub fn rel_owner(relid: pg_sys::Oid) -> pg_sys::Oid {
     .ok()
     .flatten()
     .unwrap_or(pg_sys::InvalidOid)
+}
+
+/// Prepares `sql` with SPI and keeps the plan for the life of the backend.
+/// Call inside an SPI connection.
+pub unsafe fn prepare_saved(sql: &CStr, argtypes: &mut [pg_sys::Oid], what: &str) -> pg_sys::SPIPlanPtr {
+    let plan = pg_sys::SPI_prepare(sql.as_ptr(), argtypes.len() as i32, argtypes.as_mut_ptr());
+    if plan.is_null() {
+        pgrx::error!("pg_lease: could not prepare {what}");
+    }
+    pg_sys::SPI_keepplan(plan);
+    plan
 }
 
 /// An integer token datum of type int2/int4/int8 as i64.

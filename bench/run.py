@@ -53,13 +53,13 @@ def cluster(*args):
     run([str(ROOT / "scripts/cluster.sh"), *args])
 
 
-def pgbench(script, clients=CLIENTS, seconds=None, transactions=None, mode="prepared", rate=None):
+def pgbench(script, clients=CLIENTS, seconds=None, transactions=None, mode="prepared", rate=None, db="bench"):
     """Runs one pgbench script; returns (tps, average latency in ms)."""
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(script)
         path = f.name
     cmd = ["pgbench", "-n", "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "-M", mode,
-           "-c", str(clients), "-j", str(clients), "-f", path, "bench"]
+           "-c", str(clients), "-j", str(clients), "-f", path, db]
     cmd += ["-T", str(seconds)] if seconds else ["-t", str(transactions)]
     if rate:
         cmd += ["-R", str(rate)]
@@ -216,6 +216,32 @@ def accepted_during_flood(flood):
     return go
 
 
+DDL_TABLES = 100
+
+
+def ddl_setup():
+    """Two databases with the same 100 owner/payout table pairs: fenced with pg_lease, and plain.
+    Their catalogs are never analyzed, as in a fresh database (where a costly catalog query gets JIT-compiled)."""
+    pairs = f"""
+        CREATE TABLE own_' || g || ' (id int PRIMARY KEY, owner_fencing_token bigint);
+        CREATE TABLE pay_' || g || ' (id bigint GENERATED ALWAYS AS IDENTITY, table_id int, amount bigint, fencing_token bigint);"""
+    for db, fence in (("ddl_guard", True), ("ddl_plain", False)):
+        psql(f"CREATE DATABASE {db}", db="postgres")
+        if fence:
+            psql("CREATE EXTENSION pg_lease", db=db)
+        protect = "PERFORM lease.protect('pay_' || g, '{table_id}', 'fencing_token', ('own_' || g)::regclass);" if fence else ""
+        psql(f"""DO $$ BEGIN FOR g IN 1..{DDL_TABLES} LOOP
+                 EXECUTE '{pairs.strip()}'; {protect} END LOOP; END $$""", db=db)
+
+
+def ddl(db, statement):
+    """One DDL statement per transaction, on a random one of the 100 tables (or a new table)."""
+    return lambda: pgbench(f"""\\set n random(1, {DDL_TABLES})
+\\set m random(1, 1000000000)
+{statement}
+""", clients=1, seconds=SECONDS, mode="simple", db=db)
+
+
 def setup():
     print("Building and installing pg_lease (release)...", flush=True)
     run(["cargo", "pgrx", "install", "--release", "--pg-config", shutil.which("pg_config")], cwd=ROOT)
@@ -236,6 +262,7 @@ def setup():
         EXCEPTION WHEN SQLSTATE 'LF001' THEN NULL;
         END $$;""")
     reset_payouts()
+    ddl_setup()
     server = subprocess.Popen(["redis-server", "--port", str(REDIS_PORT), "--bind", "127.0.0.1", "--save", "",
                                "--appendonly", "no"], stdout=subprocess.DEVNULL)
     time.sleep(0.5)
@@ -380,6 +407,16 @@ def main():
         workloads.append(Workload("accepted writes during a refusal flood", "tps", {
             "alone": accepted_during_flood(False), "during flood": accepted_during_flood(True),
         }, "alone", ("during flood", "≥ 0.90× alone", lambda w: w.ratio("during flood") >= 0.90)).measure())
+        for what, statement in (
+            ("CREATE TABLE", "CREATE TABLE new_:m (id int PRIMARY KEY, v text);"),
+            ("ALTER TABLE ADD COLUMN on a fenced table", "ALTER TABLE pay_:n ADD COLUMN c_:m int;"),
+            ("CREATE INDEX on a fenced table", "CREATE INDEX ON pay_:n (amount);"),
+        ):
+            workloads.append(Workload(
+                f"DDL guard: {what} ({DDL_TABLES} protected tables), per statement", "ms",
+                {"no pg_lease": ddl("ddl_plain", statement), "pg_lease": ddl("ddl_guard", statement)}, "no pg_lease",
+                ("pg_lease", "guard adds < 5 ms", lambda w: w.median("pg_lease") - w.median("no pg_lease") < 5)).measure())
+        workloads = [w for w in workloads if w is not None]
         report(workloads, time.time() - started, line)
     finally:
         redis_server.terminate()

@@ -5,7 +5,7 @@ set -euo pipefail
 PGRX_VERSION=0.18.0
 
 # `setup.sh bench` also installs what `make bench` compares against.
-packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo faketime)
+packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo faketime pgbouncer)
 command -v npm >/dev/null || packages+=(nodejs npm)
 [ "${1:-}" = bench ] && packages+=(redis-server redis-tools)
 missing=()

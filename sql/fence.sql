@@ -11,8 +11,10 @@ CREATE FUNCTION lease.truncate_guard() RETURNS trigger
     LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_truncate_guard';
 
 -- Raises one of pg_lease's LF errors by name (src/errors.rs), for our PL/pgSQL.
+-- Internal: only pg_lease's own SECURITY DEFINER functions call it.
 CREATE FUNCTION lease._raise(name text, summary text, detail text) RETURNS void
     LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_raise';
+REVOKE EXECUTE ON FUNCTION lease._raise(text, text, text) FROM PUBLIC;
 
 -- Binds the writer's fencing token to the current transaction, for tables
 -- protected without a token column (and for DELETE).
@@ -35,7 +37,7 @@ COMMENT ON FUNCTION lease.bind_token(bigint) IS 'Binds the fencing token present
 -- The token bound to the current transaction, or NULL (since 0.2.0).
 CREATE FUNCTION lease.bound_token() RETURNS bigint
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-    RETURN nullif(current_setting('pg_lease.token', true), '')::bigint;
+    RETURN lease._bound_token();
 COMMENT ON FUNCTION lease.bound_token() IS 'The fencing token bound to this transaction by lease.bind_token, or NULL.';
 
 -- The type of a live column, or NULL.
@@ -69,17 +71,22 @@ BEGIN
         RAISE EXCEPTION 'pg_lease: key columns of % are listed twice: %', rel, columns
             USING ERRCODE = 'duplicate_column';
     END IF;
-    FOREACH col IN ARRAY columns LOOP
+    FOREACH col IN ARRAY columns || CASE WHEN token_column IS NULL THEN '{}'::text[] ELSE ARRAY[token_column] END LOOP
         IF lease._column_type(rel, col) IS NULL THEN
-            RAISE EXCEPTION 'pg_lease: column "%" of % does not exist', col, rel USING ERRCODE = 'undefined_column';
+            RAISE EXCEPTION 'pg_lease: % column "%" of % does not exist',
+                    CASE WHEN col = token_column THEN 'token' ELSE 'key' END, col, rel
+                USING ERRCODE = 'undefined_column';
+        END IF;
+        -- BEFORE triggers see a generated column's old value: it cannot be fenced.
+        IF EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = rel AND a.attname = col AND a.attgenerated <> '') THEN
+            RAISE EXCEPTION 'pg_lease: column "%" of % is a generated column', col, rel
+                USING ERRCODE = 'invalid_column_definition',
+                      DETAIL = 'Generated columns are computed after BEFORE triggers, so the fence would judge the old value.';
         END IF;
     END LOOP;
     IF token_column IS NOT NULL THEN
-        IF lease._column_type(rel, token_column) IS NULL THEN
-            RAISE EXCEPTION 'pg_lease: token column "%" of % does not exist', token_column, rel
-                USING ERRCODE = 'undefined_column';
-        END IF;
-        IF lease._column_type(rel, token_column) NOT IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype) THEN
+        -- Lease tokens are >= 2^40: only bigint holds them.
+        IF lease._column_type(rel, token_column) <> 'bigint'::regtype THEN
             RAISE EXCEPTION 'pg_lease: token column "%" of % has type %, not bigint',
                     token_column, rel, lease._column_type(rel, token_column)
                 USING ERRCODE = 'datatype_mismatch';
@@ -130,6 +137,30 @@ BEGIN
     EXECUTE format('CREATE TRIGGER pg_lease_truncate BEFORE TRUNCATE ON %s
                     FOR EACH STATEMENT EXECUTE FUNCTION lease.truncate_guard(''target'')', rel);
     EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pg_lease_truncate', rel);
+END $$;
+
+-- The owner guard (row trigger, cloned to partitions by Postgres) and the
+-- owner TRUNCATE guard on the owner table and each of its partitions (new
+-- partitions get theirs from the DDL guard). args: token column, key columns.
+CREATE FUNCTION lease._install_owner_guards(owner regclass, args text) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    part regclass;
+BEGIN
+    EXECUTE format('CREATE TRIGGER pg_lease_owner_guard BEFORE INSERT OR UPDATE OR DELETE ON %s
+                    FOR EACH ROW EXECUTE FUNCTION lease.owner_guard(%s)', owner, args);
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pg_lease_owner_guard', owner);
+    FOR part IN SELECT t.relid FROM pg_partition_tree(owner) t UNION SELECT owner LOOP
+        PERFORM lease._install_owner_truncate_guard(part);
+    END LOOP;
+END $$;
+
+CREATE FUNCTION lease._install_owner_truncate_guard(rel regclass) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    EXECUTE format('CREATE TRIGGER pg_lease_owner_truncate BEFORE TRUNCATE ON %s
+                    FOR EACH STATEMENT EXECUTE FUNCTION lease.truncate_guard(''owner'')', rel);
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pg_lease_owner_truncate', rel);
 END $$;
 
 CREATE FUNCTION lease.protect(
@@ -196,11 +227,7 @@ BEGIN
         FOR i IN 1 .. pg_catalog.cardinality(owner_key_columns) LOOP
             guard_args := guard_args OPERATOR(pg_catalog.||) ', ' OPERATOR(pg_catalog.||) pg_catalog.quote_literal(owner_key_columns[i]);
         END LOOP;
-        EXECUTE pg_catalog.format('CREATE TRIGGER pg_lease_owner_guard BEFORE UPDATE ON %s
-                                   FOR EACH ROW EXECUTE FUNCTION lease.owner_guard(%s)', owner, guard_args);
-        EXECUTE pg_catalog.format('CREATE TRIGGER pg_lease_owner_truncate BEFORE TRUNCATE ON %s
-                                   FOR EACH STATEMENT EXECUTE FUNCTION lease.truncate_guard(''owner'')', owner);
-        EXECUTE pg_catalog.format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pg_lease_owner_guard, ENABLE ALWAYS TRIGGER pg_lease_owner_truncate', owner);
+        PERFORM lease._install_owner_guards(owner, guard_args);
     ELSIF pg_catalog.split_part(existing_guard, E'\\000', 1) OPERATOR(pg_catalog.<>) owner_token_column THEN
         RAISE EXCEPTION 'pg_lease: owner table % already guards token column "%"', owner, pg_catalog.split_part(existing_guard, E'\\000', 1)
             USING ERRCODE = 'feature_not_supported',
@@ -208,20 +235,31 @@ BEGIN
     END IF;
 
     PERFORM lease._install_target_triggers(target);
-    INSERT INTO lease.protected (relid, mode, key_columns, token_column, owner_table, owner_key_columns, owner_token_column)
-    VALUES (target, 'owner', key_columns, token_column, owner, owner_key_columns, owner_token_column);
+    PERFORM lease._register(target, 'owner', key_columns, token_column, owner, owner_key_columns, owner_token_column);
 END $$;
 COMMENT ON FUNCTION lease.protect(regclass, text[], name, regclass, text[], name) IS
     'Fences writes to target: each row''s token must equal its owner row''s current token.';
 
 CREATE FUNCTION lease.protect_high_water(target regclass, key_columns text[], token_column name DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    col text;
+    why text;
 BEGIN
     PERFORM lease._check_columns(target, 'target table', key_columns, token_column);
+    -- Marks are stored by each key value's canonical form: only key types
+    -- whose equality that form captures exactly can be used.
+    FOREACH col IN ARRAY key_columns LOOP
+        SELECT lease._key_identity_problem(a.atttypid, a.attcollation) INTO why
+          FROM pg_attribute a WHERE a.attrelid = target AND a.attname = col;
+        IF why IS NOT NULL THEN
+            RAISE EXCEPTION 'pg_lease: key column "%" of % cannot identify a high-water resource: %', col, target, why
+                USING ERRCODE = 'feature_not_supported';
+        END IF;
+    END LOOP;
     PERFORM lease._check_not_protected(target);
     PERFORM lease._install_target_triggers(target);
-    INSERT INTO lease.protected (relid, mode, key_columns, token_column)
-    VALUES (target, 'high_water', key_columns, token_column);
+    PERFORM lease._register(target, 'high_water', key_columns, token_column, NULL, NULL, NULL);
 END $$;
 COMMENT ON FUNCTION lease.protect_high_water(regclass, text[], name) IS
     'Fences writes to target against the highest token ever accepted per resource.';
@@ -236,30 +274,41 @@ BEGIN
         RAISE EXCEPTION 'lease.unprotect: target must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     -- Forget the config first: the DDL guard then no longer expects the triggers.
-    DELETE FROM lease.protected WHERE relid = target RETURNING * INTO p;
+    SELECT * INTO p FROM lease.protected x WHERE x.relid = target;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pg_lease: % is not protected', target USING ERRCODE = 'undefined_object';
     END IF;
+    PERFORM lease._unregister(target);
     EXECUTE format('DROP TRIGGER pg_lease_fence ON %s', target);
     FOR part IN SELECT t.relid FROM pg_partition_tree(target) t UNION SELECT target LOOP
         EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_truncate ON %s', part);
     END LOOP;
     IF p.owner_table IS NOT NULL AND NOT EXISTS (SELECT 1 FROM lease.protected o WHERE o.owner_table = p.owner_table) THEN
         EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_owner_guard ON %s', p.owner_table);
-        EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_owner_truncate ON %s', p.owner_table);
+        FOR part IN SELECT t.relid FROM pg_partition_tree(p.owner_table) t UNION SELECT p.owner_table LOOP
+            EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_owner_truncate ON %s', part);
+        END LOOP;
     END IF;
 END $$;
 COMMENT ON FUNCTION lease.unprotect(regclass) IS 'Removes pg_lease''s fence from target (high-water marks are kept).';
 
 -- Every way in which a protected table's fence is not fully in force, with
--- the tables it concerns. kind: 'missing' (a trigger is absent), 'disabled'
--- (present but not ENABLE ALWAYS), 'renamed' (one of our trigger functions
--- under another name), 'column' (a fenced column is gone or retyped).
-CREATE FUNCTION lease._fence_problems()
+-- the tables it concerns (only those protected tables whose relid or owner
+-- table is in `only`, when given). kind: 'missing' (a trigger is absent),
+-- 'disabled' (present but not ENABLE ALWAYS), 'renamed' (one of our trigger
+-- functions under another name), 'altered' (one of our triggers no longer
+-- fires on every row and event, or has other arguments), 'column' (a fenced column is gone, retyped,
+-- generated, or of a type or collation that cannot identify a resource),
+-- 'constraint' (no unique constraint on the owner key), 'inherits' (an
+-- inheritance child of a fenced or owner table, unguarded), 'relation' (a
+-- fenced or owner table is no longer a table).
+CREATE FUNCTION lease._fence_problems(among oid[] DEFAULT NULL)
 RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
-    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
     WITH p AS (
-        SELECT * FROM lease.protected p WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid)
+        SELECT * FROM lease.protected p
+         WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid)
+           AND (among IS NULL OR p.relid::oid = ANY (among) OR p.owner_table::oid = ANY (among))
     ),
     -- A table and, when partitioned, every partition (pg_partition_tree
     -- returns nothing for a table that is not in a partition tree).
@@ -269,27 +318,37 @@ RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
         UNION
         SELECT roots.r, t.relid FROM roots, pg_partition_tree(roots.r) t
     ),
-    expected_triggers (relid, rel, tgname, func) AS (
-        SELECT p.relid, t.rel, 'pg_lease_fence', 'lease.fence_trigger'::regproc
+    -- tgtype: 31 = BEFORE, FOR EACH ROW, INSERT, UPDATE and DELETE;
+    -- 34 = BEFORE TRUNCATE, FOR EACH STATEMENT. args as tgargs holds them.
+    expected_triggers (relid, rel, tgname, func, tgtype, args) AS (
+        SELECT p.relid, t.rel, 'pg_lease_fence', 'lease.fence_trigger'::regproc, 31, ''
           FROM p JOIN tree t ON t.root = p.relid::oid
         UNION ALL
-        SELECT p.relid, t.rel, 'pg_lease_truncate', 'lease.truncate_guard'::regproc
+        SELECT p.relid, t.rel, 'pg_lease_truncate', 'lease.truncate_guard'::regproc, 34, 'target'
           FROM p JOIN tree t ON t.root = p.relid::oid
         UNION ALL
-        SELECT p.relid, t.rel, 'pg_lease_owner_guard', 'lease.owner_guard'::regproc
+        SELECT p.relid, t.rel, 'pg_lease_owner_guard', 'lease.owner_guard'::regproc, 31,
+               array_to_string(p.owner_token_column || p.owner_key_columns, E'\\000')
           FROM p JOIN tree t ON t.root = p.owner_table::oid
         UNION ALL
-        SELECT p.relid, p.owner_table::oid, 'pg_lease_owner_truncate', 'lease.truncate_guard'::regproc
-          FROM p WHERE p.owner_table IS NOT NULL
+        SELECT p.relid, t.rel, 'pg_lease_owner_truncate', 'lease.truncate_guard'::regproc, 34, 'owner'
+          FROM p JOIN tree t ON t.root = p.owner_table::oid
     ),
-    expected_columns (relid, rel, col, is_token) AS (
-        SELECT p.relid, p.relid, k, false FROM p, unnest(p.key_columns) k
+    expected_columns (relid, rel, col, is_token, typ, high_water) AS (
+        SELECT p.relid, p.relid, k.col, false, p.key_types[k.n], p.mode = 'high_water'
+          FROM p, unnest(p.key_columns) WITH ORDINALITY k(col, n)
         UNION ALL
-        SELECT p.relid, p.relid, p.token_column, true FROM p WHERE p.token_column IS NOT NULL
+        SELECT p.relid, p.relid, p.token_column, true, p.token_type, false FROM p WHERE p.token_column IS NOT NULL
         UNION ALL
-        SELECT p.relid, p.owner_table, k, false FROM p, unnest(p.owner_key_columns) k WHERE p.owner_table IS NOT NULL
+        SELECT p.relid, p.owner_table, k.col, false, p.owner_key_types[k.n], false
+          FROM p, unnest(p.owner_key_columns) WITH ORDINALITY k(col, n) WHERE p.owner_table IS NOT NULL
         UNION ALL
-        SELECT p.relid, p.owner_table, p.owner_token_column, true FROM p WHERE p.owner_table IS NOT NULL
+        SELECT p.relid, p.owner_table, p.owner_token_column, true, p.owner_token_type, false FROM p WHERE p.owner_table IS NOT NULL
+    ),
+    actual_columns AS (
+        SELECT e.*, a.atttypid::regtype AS cur, a.attgenerated, a.attcollation
+          FROM expected_columns e
+          LEFT JOIN pg_attribute a ON a.attrelid = e.rel AND a.attname = e.col AND a.attnum > 0 AND NOT a.attisdropped
     )
     SELECT e.relid::regclass, e.rel::regclass,
            CASE WHEN t.oid IS NULL THEN 'missing' ELSE 'disabled' END,
@@ -299,6 +358,14 @@ RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
       LEFT JOIN pg_trigger t ON t.tgrelid = e.rel AND t.tgname = e.tgname AND t.tgfoid = e.func
      WHERE t.oid IS NULL OR t.tgenabled <> 'A'
     UNION ALL
+    SELECT e.relid::regclass, e.rel::regclass, 'altered',
+           format('trigger %s on %s no longer fires on every %s', e.tgname, e.rel::regclass,
+                  CASE WHEN e.tgtype = 31 THEN 'INSERT, UPDATE and DELETE of every row' ELSE 'TRUNCATE' END)
+      FROM expected_triggers e
+      JOIN pg_trigger t ON t.tgrelid = e.rel AND t.tgname = e.tgname AND t.tgfoid = e.func
+     WHERE t.tgtype <> e.tgtype OR t.tgqual IS NOT NULL OR cardinality(t.tgattr::int2[]) > 0
+        OR left(encode(t.tgargs, 'escape'), -4) IS DISTINCT FROM e.args AND NOT (e.args = '' AND t.tgnargs = 0)
+    UNION ALL
     SELECT DISTINCT e.relid::regclass, t.tgrelid::regclass, 'renamed',
            format('trigger %s on %s runs %s under another name', t.tgname, t.tgrelid::regclass, t.tgfoid::regproc)
       FROM expected_triggers e
@@ -307,11 +374,39 @@ RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
     UNION ALL
     SELECT e.relid, e.rel, 'column',
            format('%s column "%s" of %s is %s', CASE WHEN e.is_token THEN 'token' ELSE 'key' END, e.col, e.rel,
-                  CASE WHEN lease._column_type(e.rel, e.col) IS NULL THEN 'missing'
-                       ELSE 'of type ' || lease._column_type(e.rel, e.col)::text END)
-      FROM expected_columns e
-     WHERE lease._column_type(e.rel, e.col) IS NULL
-        OR (e.is_token AND lease._column_type(e.rel, e.col) NOT IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype))
+                  CASE WHEN e.cur IS NULL THEN 'missing'
+                       WHEN e.attgenerated <> '' THEN 'a generated column'
+                       WHEN e.typ IS NOT NULL AND e.cur <> e.typ THEN format('of type %s, was %s', e.cur, e.typ)
+                       WHEN e.high_water THEN lease._key_identity_problem(e.cur, e.attcollation)
+                       ELSE 'of type ' || e.cur::text END)
+      FROM actual_columns e
+     WHERE e.cur IS NULL
+        OR e.attgenerated <> ''
+        OR (e.typ IS NOT NULL AND e.cur <> e.typ)
+        OR (e.typ IS NULL AND e.is_token AND e.cur NOT IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype))
+        OR (e.high_water AND lease._key_identity_problem(e.cur, e.attcollation) IS NOT NULL)
+    UNION ALL
+    SELECT p.relid, p.owner_table, 'constraint',
+           format('owner table %s has no unique constraint on %s', p.owner_table, p.owner_key_columns)
+      FROM p
+     WHERE p.owner_table IS NOT NULL
+       AND NOT EXISTS (
+        SELECT 1 FROM pg_index x
+         WHERE x.indrelid = p.owner_table AND x.indisunique AND x.indisvalid AND x.indpred IS NULL AND x.indexprs IS NULL
+           AND (SELECT array_agg(k ORDER BY k) FROM unnest((x.indkey::int2[])[0:x.indnkeyatts - 1]) k)
+               = (SELECT array_agg(a.attnum ORDER BY a.attnum) FROM pg_attribute a
+                   WHERE a.attrelid = p.owner_table AND a.attname = ANY (p.owner_key_columns)))
+    UNION ALL
+    SELECT DISTINCT ON (x.relid, i.inhrelid) x.relid, i.inhrelid::regclass, 'inherits',
+           format('table %s inherits from %s, so writes through it bypass the fence', i.inhrelid::regclass, i.inhparent::regclass)
+      FROM (SELECT p.relid, t.rel FROM p JOIN tree t ON t.root IN (p.relid::oid, p.owner_table::oid)) x
+      JOIN pg_inherits i ON i.inhparent = x.rel
+      JOIN pg_class c ON c.oid = i.inhrelid
+     WHERE NOT c.relispartition
+    UNION ALL
+    SELECT p.relid, c.oid::regclass, 'relation', format('%s is no longer a table', c.oid::regclass)
+      FROM p JOIN pg_class c ON c.oid IN (p.relid::oid, p.owner_table::oid)
+     WHERE c.relkind NOT IN ('r', 'p')
 $$;
 
 CREATE VIEW lease.protected_tables AS
@@ -324,54 +419,159 @@ SELECT p.relid              AS table_name,
        p.owner_key_columns,
        p.owner_token_column,
        (SELECT count(*) FROM pg_catalog.pg_partition_tree(p.relid) t WHERE t.relid OPERATOR(pg_catalog.<>) p.relid::oid)::int AS partitions,
-       NOT EXISTS (SELECT 1 FROM lease._fence_problems() f WHERE f.relid OPERATOR(pg_catalog.=) p.relid) AS enforced,
-       (SELECT pg_catalog.array_agg(f.problem ORDER BY f.problem) FROM lease._fence_problems() f
-         WHERE f.relid OPERATOR(pg_catalog.=) p.relid) AS problems,
+       f.problems IS NULL AS enforced,
+       f.problems,
        p.protected_at,
        p.protected_by
-  FROM lease.protected p;
-COMMENT ON VIEW lease.protected_tables IS 'What pg_lease protects and how; enforced = every trigger and column in place, problems = what is not.';
+  FROM lease.protected p
+  LEFT JOIN (SELECT x.relid, pg_catalog.array_agg(x.problem ORDER BY x.problem) AS problems
+               FROM lease._fence_problems() x GROUP BY x.relid) f ON f.relid OPERATOR(pg_catalog.=) p.relid;
+COMMENT ON VIEW lease.protected_tables IS 'What pg_lease protects and how; enforced = every trigger, column and constraint in place, problems = what is not.';
 
--- DDL guard, after ALTER TABLE / ALTER TRIGGER / CREATE TABLE: refuses a
--- command that leaves a pg_lease trigger disabled or renamed, or a fenced
--- column gone or retyped, on a table the command touched. (Dropped triggers and
--- columns are caught by the sql_drop guard below. Judging only what exists,
--- never what is still absent, keeps pg_restore working: it creates each
--- trigger and enables it ALWAYS before the next one exists.)
+-- The protected tables a DDL command concerns: those whose fenced table or
+-- owner table is among `rels`, or an ancestor (partition or inheritance
+-- parent) of one of them.
+CREATE FUNCTION lease._concerned(rels oid[]) RETURNS oid[]
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    WITH RECURSIVE up (r) AS (
+        SELECT unnest(rels)
+        UNION
+        SELECT i.inhparent FROM pg_inherits i JOIN up ON i.inhrelid = up.r
+    )
+    SELECT array_agg(p.relid::oid) FROM lease.protected p
+     WHERE p.relid::oid IN (SELECT r FROM up) OR p.owner_table::oid IN (SELECT r FROM up)
+$$;
+
+-- DDL guard, after every DDL command (no tag filter: ALTER VIEW and others
+-- reach tables too). For the protected tables the command concerns:
+-- - partitions new in this transaction get their TRUNCATE guards; a table
+--   attached (ATTACH PARTITION) to a fenced table may hold only rows the
+--   fence accepts now;
+-- - pg_lease's guards left on a detached table are removed, and detaching a
+--   partition of an owner table that holds owner rows is refused (LF004);
+-- - the command is refused (LF008) if it leaves a fence disabled, renamed,
+--   retyped, generated, inherited from, or no longer on a table.
+-- Dropped triggers, columns and constraints are the sql_drop guard's. Judging
+-- only what exists, never what is still absent, keeps pg_restore working.
 CREATE FUNCTION lease._guard_ddl() RETURNS event_trigger
-    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
     touched oid[];
+    concerned oid[];
     broken record;
+    part record;
+    stray record;
+    bad boolean;
 BEGIN
-    SELECT array_agg(DISTINCT CASE WHEN c.classid = 'pg_trigger'::regclass
-                                   THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = c.objid)
-                                   ELSE c.objid END)
+    IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
+        RETURN;
+    END IF;
+    -- CREATE [OR REPLACE] TRIGGER of one of our triggers leaves it enabled
+    -- for origin sessions only, as pg_restore creates it before it enables
+    -- it ALWAYS: enable it ALWAYS at once (pg_restore's own ALTER is then a
+    -- no-op, and OR REPLACE cannot quietly narrow where the fence fires).
+    IF tg_tag = 'CREATE TRIGGER' THEN
+        FOR broken IN
+            SELECT t.tgrelid::regclass AS rel, t.tgname
+              FROM pg_event_trigger_ddl_commands() c JOIN pg_trigger t ON t.oid = c.objid
+             WHERE c.classid = 'pg_trigger'::regclass AND t.tgenabled <> 'A' AND t.tgparentid = 0
+               AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+        LOOP
+            EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname);
+        END LOOP;
+    END IF;
+    SELECT array_agg(DISTINCT CASE c.classid
+                                  WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = c.objid)
+                                  WHEN 'pg_rewrite'::regclass THEN (SELECT w.ev_class FROM pg_rewrite w WHERE w.oid = c.objid)
+                                  ELSE coalesce((SELECT x.indrelid FROM pg_index x WHERE x.indexrelid = c.objid), c.objid) END)
       INTO touched
       FROM pg_event_trigger_ddl_commands() c
-     WHERE c.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass);
+     WHERE c.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass, 'pg_rewrite'::regclass);
     IF touched IS NULL THEN
         RETURN;
     END IF;
-    -- Partitions created, or attached by this transaction, under a protected
-    -- table get the row fence cloned by Postgres, but not the statement-level
-    -- TRUNCATE guard: add it. (Not while the root's fence is itself being
-    -- created in this transaction, as in a single-transaction pg_restore that
-    -- will create the guards from the dump.)
-    PERFORM lease._install_truncate_guard(t.relid)
-       FROM lease.protected p
-       JOIN pg_partition_tree(p.relid) t ON t.relid <> p.relid::oid
-       JOIN pg_inherits i ON i.inhrelid = t.relid
-      WHERE (t.relid = ANY (touched) OR i.inhparent = ANY (touched))
-        AND i.xmin = xid(pg_current_xact_id())
-        AND NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = t.relid AND g.tgname = 'pg_lease_truncate')
-        AND EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = p.relid AND g.tgname = 'pg_lease_fence'
-                       AND g.xmin <> xid(pg_current_xact_id()));
+    concerned := lease._concerned(touched);
+    IF concerned IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- Partitions joined in this transaction (created, or attached). Not while
+    -- the root's fence is itself being created in this transaction, as in a
+    -- single-transaction pg_restore that will create the guards from the dump.
+    FOR part IN
+        SELECT p.relid, p.mode, p.token_column, p.key_columns, p.owner_table, p.owner_key_columns,
+               p.owner_token_column, t.relid AS child, (t.root = p.owner_table::oid) AS is_owner
+          FROM lease.protected p
+          CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
+          CROSS JOIN LATERAL (SELECT x.relid, r.root FROM pg_partition_tree(r.root) x) t
+          JOIN pg_inherits i ON i.inhrelid = t.relid
+         WHERE p.relid::oid = ANY (concerned)
+           AND t.relid <> t.root
+           AND i.xmin = xid(pg_current_xact_id())
+    LOOP
+        IF part.is_owner THEN
+            IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_owner_truncate')
+               AND EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.owner_table AND g.tgname = 'pg_lease_owner_guard'
+                              AND g.xmin <> xid(pg_current_xact_id())) THEN
+                PERFORM lease._install_owner_truncate_guard(part.child);
+            END IF;
+            CONTINUE;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_truncate')
+           AND EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.relid AND g.tgname = 'pg_lease_fence'
+                          AND g.xmin <> xid(pg_current_xact_id())) THEN
+            PERFORM lease._install_truncate_guard(part.child);
+        END IF;
+        -- Rows brought in by ATTACH PARTITION passed no fence: each must carry
+        -- its owner row's current token (without a token column, or in
+        -- high-water mode, no row can be checked: the table must be empty).
+        IF part.mode = 'owner' AND part.token_column IS NOT NULL THEN
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s t WHERE NOT EXISTS (SELECT 1 FROM %s o WHERE %s AND o.%I = t.%I))',
+                           part.child::regclass, part.owner_table,
+                           (SELECT string_agg(format('o.%I = t.%I', part.owner_key_columns[n], part.key_columns[n]), ' AND ')
+                              FROM generate_series(1, cardinality(part.key_columns)) n),
+                           part.owner_token_column, part.token_column)
+               INTO bad;
+        ELSE
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', part.child::regclass) INTO bad;
+        END IF;
+        IF bad THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would bring rows into fenced table %s that the fence would refuse', tg_tag, part.relid),
+                format('Table %s holds rows %s. Attach it empty and insert its rows through the fence.', part.child::regclass,
+                       CASE WHEN part.mode = 'owner' AND part.token_column IS NOT NULL
+                            THEN format('whose token is not their owner row''s current token in %s', part.owner_table)
+                            ELSE 'that cannot be checked (no token column, or high-water mode)' END));
+        END IF;
+    END LOOP;
+
+    -- Guards left behind on tables that left a fenced or owner tree (DETACH
+    -- PARTITION): owner rows may not leave; a detached fenced partition is no
+    -- longer fenced, so its TRUNCATE guard goes.
+    FOR stray IN
+        SELECT g.tgrelid, g.tgname FROM pg_trigger g
+         WHERE g.tgname IN ('pg_lease_truncate', 'pg_lease_owner_truncate')
+           AND g.tgfoid = 'lease.truncate_guard'::regproc
+           AND NOT EXISTS (SELECT 1 FROM lease.protected p
+                            CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid) r
+                            WHERE g.tgrelid = r.root
+                               OR g.tgrelid IN (SELECT x.relid FROM pg_partition_tree(r.root) x))
+    LOOP
+        IF stray.tgname = 'pg_lease_owner_truncate' THEN
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', stray.tgrelid::regclass) INTO bad;
+            IF bad THEN
+                PERFORM lease._raise('FencingTokenRegression',
+                    format('%s would take owner rows out of an owner table (%s)', tg_tag, stray.tgrelid::regclass),
+                    format('Table %s holds owner rows whose fencing tokens would leave the fence; tokens could then start over.',
+                           stray.tgrelid::regclass));
+            END IF;
+        END IF;
+        EXECUTE format('DROP TRIGGER %I ON %s', stray.tgname, stray.tgrelid::regclass);
+    END LOOP;
+
     SELECT f.* INTO broken
-      FROM lease._fence_problems() f
-     WHERE f.kind <> 'missing'
-       AND (f.rel::oid = ANY (touched)
-            OR EXISTS (SELECT 1 FROM pg_partition_ancestors(f.rel) a WHERE a.relid = ANY (touched)))
+      FROM lease._fence_problems(concerned) f
+     WHERE f.kind NOT IN ('missing', 'constraint')
      LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',
@@ -380,16 +580,24 @@ BEGIN
     END IF;
 END $$;
 
--- sql_drop guard. DROP TABLE of a fenced table removes its fence with it.
--- Dropping one of pg_lease's triggers or a fenced column of a table that stays,
--- or an owner table that fenced tables still point at, is refused.
+-- sql_drop guard (every command that drops something: DROP TABLE, ALTER
+-- TABLE, DROP TYPE/DOMAIN ... CASCADE, DROP INDEX ...). DROP TABLE of a fenced
+-- table removes its fence with it. Dropping one of pg_lease's triggers, a
+-- fenced column, the owner key's unique constraint, a partition of an owner
+-- table, or an owner table that fenced tables still point at, is refused.
 CREATE FUNCTION lease._guard_drop() RETURNS event_trigger
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
-    dropped_tables oid[] := ARRAY(SELECT d.objid FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'table');
+    dropped_tables oid[];
+    owner_roots oid[];
     orphan record;
     victim record;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
+        RETURN;
+    END IF;
+    owner_roots := ARRAY(SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL);
+    dropped_tables := ARRAY(SELECT d.objid FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'table');
     DELETE FROM lease.protected p WHERE p.relid::oid = ANY (dropped_tables);
     DELETE FROM lease.high_water h WHERE h.target::oid = ANY (dropped_tables);
     SELECT p.relid, p.owner_table INTO orphan FROM lease.protected p WHERE p.owner_table::oid = ANY (dropped_tables) LIMIT 1;
@@ -398,29 +606,53 @@ BEGIN
             format('%s would drop owner table %s of fenced table %s', tg_tag, orphan.owner_table, orphan.relid),
             format('Table %s is fenced against the owner rows of %s.', orphan.relid, orphan.owner_table));
     END IF;
-    -- Triggers and columns: address_names is {schema, table, trigger or column}.
+    -- A partition of an owner table dropped by name (not with its owner
+    -- table) takes owner rows and their tokens.
+    SELECT tb.object_identity INTO victim
+      FROM pg_event_trigger_dropped_objects() tg
+      JOIN pg_event_trigger_dropped_objects() tb
+        ON tb.object_type = 'table' AND tb.original
+       AND tb.address_names[1] = tg.address_names[1] AND tb.address_names[2] = tg.address_names[2]
+     WHERE tg.object_type = 'trigger' AND tg.address_names[3] = 'pg_lease_owner_truncate'
+       AND NOT (tb.objid = ANY (owner_roots))
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FencingTokenRegression',
+            format('%s would drop a partition of an owner table (%s)', tg_tag, victim.object_identity),
+            'Owner rows hold the current fencing tokens; dropping them would let tokens start over.');
+    END IF;
+    -- Triggers, columns, constraints: address_names is {schema, table, name}.
     SELECT d.object_type, d.object_identity, f.relid INTO victim
       FROM pg_event_trigger_dropped_objects() d
       CROSS JOIN LATERAL (SELECT to_regclass(format('%I.%I', d.address_names[1], d.address_names[2])) AS rel) r
-      JOIN lease._fence_problems() f ON f.rel = r.rel
-     WHERE d.object_type IN ('trigger', 'table column')
+      JOIN lease._fence_problems(lease._concerned(ARRAY[r.rel::oid])) f ON f.rel = r.rel
+     WHERE d.object_type IN ('trigger', 'table column', 'table constraint', 'index')
+       AND r.rel IS NOT NULL
        AND NOT (r.rel::oid = ANY (dropped_tables))
        AND ((d.object_type = 'trigger' AND f.kind = 'missing'
              AND f.problem LIKE format('trigger %s on %%', quote_ident(d.address_names[3])))
-         OR (d.object_type = 'table column' AND f.kind = 'column'))
+         OR (d.object_type = 'table column' AND f.kind = 'column')
+         OR (d.object_type IN ('table constraint', 'index') AND f.kind = 'constraint'))
      LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',
             format('dropping %s %s would leave the fence on %s incomplete', victim.object_type, victim.object_identity, victim.relid),
             format('pg_lease fences %s with it.', victim.relid));
     END IF;
+    -- A dropped index no longer names its table: look at every owner table.
+    IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'index') THEN
+        SELECT f.relid, f.problem INTO victim FROM lease._fence_problems() f WHERE f.kind = 'constraint' LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would leave the fence on %s incomplete', tg_tag, victim.relid),
+                format('Table %s: %s.', victim.relid, victim.problem));
+        END IF;
+    END IF;
 END $$;
 
 CREATE EVENT TRIGGER pg_lease_guard_ddl ON ddl_command_end
-    WHEN TAG IN ('ALTER TABLE', 'ALTER TRIGGER', 'CREATE TABLE')
     EXECUTE FUNCTION lease._guard_ddl();
 CREATE EVENT TRIGGER pg_lease_guard_drop ON sql_drop
-    WHEN TAG IN ('DROP TABLE', 'DROP TRIGGER', 'ALTER TABLE', 'DROP SCHEMA', 'DROP OWNED')
     EXECUTE FUNCTION lease._guard_drop();
 
 -- The hand-boundary write: inserts a JSON array of row objects into a
@@ -445,11 +677,8 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'Protect it first with lease.protect() or lease.protect_high_water().';
     END IF;
-    IF token IS NULL THEN
-        PERFORM lease._raise('MissingFencingToken',
-            format('fenced_boundary_write on %s presents no fencing token', target),
-            format('Table %s, presented token none.', target));
-    END IF;
+    -- A NULL token needs no check here: the fence refuses every row it would
+    -- stamp (LF003), and records the refusals.
     IF token < 0 THEN
         RAISE EXCEPTION 'lease.fenced_boundary_write: token must not be negative (got %)', token
             USING ERRCODE = 'invalid_parameter_value';
@@ -483,8 +712,9 @@ BEGIN
         rows := (SELECT jsonb_agg(e || jsonb_build_object(cfg.token_column, token) ORDER BY n)
                    FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n));
     ELSE
-        previous_token := current_setting('pg_lease.token', true);
-        PERFORM set_config('pg_lease.token', token::text, true);
+        -- Only a token bound in this transaction is restored afterwards.
+        previous_token := lease._bound_token()::text;
+        PERFORM set_config('pg_lease.token', coalesce(token::text, ''), true);
     END IF;
 
     -- Rows are inserted in groups with the same keys, so that a column an
@@ -516,3 +746,10 @@ COMMENT ON FUNCTION lease.fenced_boundary_write(regclass, bigint, jsonb) IS
     'Inserts a JSON array of rows into a protected table under one fencing token; all or nothing; returns the row count.';
 
 GRANT USAGE ON SCHEMA lease TO PUBLIC;
+
+-- Fencing is a migration-time privilege: the DBA grants protect/unprotect to
+-- the roles that run migrations (and _register/_unregister still require
+-- them to own the tables). Application roles that own their tables therefore
+-- cannot unprotect them.
+REVOKE EXECUTE ON FUNCTION lease.protect(regclass, text[], name, regclass, text[], name),
+    lease.protect_high_water(regclass, text[], name), lease.unprotect(regclass) FROM PUBLIC;

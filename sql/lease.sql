@@ -24,6 +24,20 @@ COMMENT ON TABLE lease.lease_state IS 'pg_lease leases; use the lease.* function
 REVOKE ALL ON lease.lease_state FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('lease.lease_state', '');
 
+-- The token epoch's base (since 0.3.0). A token's epoch is the highest base
+-- recorded (0 without any) + the WAL timeline. Timelines restart at 1 after dump/restore and pg_upgrade while
+-- stored tokens keep their old epoch; when an acquire meets a stored token
+-- from an epoch above the current one, base rises to that epoch, so the new
+-- token's epoch is above every stored one *and* above anything an old primary
+-- computed from the same data at a lower timeline (see lease.acquire).
+CREATE TABLE lease.token_epoch (
+    base      bigint      PRIMARY KEY CHECK (base > 0),
+    raised_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE lease.token_epoch IS 'Raises of the fencing-token epoch base (epoch = max(base) + timeline); empty until a restore needs one.';
+REVOKE ALL ON lease.token_epoch FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('lease.token_epoch', '');
+
 CREATE VIEW lease.leases AS
 SELECT l.name, l.owner, l.token, l.acquired_at, l.renewed_at, l.expires_at,
        (l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS live,
@@ -58,7 +72,9 @@ DECLARE
     p_ttl_ms ALIAS FOR $3;
     p_owner_table ALIAS FOR $4;
     p_owner_key ALIAS FOR $5;
-    floor bigint := lease._token_floor();   -- also refuses on a standby
+    timeline bigint := lease._token_floor() >> 40;   -- also refuses on a standby
+    epoch bigint;
+    stored bigint;
     ttl integer := lease._check_ttl(p_ttl_ms);
     cur lease.lease_state;
     now_ts timestamptz;
@@ -125,7 +141,22 @@ BEGIN
         END IF;
     END IF;
 
-    new_token := greatest(cur.token, owner_token, floor) + 1;
+    -- Epoch = base + timeline. A stored token from a higher epoch (restored
+    -- from a dump, or carried through pg_upgrade, where timelines restart)
+    -- raises base to that epoch: the new epoch is then above it, and above
+    -- what any earlier, lower timeline computed from the same stored token.
+    stored := greatest(cur.token, owner_token, 0);
+    SELECT coalesce(max(e.base), 0) + timeline INTO epoch FROM lease.token_epoch e;
+    IF (stored >> 40) > epoch THEN
+        INSERT INTO lease.token_epoch (base) VALUES (stored >> 40) ON CONFLICT DO NOTHING;
+        epoch := (stored >> 40) + timeline;
+    END IF;
+    IF stored = 9223372036854775807 OR epoch >= 8388608 THEN   -- 2^63 - 1, 2^23
+        RAISE EXCEPTION 'pg_lease: lease "%" has no fencing token left (current %)', p_name, stored
+            USING ERRCODE = 'numeric_value_out_of_range',
+                  DETAIL = 'Fencing tokens are bigints; this resource''s token is at the top of their range.';
+    END IF;
+    new_token := greatest(stored, epoch << 40) + 1;
     IF p_owner_table IS NOT NULL THEN
         EXECUTE format('UPDATE %s SET %I = $2 WHERE %s', p_owner_table, binding.owner_token_column, key_match)
           USING p_owner_key, new_token;

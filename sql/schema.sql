@@ -11,13 +11,21 @@ CREATE TABLE lease.protected (
     owner_token_column text,
     protected_at       timestamptz NOT NULL DEFAULT now(),
     protected_by       name        NOT NULL DEFAULT current_user,
+    -- The fenced columns' types when protected (since 0.3.0): a retype would
+    -- change what a resource is, so the DDL guard refuses it.
+    key_types          regtype[],
+    token_type         regtype,
+    owner_key_types    regtype[],
+    owner_token_type   regtype,
     CHECK ((mode = 'owner') = (owner_table IS NOT NULL)),
     CHECK (mode <> 'owner' OR cardinality(owner_key_columns) = cardinality(key_columns))
 );
 COMMENT ON TABLE lease.protected IS 'Tables fenced by pg_lease; change only through lease.protect*/lease.unprotect.';
 
 -- High-water marks: the highest token ever accepted per (table, resource).
--- Never deleted by unprotect, so a mark cannot start over.
+-- Never deleted by unprotect, so a mark cannot start over. `resource` holds
+-- each key value in its canonical form (src/fence/identity.rs): equal values
+-- of the key type have one form, whatever the session's settings.
 CREATE TABLE lease.high_water (
     target     regclass    NOT NULL,
     resource   text[]      NOT NULL,
@@ -27,6 +35,8 @@ CREATE TABLE lease.high_water (
 );
 COMMENT ON TABLE lease.high_water IS 'Highest fencing token accepted per resource of tables protected with lease.protect_high_water.';
 
+-- Written only by lease.protect*/unprotect (through lease._register and
+-- lease._unregister, which check the caller's ownership) and the DDL guards.
 REVOKE ALL ON lease.protected, lease.high_water FROM PUBLIC;
 GRANT SELECT ON lease.protected TO PUBLIC;
 

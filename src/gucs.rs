@@ -14,6 +14,11 @@ thread_local! {
 /// Backing storage Postgres writes the raw `pg_lease.token` string into.
 static mut TOKEN_RAW: *mut c_char = std::ptr::null_mut();
 
+thread_local! {
+    /// `pg_lease.token`'s own GUC record, found once after it is defined.
+    static TOKEN_GUC: Cell<*const pg_sys::config_generic> = const { Cell::new(std::ptr::null()) };
+}
+
 /// Record refusals in `lease.rejected_writes` (needs preload).
 pub static AUDIT: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// Records the shared-memory queue holds; a full queue counts refusals as dropped.
@@ -44,9 +49,41 @@ pub static MAX_TTL_MS: GucSetting<i32> = GucSetting::<i32>::new(86_400_000);
 
 /// The writer's fencing token bound to the current transaction with
 /// `lease.bind_token(t)` or `SET LOCAL pg_lease.token = 't'`.
+///
+/// A value counts only in the transaction that set it: Postgres keeps a GUC
+/// stack entry for a setting changed in the current transaction (by SET,
+/// SET LOCAL, set_config or a function's SET clause) and pops it at commit or
+/// abort, and at the abort of the subtransaction that made it. A value that
+/// outlived its transaction (a session-level SET behind a transaction pooler,
+/// `ALTER ROLE ... SET`, PGOPTIONS) has no stack entry and binds nothing.
 #[inline]
 pub fn bound_token() -> Option<i64> {
-    BOUND_TOKEN.with(|t| t.get())
+    let token = BOUND_TOKEN.with(|t| t.get())?;
+    let guc = TOKEN_GUC.with(|g| g.get());
+    // SAFETY: `guc` is null or the config_generic Postgres allocated for
+    // pg_lease.token in this backend, which lives until the backend exits.
+    (!guc.is_null() && unsafe { !(*guc).stack.is_null() }).then_some(token)
+}
+
+/// Finds pg_lease.token's GUC record (call right after defining it).
+fn find_token_guc() -> *const pg_sys::config_generic {
+    // SAFETY: the GUC array and its records belong to guc.c and are only
+    // read here, in this backend's only thread; records are never freed.
+    unsafe {
+        #[cfg(feature = "pg18")]
+        {
+            pg_sys::find_option(c"pg_lease.token".as_ptr(), false, true, pg_sys::ERROR as i32)
+        }
+        #[cfg(not(feature = "pg18"))]
+        {
+            let vars = pg_sys::get_guc_variables();
+            let n = pg_sys::GetNumConfigOptions() as usize;
+            (0..n)
+                .map(|i| *vars.add(i))
+                .find(|&v| !v.is_null() && CStr::from_ptr((*v).name) == c"pg_lease.token")
+                .map_or(std::ptr::null(), |v| v as *const _)
+        }
+    }
 }
 
 /// Parses a token as written in `pg_lease.token`: empty means unbound.
@@ -65,13 +102,24 @@ pub fn parse_token(text: &str) -> Result<Option<i64>, &'static CStr> {
 unsafe extern "C-unwind" fn check_token(
     newval: *mut *mut c_char,
     _extra: *mut *mut c_void,
-    _source: pg_sys::GucSource::Type,
+    source: pg_sys::GucSource::Type,
 ) -> bool {
     if (*newval).is_null() {
         return true;
     }
     let text = CStr::from_ptr(*newval).to_string_lossy();
     match parse_token(&text) {
+        // A token is bound per transaction; a value from the configuration
+        // file, ALTER ROLE/DATABASE SET or the connection (PGOPTIONS) would
+        // claim every transaction of a session: refuse it where it is set.
+        Ok(Some(_)) if source != pg_sys::GucSource::PGC_S_SESSION && source != pg_sys::GucSource::PGC_S_OVERRIDE => {
+            pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(
+                c"pg_lease.token binds a fencing token to one transaction; it cannot be set for a role, a database, a connection or the server.".as_ptr(),
+            );
+            pg_sys::GUC_check_errhint_string =
+                pg_sys::pstrdup(c"Call lease.bind_token(token) in each transaction that writes.".as_ptr());
+            false
+        }
         Ok(_) => true,
         Err(why) => {
             // What GUC_check_errdetail() does; Postgres reports it right after we return.
@@ -101,6 +149,7 @@ pub fn init() {
             Some(assign_token),
             None,
         );
+        TOKEN_GUC.with(|g| g.set(find_token_guc()));
         GucRegistry::define_int_guc(
             c"pg_lease.min_ttl_ms",
             c"Shortest lease TTL accepted by lease.acquire and lease.renew, in milliseconds.",
@@ -225,5 +274,16 @@ mod tests {
         assert_eq!(bound_token(), Some(18));
         Spi::run("SET LOCAL pg_lease.token = ''").unwrap();
         assert_eq!(bound_token(), None);
+    }
+
+    #[pg_test]
+    fn token_guc_record_is_found() {
+        assert!(!find_token_guc().is_null());
+        assert!(TOKEN_GUC.with(|g| g.get()) == find_token_guc());
+    }
+
+    #[pg_test(error = "invalid value for parameter \"pg_lease.token\": \"5\"")]
+    fn token_cannot_be_set_per_role() {
+        Spi::run("ALTER ROLE CURRENT_USER SET pg_lease.token = '5'").unwrap();
     }
 }

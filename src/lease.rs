@@ -12,6 +12,19 @@ use pgrx::prelude::*;
 /// timeline, 2^23 timelines.
 pub const EPOCH_SHIFT: u32 = 40;
 
+/// The highest fencing token a role other than a superuser may write into an
+/// owner row (2^62 - 1). `lease.acquire` (which runs as the extension's
+/// superuser owner) issues tokens up to bigint's maximum, so from any token
+/// set by hand it can still issue 2^62 more: no one can poison a resource.
+pub const MAX_TOKEN: i64 = (1 << 62) - 1;
+
+/// `lease._bound_token()`: the token bound to the current transaction (see
+/// [`gucs::bound_token`]: a value left from an earlier transaction is none).
+#[pg_extern(name = "_bound_token", stable, parallel_safe)]
+pub fn bound_token() -> Option<i64> {
+    gucs::bound_token()
+}
+
 /// `lease._token_floor()`: the smallest token of the current epoch. Every new
 /// token is above it and above every token this database has recorded.
 #[pg_extern(name = "_token_floor", volatile, parallel_unsafe)]

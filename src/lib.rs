@@ -13,7 +13,17 @@ use pgrx::pg_sys;
 ::pgrx::pg_module_magic!();
 
 pgrx::extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
-pgrx::extension_sql_file!("../sql/fence.sql", name = "fence", requires = ["schema"]);
+pgrx::extension_sql_file!(
+    "../sql/fence.sql",
+    name = "fence",
+    requires = [
+        "schema",
+        fence::identity::key_identity_problem,
+        fence::register::register,
+        fence::register::unregister,
+        lease::bound_token
+    ]
+);
 pgrx::extension_sql_file!(
     "../sql/audit.sql",
     name = "audit",

@@ -7,6 +7,7 @@
 //! and drop triggers, which invalidates the relation in every backend).
 
 use crate::errors::{LeaseError, Refusal};
+use crate::fence::identity::Canon;
 use crate::fence::pg::{prepare_saved, qualified_name, quote_ident, rel_owner, relation_names};
 use crate::fence::FastMap;
 use pgrx::prelude::*;
@@ -23,6 +24,8 @@ pub struct KeyColumn {
     pub typid: pg_sys::Oid,
     pub typlen: i16,
     pub typbyval: bool,
+    /// High-water mode: how the value names its resource in lease.high_water.
+    pub canon: Option<Canon>,
 }
 
 pub enum TokenSource {
@@ -36,8 +39,12 @@ pub struct OwnerLookup {
     pub relid: pg_sys::Oid,
     pub rel_owner: pg_sys::Oid,
     pub display: String,
-    /// `SELECT token FROM owner WHERE keys = $n FOR SHARE`, saved with SPI_keepplan.
+    /// `SELECT token, tableoid FROM owner WHERE keys = $n FOR SHARE`, saved
+    /// with SPI_keepplan. Postgres may re-parse its text (by name) when it
+    /// revalidates it, so every answer's tableoid is checked against `tables`.
     pub plan: pg_sys::SPIPlanPtr,
+    /// The owner table and its partitions: where an owner row may come from.
+    pub tables: Vec<pg_sys::Oid>,
 }
 
 pub enum Mode {
@@ -56,6 +63,10 @@ pub struct FenceConfig {
     pub keys: Vec<KeyColumn>,
     pub token: TokenSource,
     pub mode: Mode,
+    /// What a resource key is scoped by in the per-transaction cache: the
+    /// owner table and its key columns (owner mode: shared by every table
+    /// fenced against the same owner key), or the protected table (high-water).
+    pub scope: Vec<u8>,
     /// Shared accepted/refused counters of the protected table (with preload).
     pub stats: Option<&'static crate::audit::shmem::StatSlot>,
 }
@@ -81,12 +92,15 @@ thread_local! {
     static CONFIGS: RefCell<FastMap<pg_sys::Oid, Rc<FenceConfig>>> = RefCell::new(FastMap::default());
     static FLUSH_ALL: Cell<bool> = const { Cell::new(false) };
     static STALE_PLANS: RefCell<Vec<pg_sys::SPIPlanPtr>> = const { RefCell::new(Vec::new()) };
+    /// Relations the guards may run on: owner tables (and their partitions).
+    static OWNER_TABLES: RefCell<FastMap<pg_sys::Oid, bool>> = RefCell::new(FastMap::default());
 }
 
 /// The config for `relid`, building it on first use in this backend.
 pub fn for_relation(relid: pg_sys::Oid) -> Result<Rc<FenceConfig>, Refusal> {
     if FLUSH_ALL.with(|f| f.replace(false)) {
         CONFIGS.with(|c| c.borrow_mut().clear());
+        OWNER_TABLES.with(|o| o.borrow_mut().clear());
     }
     if let Some(cfg) = CONFIGS.with(|c| c.borrow().get(&relid).cloned()) {
         return Ok(cfg);
@@ -95,6 +109,11 @@ pub fn for_relation(relid: pg_sys::Oid) -> Result<Rc<FenceConfig>, Refusal> {
     let cfg = Rc::new(build(relid)?);
     CONFIGS.with(|c| c.borrow_mut().insert(relid, cfg.clone()));
     Ok(cfg)
+}
+
+/// Forgets every config (the next row rebuilds it from the catalogs).
+pub fn forget_all() {
+    FLUSH_ALL.with(|f| f.set(true));
 }
 
 /// Relcache invalidation: forget every config that depends on `relid`.
@@ -106,6 +125,42 @@ pub unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, re
         // a lost invalidation would be a correctness bug: flush everything.
         Err(_) => FLUSH_ALL.with(|f| f.set(true)),
     });
+    OWNER_TABLES.with(|o| match o.try_borrow_mut() {
+        Ok(mut map) => map.clear(),
+        Err(_) => FLUSH_ALL.with(|f| f.set(true)),
+    });
+}
+
+/// Syscache invalidation of schemas (renames, drops): lookups are planned
+/// from schema-qualified names, so every config is rebuilt with the names
+/// that hold now.
+pub unsafe extern "C-unwind" fn on_namespace_invalidation(_arg: pg_sys::Datum, _cacheid: i32, _hash: u32) {
+    FLUSH_ALL.with(|f| f.set(true));
+}
+
+/// Whether `relid` is an owner table of a protected table, or a partition of
+/// one: the owner guards refuse to run anywhere else (they would let any
+/// role write audit records of its choosing).
+pub fn is_owner_table(relid: pg_sys::Oid) -> bool {
+    if FLUSH_ALL.with(|f| f.replace(false)) {
+        CONFIGS.with(|c| c.borrow_mut().clear());
+        OWNER_TABLES.with(|o| o.borrow_mut().clear());
+    }
+    if let Some(known) = OWNER_TABLES.with(|o| o.borrow().get(&relid).copied()) {
+        return known;
+    }
+    let known = Spi::get_one_with_args::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM lease.protected p
+                         WHERE p.owner_table::pg_catalog.oid OPERATOR(pg_catalog.=) $1
+                            OR p.owner_table::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (ARRAY(
+                                   SELECT a.relid::pg_catalog.oid FROM pg_catalog.pg_partition_ancestors($1) a)))",
+        &[relid.into()],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(false);
+    OWNER_TABLES.with(|o| o.borrow_mut().insert(relid, known));
+    known
 }
 
 fn free_stale_plans() {
@@ -170,6 +225,14 @@ fn column(relid: pg_sys::Oid, display: &str, name: &str) -> Result<(i16, pg_sys:
     Ok((attnum, unsafe { pg_sys::get_atttype(relid, attnum) }))
 }
 
+/// The collation of column `attnum` of `relid`.
+pub fn attcollation(relid: pg_sys::Oid, attnum: i16) -> pg_sys::Oid {
+    let (mut typid, mut typmod, mut collation) = (pg_sys::InvalidOid, 0, pg_sys::InvalidOid);
+    // SAFETY: a syscache lookup of an existing column; raises if it is gone.
+    unsafe { pg_sys::get_atttypetypmodcoll(relid, attnum, &mut typid, &mut typmod, &mut collation) };
+    collation
+}
+
 fn is_token_type(typid: pg_sys::Oid) -> bool {
     typid == pg_sys::INT8OID || typid == pg_sys::INT4OID || typid == pg_sys::INT2OID
 }
@@ -184,12 +247,21 @@ fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
         ));
     };
 
+    let high_water = row.mode == "high_water";
     let mut keys = Vec::with_capacity(row.key_columns.len());
     for name in &row.key_columns {
         let (attnum, typid) = column(relid, &display, name)?;
         let (mut typlen, mut typbyval) = (0i16, false);
         unsafe { pg_sys::get_typlenbyval(typid, &mut typlen, &mut typbyval) };
-        keys.push(KeyColumn { attnum, name: name.clone(), typid, typlen, typbyval });
+        let canon = if high_water {
+            let collation = attcollation(relid, attnum);
+            Some(Canon::of(typid, collation).map_err(|why| {
+                misconfigured(&display, format!("key column \"{name}\" of {display} cannot identify a resource: {why}"))
+            })?)
+        } else {
+            None
+        };
+        keys.push(KeyColumn { attnum, name: name.clone(), typid, typlen, typbyval, canon });
     }
 
     let token = match &row.token_column {
@@ -206,17 +278,43 @@ fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
         }
     };
 
-    let mode = match row.mode.as_str() {
-        "high_water" => Mode::HighWater,
-        _ => Mode::Owner(prepare_owner_lookup(&display, &row, &keys)?),
+    let mut scope = Vec::with_capacity(16);
+    let mode = if high_water {
+        scope.push(b'h');
+        scope.extend_from_slice(&row.protected_relid.to_u32().to_ne_bytes());
+        Mode::HighWater
+    } else {
+        let (owner, owner_attnums) = prepare_owner_lookup(&display, &row, &keys)?;
+        scope.push(b'o');
+        scope.extend_from_slice(&owner.relid.to_u32().to_ne_bytes());
+        for attnum in owner_attnums {
+            scope.extend_from_slice(&attnum.to_ne_bytes());
+        }
+        Mode::Owner(owner)
     };
 
     let (protected_schema, protected_table) = relation_names(row.protected_relid);
     let stats = crate::audit::stat_slot(row.protected_relid, &qualified_name(&protected_schema, &protected_table));
-    Ok(FenceConfig { relid, protected_relid: row.protected_relid, schema, table, display, keys, token, mode, stats })
+    Ok(FenceConfig {
+        relid,
+        protected_relid: row.protected_relid,
+        schema,
+        table,
+        display,
+        keys,
+        token,
+        mode,
+        scope,
+        stats,
+    })
 }
 
-fn prepare_owner_lookup(display: &str, row: &ProtectedRow, keys: &[KeyColumn]) -> Result<OwnerLookup, Refusal> {
+/// The owner lookup and the owner key's attribute numbers.
+fn prepare_owner_lookup(
+    display: &str,
+    row: &ProtectedRow,
+    keys: &[KeyColumn],
+) -> Result<(OwnerLookup, Vec<i16>), Refusal> {
     let owner_relid = row.owner_table.ok_or_else(|| misconfigured(display, "no owner table recorded".into()))?;
     let token_column = row.owner_token_column.clone().unwrap_or_default();
     let (owner_schema, owner_table) = relation_names(owner_relid);
@@ -228,9 +326,28 @@ fn prepare_owner_lookup(display: &str, row: &ProtectedRow, keys: &[KeyColumn]) -
             format!("token column \"{token_column}\" of {owner_display} is no longer an integer"),
         ));
     }
+    let mut owner_attnums = Vec::with_capacity(row.owner_key_columns.len());
     for name in &row.owner_key_columns {
-        column(owner_relid, &owner_display, name)?;
+        owner_attnums.push(column(owner_relid, &owner_display, name)?.0);
     }
+    // A plain owner table is read ONLY: rows of inheritance children are not
+    // owner rows (the DDL guard refuses such children anyway).
+    let partitioned = unsafe { pg_sys::get_rel_relkind(owner_relid) } as u8 == pg_sys::RELKIND_PARTITIONED_TABLE;
+    let tables: Vec<pg_sys::Oid> = if partitioned {
+        Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT t.relid::pg_catalog.oid FROM pg_catalog.pg_partition_tree($1) t",
+                    None,
+                    &[unsafe { pgrx::datum::DatumWithOid::new(owner_relid, pg_sys::REGCLASSOID) }],
+                )
+                .expect("reading the owner table's partitions")
+                .filter_map(|r| r.get::<pg_sys::Oid>(1).ok().flatten())
+                .collect()
+        })
+    } else {
+        vec![owner_relid]
+    };
 
     let conditions = row
         .owner_key_columns
@@ -239,11 +356,19 @@ fn prepare_owner_lookup(display: &str, row: &ProtectedRow, keys: &[KeyColumn]) -
         .map(|(i, name)| format!("o.{} OPERATOR(pg_catalog.=) ${}", quote_ident(name), i + 1))
         .collect::<Vec<_>>()
         .join(" AND ");
-    let sql =
-        format!("SELECT o.{} FROM {} o WHERE {} FOR SHARE OF o", quote_ident(&token_column), owner_display, conditions);
+    let sql = format!(
+        "SELECT o.{}, o.tableoid FROM {}{} o WHERE {} FOR SHARE OF o",
+        quote_ident(&token_column),
+        if partitioned { "" } else { "ONLY " },
+        owner_display,
+        conditions
+    );
     let csql = CString::new(sql).expect("no NUL in generated SQL");
     let mut argtypes: Vec<pg_sys::Oid> = keys.iter().map(|k| k.typid).collect();
     let plan =
         Spi::connect(|_| unsafe { prepare_saved(&csql, &mut argtypes, &format!("the owner lookup for {display}")) });
-    Ok(OwnerLookup { relid: owner_relid, rel_owner: rel_owner(owner_relid), display: owner_display, plan })
+    Ok((
+        OwnerLookup { relid: owner_relid, rel_owner: rel_owner(owner_relid), display: owner_display, plan, tables },
+        owner_attnums,
+    ))
 }

@@ -5,7 +5,7 @@ use crate::audit::AuditFacts;
 use crate::errors::{LeaseError, Refusal};
 use crate::fence::pg::{datum_text, qualified_name, relation_names, token_from_datum};
 use crate::fence::trigger::{show, trigger_args, trigger_data, Row};
-use crate::fence::verified;
+use crate::fence::{config, identity, verified};
 use pgrx::pg_sys;
 use std::ffi::CString;
 
@@ -18,59 +18,132 @@ unsafe fn attnum_of(relid: pg_sys::Oid, name: &str) -> (i16, pg_sys::Oid) {
     (attnum, pg_sys::get_atttype(relid, attnum))
 }
 
-/// `lease.owner_guard(token_column, key_column...)`: BEFORE UPDATE FOR EACH ROW
-/// on an owner table.
+/// The highest token an owner row may carry: `lease.acquire` must always be
+/// able to issue a higher one (see lease.rs).
+pub use crate::lease::MAX_TOKEN;
+
+/// `lease.owner_guard(token_column, key_column...)`: BEFORE INSERT OR UPDATE
+/// OR DELETE FOR EACH ROW on an owner table. An owner row's token only rises
+/// and never passes [`MAX_TOKEN`]; a row that carries a token keeps its key
+/// (by the key type's equality) and is never deleted, since either would let
+/// the resource's token start over (LF004).
 pub unsafe fn owner_guard(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Refusal> {
     let td = trigger_data(fcinfo, "lease.owner_guard");
-    if td.tg_event & pg_sys::TRIGGER_EVENT_OPMASK != pg_sys::TRIGGER_EVENT_UPDATE
-        || td.tg_event & pg_sys::TRIGGER_EVENT_ROW == 0
+    let op = td.tg_event & pg_sys::TRIGGER_EVENT_OPMASK;
+    if td.tg_event & pg_sys::TRIGGER_EVENT_ROW == 0
+        || td.tg_event & pg_sys::TRIGGER_EVENT_TIMINGMASK != pg_sys::TRIGGER_EVENT_BEFORE
     {
-        pgrx::error!("lease.owner_guard() must be a BEFORE UPDATE ... FOR EACH ROW trigger");
+        pgrx::error!("lease.owner_guard() must be a BEFORE ... FOR EACH ROW trigger");
+    }
+    let rel = &*td.tg_relation;
+    if !config::is_owner_table(rel.rd_id) {
+        not_protected("lease.owner_guard", rel.rd_id);
     }
     let args = trigger_args(td);
     let Some((token_column, key_columns)) = args.split_first() else {
         pgrx::error!("lease.owner_guard() needs the token column as its first argument");
     };
-    let rel = &*td.tg_relation;
     let (attnum, typid) = attnum_of(rel.rd_id, token_column);
     let old = Row::new(td.tg_trigtuple, rel.rd_att);
-    let new = Row::new(td.tg_newtuple, rel.rd_att);
-    let before = old.attr(attnum).map(|d| token_from_datum(d, typid));
-    let after = new.attr(attnum).map(|d| token_from_datum(d, typid));
+    let token_of = |row: Row| row.attr(attnum).map(|d| token_from_datum(d, typid));
 
-    if let Some(b) = before {
-        if after.is_none_or(|a| a < b) {
-            let (schema, table) = relation_names(rel.rd_id);
-            let display = qualified_name(&schema, &table);
-            let key = describe_owner_key(rel.rd_id, old, key_columns);
-            let facts = AuditFacts {
-                stats: None,
-                relid: rel.rd_id,
-                table: display.clone(),
-                operation: "UPDATE",
-                resource: key.clone(),
-                presented: after,
-                current: Some(b),
-                row_json: crate::audit::row_json(td.tg_newtuple, rel.rd_att),
-            };
-            return Err(Refusal::new(
-                LeaseError::FencingTokenRegression,
-                format!("owner row {key} of {display} would lower its fencing token from {b} to {}", show(after)),
-                format!(
-                    "Table {display}, owner row {key}, column \"{token_column}\": current token {b}, new token {}.",
-                    show(after)
-                ),
-            )
-            .on_table(&schema, &table)
-            .audited(facts));
+    let (before, after, new) = match op {
+        pg_sys::TRIGGER_EVENT_INSERT => (None, token_of(old), Some(old)),
+        pg_sys::TRIGGER_EVENT_UPDATE => {
+            let new = Row::new(td.tg_newtuple, rel.rd_att);
+            (token_of(old), token_of(new), Some(new))
         }
+        _ => (token_of(old), None, None),
+    };
+    let result = match op {
+        pg_sys::TRIGGER_EVENT_UPDATE => pg_sys::Datum::from(td.tg_newtuple),
+        _ => pg_sys::Datum::from(td.tg_trigtuple),
+    };
+
+    // SAFETY: reads the current user's superuser flag.
+    if let Some(a) = after.filter(|&a| a > MAX_TOKEN && !pg_sys::superuser()) {
+        pgrx::ereport!(
+            ERROR,
+            pgrx::PgSqlErrorCode::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+            format!("pg_lease: fencing token {a} is out of range for owner table {}", display_of(rel.rd_id)),
+            format!(
+                "Owner tokens set by hand stop at {MAX_TOKEN}, so that lease.acquire can always issue a higher one."
+            )
+        );
+    }
+    let Some(b) = before else {
+        return Ok(result);
+    };
+    let regression = match (op, new) {
+        (pg_sys::TRIGGER_EVENT_DELETE, _) => Some(format!("would be deleted with its fencing token {b}")),
+        (_, Some(_)) if after.is_none_or(|a| a < b) => {
+            Some(format!("would lower its fencing token from {b} to {}", show(after)))
+        }
+        (_, Some(new)) if !same_key(rel.rd_id, old, new, key_columns) => {
+            Some(format!("would move its fencing token {b} to key {}", describe_owner_key(rel.rd_id, new, key_columns)))
+        }
+        _ => None,
+    };
+    if let Some(what) = regression {
+        let display = display_of(rel.rd_id);
+        let (schema, table) = relation_names(rel.rd_id);
+        let key = describe_owner_key(rel.rd_id, old, key_columns);
+        let operation = if op == pg_sys::TRIGGER_EVENT_DELETE { "DELETE" } else { "UPDATE" };
+        let facts = AuditFacts {
+            stats: None,
+            relid: rel.rd_id,
+            table: display.clone(),
+            operation,
+            resource: key.clone(),
+            presented: after,
+            current: Some(b),
+            row_json: crate::audit::row_json(new.map_or(td.tg_trigtuple, |_| td.tg_newtuple), rel.rd_att),
+        };
+        return Err(Refusal::new(
+            LeaseError::FencingTokenRegression,
+            format!("owner row {key} of {display} {what}"),
+            format!(
+                "Table {display}, owner row {key}, column \"{token_column}\": current token {b}, new token {}.",
+                show(after)
+            ),
+        )
+        .on_table(&schema, &table)
+        .audited(facts));
     }
     if before != after {
         // This transaction now owns a new token: whatever it verified before
         // must be verified again against it.
         verified::forget_all();
     }
-    Ok(pg_sys::Datum::from(td.tg_newtuple))
+    Ok(result)
+}
+
+fn display_of(relid: pg_sys::Oid) -> String {
+    let (schema, table) = relation_names(relid);
+    qualified_name(&schema, &table)
+}
+
+/// A guard fired on a relation pg_lease does not guard: refuse plainly (and
+/// record nothing), so no role can forge audit records through it.
+fn not_protected(function: &str, relid: pg_sys::Oid) -> ! {
+    pgrx::ereport!(
+        ERROR,
+        pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("pg_lease: {function}() fired on {}, which pg_lease does not guard", display_of(relid)),
+        "pg_lease's trigger functions only run on the tables lease.protect() set them up on."
+    );
+}
+
+/// Whether `old` and `new` have the same owner key, by each key type's equality.
+unsafe fn same_key(relid: pg_sys::Oid, old: Row, new: Row, key_columns: &[String]) -> bool {
+    key_columns.iter().all(|name| {
+        let (attnum, typid) = attnum_of(relid, name);
+        match (old.attr(attnum), new.attr(attnum)) {
+            (None, None) => true,
+            (Some(a), Some(b)) => identity::equal(a, b, typid, config::attcollation(relid, attnum)),
+            _ => false,
+        }
+    })
 }
 
 unsafe fn describe_owner_key(relid: pg_sys::Oid, row: Row, key_columns: &[String]) -> String {
@@ -88,9 +161,14 @@ unsafe fn describe_owner_key(relid: pg_sys::Oid, row: Row, key_columns: &[String
 pub unsafe fn truncate_guard(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Refusal> {
     let td = trigger_data(fcinfo, "lease.truncate_guard");
     let rel = &*td.tg_relation;
+    let owner = trigger_args(td).first().map(String::as_str) == Some("owner");
+    let guarded = if owner { config::is_owner_table(rel.rd_id) } else { config::for_relation(rel.rd_id).is_ok() };
+    if !guarded {
+        not_protected("lease.truncate_guard", rel.rd_id);
+    }
     let (schema, table) = relation_names(rel.rd_id);
     let display = qualified_name(&schema, &table);
-    let refusal = if trigger_args(td).first().map(String::as_str) == Some("owner") {
+    let refusal = if owner {
         Refusal::new(
             LeaseError::FencingTokenRegression,
             format!("TRUNCATE of owner table {display} would erase its fencing tokens"),

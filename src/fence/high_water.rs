@@ -8,10 +8,10 @@
 
 use crate::errors::{LeaseError, Refusal};
 use crate::fence::config::FenceConfig;
-use crate::fence::pg::{datum_text, prepare_saved, rel_owner};
+use crate::fence::pg::{prepare_saved, rel_owner};
 use crate::fence::trigger::{refusal, run_plan_for_token, Op, Row};
 use crate::fence::verified;
-use pgrx::{pg_sys, IntoDatum};
+use pgrx::pg_sys;
 use std::cell::Cell;
 
 #[derive(Clone, Copy)]
@@ -61,11 +61,35 @@ fn high_water_relid() -> pg_sys::Oid {
         .expect("lease.high_water exists")
 }
 
-/// The key values as text[], the resource's name in `lease.high_water`.
+/// The key values' canonical forms as text[], the resource's name in
+/// `lease.high_water` (see identity.rs).
 fn resource_datum(cfg: &FenceConfig, row: Row) -> pg_sys::Datum {
-    let values: Vec<String> =
-        cfg.keys.iter().map(|k| datum_text(row.attr(k.attnum).expect("key checked non-NULL"), k.typid)).collect();
-    values.into_datum().expect("text[] datum")
+    let mut buf = Vec::with_capacity(32);
+    let elems: Vec<pg_sys::Datum> = cfg
+        .keys
+        .iter()
+        .map(|k| {
+            buf.clear();
+            let canon = k.canon.expect("high-water keys have a canonical form");
+            // SAFETY: the key is non-NULL (checked by the caller) and of k.typid.
+            unsafe {
+                canon.append(&mut buf, row.attr(k.attnum).expect("key checked non-NULL"), k.typid);
+                pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(buf.as_ptr().cast(), buf.len() as i32))
+            }
+        })
+        .collect();
+    // SAFETY: text elements, by reference, int-aligned, as construct_array expects.
+    unsafe {
+        let array = pg_sys::construct_array(
+            elems.as_ptr() as *mut pg_sys::Datum,
+            elems.len() as i32,
+            pg_sys::TEXTOID,
+            -1,
+            false,
+            pg_sys::TYPALIGN_INT as std::ffi::c_char,
+        );
+        pg_sys::Datum::from(array)
+    }
 }
 
 /// The resource's mark, share-locked; None if it has none yet.

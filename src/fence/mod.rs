@@ -4,7 +4,9 @@
 mod config;
 mod guards;
 mod high_water;
+pub(crate) mod identity;
 pub(crate) mod pg;
+pub(crate) mod register;
 mod trigger;
 mod verified;
 
@@ -48,6 +50,11 @@ c_function!(pg_lease_truncate_guard, pg_finfo_pg_lease_truncate_guard, guards::t
 pub fn init() {
     unsafe {
         pg_sys::CacheRegisterRelcacheCallback(Some(config::on_relcache_invalidation), pg_sys::Datum::from(0));
+        pg_sys::CacheRegisterSyscacheCallback(
+            pg_sys::SysCacheIdentifier::NAMESPACEOID as i32,
+            Some(config::on_namespace_invalidation),
+            pg_sys::Datum::from(0),
+        );
         pg_sys::RegisterXactCallback(Some(verified::on_xact_event), std::ptr::null_mut());
         pg_sys::RegisterSubXactCallback(Some(verified::on_subxact_event), std::ptr::null_mut());
     }

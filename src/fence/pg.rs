@@ -91,3 +91,15 @@ pub fn as_role<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
         r
     }
 }
+
+/// A type's name as Postgres prints it (`numeric`, `character varying`).
+pub fn type_name(typid: pg_sys::Oid) -> String {
+    // SAFETY: format_type_be returns a palloc'd C string or raises.
+    unsafe { owned(pg_sys::format_type_be(typid)) }
+}
+
+/// `schema.table` of `relid`, quoted as needed.
+pub fn display(relid: pg_sys::Oid) -> String {
+    let (schema, table) = relation_names(relid);
+    qualified_name(&schema, &table)
+}

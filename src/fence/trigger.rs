@@ -117,23 +117,27 @@ fn presented_token(cfg: &FenceConfig, row: Row) -> Option<i64> {
     }
 }
 
-/// Appends one key datum's identity: type, length, bytes.
+/// Appends one key datum's identity: type, length, bytes (owner mode: equal
+/// bytes are equal values; the owner lookup judges the rest), or its
+/// canonical form (high-water mode, where the cache must agree with the
+/// marks' own identity).
 #[inline]
 unsafe fn encode_datum(buf: &mut Vec<u8>, key: &KeyColumn, datum: pg_sys::Datum) {
     buf.extend_from_slice(&key.typid.to_u32().to_ne_bytes());
+    if let Some(canon) = key.canon {
+        let start = buf.len();
+        buf.extend_from_slice(&[0; 4]);
+        canon.append(buf, datum, key.typid);
+        let len = (buf.len() - start - 4) as u32;
+        buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+        return;
+    }
     if key.typbyval {
         buf.extend_from_slice(&datum.value().to_ne_bytes());
         return;
     }
     let bytes: &[u8] = match key.typlen {
-        -1 => {
-            use pgrx::varlena::{varatt_is_1b_e, varatt_is_4b_c, vardata_any, varsize_any_exhdr};
-            let mut v = datum.cast_mut_ptr::<pg_sys::varlena>();
-            if varatt_is_1b_e(v) || varatt_is_4b_c(v) {
-                v = pg_sys::pg_detoast_datum_packed(v);
-            }
-            std::slice::from_raw_parts(vardata_any(v) as *const u8, varsize_any_exhdr(v))
-        }
+        -1 => crate::fence::identity::varlena_bytes(datum),
         -2 => std::ffi::CStr::from_ptr(datum.cast_mut_ptr()).to_bytes(),
         n => std::slice::from_raw_parts(datum.cast_mut_ptr::<u8>(), n as usize),
     };
@@ -146,13 +150,7 @@ unsafe fn encode_datum(buf: &mut Vec<u8>, key: &KeyColumn, datum: pg_sys::Datum)
 #[inline]
 fn encode_key(buf: &mut Vec<u8>, cfg: &FenceConfig, row: Row) -> bool {
     buf.clear();
-    let (tag, scope) = match &cfg.mode {
-        // Owner rows are shared by every table fenced against them.
-        Mode::Owner(owner) => (b'o', owner.relid),
-        Mode::HighWater => (b'h', cfg.protected_relid),
-    };
-    buf.push(tag);
-    buf.extend_from_slice(&scope.to_u32().to_ne_bytes());
+    buf.extend_from_slice(&cfg.scope);
     for key in &cfg.keys {
         match row.attr(key.attnum) {
             Some(d) => unsafe { encode_datum(buf, key, d) },
@@ -321,7 +319,21 @@ fn verdict(cfg: &FenceConfig, row: Row, token: Option<i64>, op: Op) -> Result<()
 fn lock_owner_row(cfg: &FenceConfig, owner: &OwnerLookup, row: Row) -> Option<Option<i64>> {
     let mut args: Vec<pg_sys::Datum> =
         cfg.keys.iter().map(|k| row.attr(k.attnum).expect("key checked non-NULL")).collect();
-    unsafe { run_plan_for_token(owner.plan, &mut args, owner.rel_owner) }
+    let (found, tableoid) = unsafe { run_plan(owner.plan, &mut args, owner.rel_owner) };
+    // The saved plan names the owner table by its schema-qualified name, and
+    // Postgres re-parses that text when it revalidates the plan: after a
+    // schema or table rename it could find a look-alike table. Only rows of
+    // the owner table itself count.
+    if found.is_some() && !owner.tables.contains(&tableoid) {
+        config::forget_all();
+        pgrx::ereport!(
+            ERROR,
+            pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+            format!("pg_lease: the owner table of {} changed while this session was using it", cfg.display),
+            format!("The owner lookup found a row of relation {} instead of {}.", tableoid.to_u32(), owner.display)
+        );
+    }
+    found
 }
 
 /// Executes a saved one-row plan whose first column is an integer token.
@@ -330,6 +342,16 @@ pub unsafe fn run_plan_for_token(
     args: &mut [pg_sys::Datum],
     role: pg_sys::Oid,
 ) -> Option<Option<i64>> {
+    run_plan(plan, args, role).0
+}
+
+/// Executes a saved one-row plan whose first column is an integer token and
+/// whose second column, if any, is an oid (else InvalidOid is returned).
+unsafe fn run_plan(
+    plan: pg_sys::SPIPlanPtr,
+    args: &mut [pg_sys::Datum],
+    role: pg_sys::Oid,
+) -> (Option<Option<i64>>, pg_sys::Oid) {
     pg_sys::SPI_connect();
     // read_only = false: a fresh snapshot, so READ COMMITTED sees the latest
     // committed token, and the lock waits for (then follows) concurrent bumps.
@@ -338,13 +360,21 @@ pub unsafe fn run_plan_for_token(
         pgrx::error!("pg_lease: fence lookup failed (SPI code {rc})");
     }
     let result = if pg_sys::SPI_processed == 0 {
-        None
+        (None, pg_sys::InvalidOid)
     } else {
         let table = &*pg_sys::SPI_tuptable;
         let mut isnull = false;
         let datum = pg_sys::SPI_getbinval(*table.vals, table.tupdesc, 1, &mut isnull);
         let typid = pg_sys::SPI_gettypeid(table.tupdesc, 1);
-        Some((!isnull).then(|| token_from_datum(datum, typid)))
+        let token = (!isnull).then(|| token_from_datum(datum, typid));
+        let mut oid = pg_sys::InvalidOid;
+        if (*table.tupdesc).natts >= 2 {
+            let d = pg_sys::SPI_getbinval(*table.vals, table.tupdesc, 2, &mut isnull);
+            if !isnull {
+                oid = pg_sys::Oid::from(d.value() as u32);
+            }
+        }
+        (Some(token), oid)
     };
     pg_sys::SPI_finish();
     result

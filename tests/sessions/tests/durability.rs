@@ -152,3 +152,80 @@ fn tokens_rise_after_promoting_a_standby_that_missed_the_last_wal() {
     assert!(next > lost, "after failover: {next} <= lost {lost}");
     assert!(next >> 40 > lost >> 40, "a new timeline epoch");
 }
+
+/// Dump/restore (and pg_upgrade) restart the timeline at 1 while stored tokens
+/// keep their old, higher epoch. An acquire lost in an async failover after
+/// such a restore must never be issued again by the promoted standby.
+#[test]
+fn a_token_lost_in_failover_after_a_restore_is_never_issued_twice() {
+    // The "old" cluster: its tokens are in epoch 3 (as if it had been
+    // promoted twice), written as the superuser restoring them would.
+    let old = Cluster::start("dur_epoch_old", 54441);
+    let mut o = old.connect();
+    setup(&mut o);
+    take(&mut o);
+    let stored = (3i64 << 40) | 5;
+    o.batch_execute(&format!(
+        "UPDATE lease.lease_state SET token = {stored}; UPDATE tables SET owner_fencing_token = {stored} WHERE id = 1"
+    ))
+    .unwrap();
+    let dump = std::env::temp_dir().join(format!("pg_lease_epoch_{}.sql", std::process::id()));
+    let status = Command::new("pg_dump")
+        .args(["-h", "127.0.0.1", "-p", "54441", "-U", "postgres", "-f"])
+        .arg(&dump)
+        .arg("postgres")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    drop(o);
+    old.stop();
+
+    // Restored into a new cluster (timeline 1), with an async standby.
+    let primary = Cluster::start("dur_epoch_primary", 54442);
+    let status = Command::new("psql")
+        .args([
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            "54442",
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-f",
+        ])
+        .arg(&dump)
+        .status()
+        .unwrap();
+    let _ = std::fs::remove_file(&dump);
+    assert!(status.success(), "restoring the dump");
+    let mut p = primary.connect();
+    assert_eq!(current(&mut p), stored);
+    let standby = Cluster::standby_of(&primary, "dur_epoch_standby", 54443);
+    let mut s = standby.connect();
+    wait_for_replay(&mut p, &mut s);
+    drop(s);
+    standby.stop();
+
+    // The primary issues a token the standby never receives, then dies.
+    let lost = take(&mut p);
+    assert!(lost > stored && lost >> 40 > stored >> 40, "a new epoch above the restored one: {lost:#x}");
+    drop(p);
+    primary.crash();
+    standby.restart();
+    standby.promote();
+    let mut n = standby.connect();
+    assert_eq!(current(&mut n), stored, "the new primary never saw the lost token");
+    let next = take(&mut n);
+    assert_ne!(next, lost, "the lost token was issued twice");
+    assert!(next > lost, "after failover: {next:#x} <= lost {lost:#x}");
+    expect_error(&mut n, &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {lost})"), "LF001");
+    n.batch_execute(&format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {next})")).unwrap();
+    // Later acquires stay in the new epoch.
+    let again = take(&mut n);
+    assert_eq!(again, next + 1);
+}

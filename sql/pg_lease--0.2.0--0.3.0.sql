@@ -1,0 +1,947 @@
+-- pg_lease 0.2.0 -> 0.3.0: resource identity by the key type's equality,
+-- owner rows that keep their key and token, a DDL guard on every command,
+-- least-privilege protect/unprotect, transaction-scoped tokens, and a token
+-- epoch that survives restores.
+\echo Use "ALTER EXTENSION pg_lease UPDATE TO '0.3.0'" to load this file. \quit
+
+-- The guards are recreated below; while this script reshapes what they
+-- judge, they stay out of its way.
+DROP EVENT TRIGGER pg_lease_guard_ddl;
+DROP EVENT TRIGGER pg_lease_guard_drop;
+
+-- New Rust entry points.
+
+-- pg_lease::lease::_bound_token
+CREATE  FUNCTION "_bound_token"() RETURNS bigint /* Option < i64 > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'bound_token_wrapper';
+
+-- pg_lease::fence::identity::_key_identity_problem
+CREATE  FUNCTION "_key_identity_problem"(
+	"typ" oid, /* pg_sys :: Oid */
+	"collation" oid DEFAULT 0 /* pg_sys :: Oid */
+) RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'key_identity_problem_wrapper';
+
+-- pg_lease::fence::register::_register
+CREATE  FUNCTION "_register"(
+	"target" oid, /* pg_sys :: Oid */
+	"mode" TEXT, /* & str */
+	"key_columns" TEXT[], /* Vec < String > */
+	"token_column" TEXT, /* Option < & str > */
+	"owner_table" oid, /* Option < pg_sys :: Oid > */
+	"owner_key_columns" TEXT[], /* :: std :: option :: Option < Vec < String > > */
+	"owner_token_column" TEXT /* Option < & str > */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'register_wrapper';
+
+-- pg_lease::fence::register::_unregister
+CREATE  FUNCTION "_unregister"(
+	"target" oid /* pg_sys :: Oid */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'unregister_wrapper';
+
+-- The fenced columns' types, for the retype guard.
+ALTER TABLE lease.protected
+    ADD COLUMN key_types regtype[],
+    ADD COLUMN token_type regtype,
+    ADD COLUMN owner_key_types regtype[],
+    ADD COLUMN owner_token_type regtype;
+UPDATE lease.protected p
+   SET key_types = ARRAY(SELECT lease._column_type(p.relid, k) FROM unnest(p.key_columns) WITH ORDINALITY u(k, n) ORDER BY n),
+       token_type = lease._column_type(p.relid, p.token_column),
+       owner_key_types = CASE WHEN p.owner_table IS NOT NULL THEN
+           ARRAY(SELECT lease._column_type(p.owner_table, k) FROM unnest(p.owner_key_columns) WITH ORDINALITY u(k, n) ORDER BY n) END,
+       owner_token_type = lease._column_type(p.owner_table, p.owner_token_column);
+COMMENT ON TABLE lease.protected IS 'Tables fenced by pg_lease; change only through lease.protect*/lease.unprotect.';
+
+REVOKE EXECUTE ON FUNCTION lease._raise(text, text, text) FROM PUBLIC;
+
+-- The token bound to the current transaction, or NULL (since 0.2.0).
+CREATE OR REPLACE FUNCTION lease.bound_token() RETURNS bigint
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+    RETURN lease._bound_token();
+
+-- Checks a table and its columns before protect*(), with standard SQLSTATEs.
+CREATE OR REPLACE FUNCTION lease._check_columns(rel regclass, role text, columns text[], token_column text)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    kind "char";
+    col text;
+BEGIN
+    IF rel IS NULL THEN
+        RAISE EXCEPTION 'pg_lease: the % must not be NULL', role USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT c.relkind INTO kind FROM pg_class c WHERE c.oid = rel;
+    IF kind IS NULL OR kind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION 'pg_lease: % % is not a table', role, rel
+            USING ERRCODE = 'wrong_object_type',
+                  DETAIL = 'Only ordinary and partitioned tables can be fenced (not views, foreign tables or other relations).';
+    END IF;
+    IF columns IS NULL OR cardinality(columns) = 0 OR array_position(columns, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'pg_lease: the key columns of % must be a non-empty list of column names', rel
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (SELECT count(DISTINCT c) FROM unnest(columns) c) <> cardinality(columns) THEN
+        RAISE EXCEPTION 'pg_lease: key columns of % are listed twice: %', rel, columns
+            USING ERRCODE = 'duplicate_column';
+    END IF;
+    FOREACH col IN ARRAY columns || CASE WHEN token_column IS NULL THEN '{}'::text[] ELSE ARRAY[token_column] END LOOP
+        IF lease._column_type(rel, col) IS NULL THEN
+            RAISE EXCEPTION 'pg_lease: % column "%" of % does not exist',
+                    CASE WHEN col = token_column THEN 'token' ELSE 'key' END, col, rel
+                USING ERRCODE = 'undefined_column';
+        END IF;
+        -- BEFORE triggers see a generated column's old value: it cannot be fenced.
+        IF EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = rel AND a.attname = col AND a.attgenerated <> '') THEN
+            RAISE EXCEPTION 'pg_lease: column "%" of % is a generated column', col, rel
+                USING ERRCODE = 'invalid_column_definition',
+                      DETAIL = 'Generated columns are computed after BEFORE triggers, so the fence would judge the old value.';
+        END IF;
+    END LOOP;
+    IF token_column IS NOT NULL THEN
+        -- Lease tokens are >= 2^40: only bigint holds them.
+        IF lease._column_type(rel, token_column) <> 'bigint'::regtype THEN
+            RAISE EXCEPTION 'pg_lease: token column "%" of % has type %, not bigint',
+                    token_column, rel, lease._column_type(rel, token_column)
+                USING ERRCODE = 'datatype_mismatch';
+        END IF;
+        IF token_column = ANY (columns) THEN
+            RAISE EXCEPTION 'pg_lease: token column "%" of % cannot also be a key column', token_column, rel
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION lease.protect(
+    target regclass,
+    key_columns text[],
+    token_column name DEFAULT NULL,
+    owner_table regclass DEFAULT NULL,
+    owner_key_columns text[] DEFAULT '{id}',
+    owner_token_column name DEFAULT 'owner_fencing_token'
+) RETURNS void
+-- No SET search_path: a NULL owner_table means "tables" as the caller's
+-- search_path resolves it. Every other name below is schema-qualified.
+LANGUAGE plpgsql AS $$
+DECLARE
+    owner regclass := owner_table;
+    i int;
+    guard_args text;
+    existing_guard text;
+BEGIN
+    PERFORM lease._check_columns(target, 'target table', key_columns, token_column);
+    PERFORM lease._check_not_protected(target);
+    IF owner IS NULL THEN
+        owner := pg_catalog.to_regclass('tables');
+        IF owner IS NULL THEN
+            RAISE EXCEPTION 'pg_lease: owner table "tables" does not exist'
+                USING ERRCODE = 'undefined_table',
+                      HINT = 'Pass owner_table => ''your_schema.your_owner_table''.';
+        END IF;
+    END IF;
+    IF owner OPERATOR(pg_catalog.=) target THEN
+        RAISE EXCEPTION 'pg_lease: % cannot be its own owner table', target USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF owner_token_column IS NULL THEN
+        RAISE EXCEPTION 'pg_lease: owner_token_column must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM lease._check_columns(owner, 'owner table', owner_key_columns, owner_token_column);
+    IF pg_catalog.cardinality(owner_key_columns) OPERATOR(pg_catalog.<>) pg_catalog.cardinality(key_columns) THEN
+        RAISE EXCEPTION 'pg_lease: % key columns % do not pair with owner key columns %', target, key_columns, owner_key_columns
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_index x
+         WHERE x.indrelid OPERATOR(pg_catalog.=) owner AND x.indisunique AND x.indpred IS NULL AND x.indexprs IS NULL
+           AND (SELECT pg_catalog.array_agg(k ORDER BY k) FROM pg_catalog.unnest((x.indkey::pg_catalog.int2[])[0:x.indnkeyatts - 1]) k)
+               OPERATOR(pg_catalog.=)
+               (SELECT pg_catalog.array_agg(a.attnum ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
+                 WHERE a.attrelid OPERATOR(pg_catalog.=) owner AND a.attname OPERATOR(pg_catalog.=) ANY (owner_key_columns)))
+    THEN
+        RAISE EXCEPTION 'pg_lease: there is no unique constraint matching key columns % of owner table %', owner_key_columns, owner
+            USING ERRCODE = 'invalid_foreign_key',
+                  DETAIL = 'Each fenced row must match exactly one owner row.';
+    END IF;
+    -- Each key pair must be comparable (raises undefined_function otherwise).
+    EXECUTE pg_catalog.format('SELECT 1 FROM %s o WHERE %s LIMIT 0', owner,
+        (SELECT pg_catalog.string_agg(pg_catalog.format('o.%I OPERATOR(pg_catalog.=) NULL::%s', owner_key_columns[n],
+                                         lease._column_type(target, key_columns[n])), ' AND ')
+           FROM pg_catalog.generate_series(1, pg_catalog.cardinality(key_columns)) n));
+
+    -- One owner guard per owner table, shared by every table fenced against it.
+    SELECT pg_catalog.encode(t.tgargs, 'escape') INTO existing_guard FROM pg_catalog.pg_trigger t
+     WHERE t.tgrelid OPERATOR(pg_catalog.=) owner AND t.tgname OPERATOR(pg_catalog.=) 'pg_lease_owner_guard' AND NOT t.tgisinternal;
+    IF existing_guard IS NULL THEN
+        guard_args := pg_catalog.quote_literal(owner_token_column);
+        FOR i IN 1 .. pg_catalog.cardinality(owner_key_columns) LOOP
+            guard_args := guard_args OPERATOR(pg_catalog.||) ', ' OPERATOR(pg_catalog.||) pg_catalog.quote_literal(owner_key_columns[i]);
+        END LOOP;
+        PERFORM lease._install_owner_guards(owner, guard_args);
+    ELSIF pg_catalog.split_part(existing_guard, E'\\000', 1) OPERATOR(pg_catalog.<>) owner_token_column THEN
+        RAISE EXCEPTION 'pg_lease: owner table % already guards token column "%"', owner, pg_catalog.split_part(existing_guard, E'\\000', 1)
+            USING ERRCODE = 'feature_not_supported',
+                  DETAIL = 'All tables fenced against one owner table must use the same owner token column.';
+    END IF;
+
+    PERFORM lease._install_target_triggers(target);
+    PERFORM lease._register(target, 'owner', key_columns, token_column, owner, owner_key_columns, owner_token_column);
+END $$;
+
+CREATE OR REPLACE FUNCTION lease.protect_high_water(target regclass, key_columns text[], token_column name DEFAULT NULL)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    col text;
+    why text;
+BEGIN
+    PERFORM lease._check_columns(target, 'target table', key_columns, token_column);
+    -- Marks are stored by each key value's canonical form: only key types
+    -- whose equality that form captures exactly can be used.
+    FOREACH col IN ARRAY key_columns LOOP
+        SELECT lease._key_identity_problem(a.atttypid, a.attcollation) INTO why
+          FROM pg_attribute a WHERE a.attrelid = target AND a.attname = col;
+        IF why IS NOT NULL THEN
+            RAISE EXCEPTION 'pg_lease: key column "%" of % cannot identify a high-water resource: %', col, target, why
+                USING ERRCODE = 'feature_not_supported';
+        END IF;
+    END LOOP;
+    PERFORM lease._check_not_protected(target);
+    PERFORM lease._install_target_triggers(target);
+    PERFORM lease._register(target, 'high_water', key_columns, token_column, NULL, NULL, NULL);
+END $$;
+
+CREATE OR REPLACE FUNCTION lease.unprotect(target regclass) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    p lease.protected;
+    part regclass;
+BEGIN
+    IF target IS NULL THEN
+        RAISE EXCEPTION 'lease.unprotect: target must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    -- Forget the config first: the DDL guard then no longer expects the triggers.
+    SELECT * INTO p FROM lease.protected x WHERE x.relid = target;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pg_lease: % is not protected', target USING ERRCODE = 'undefined_object';
+    END IF;
+    PERFORM lease._unregister(target);
+    EXECUTE format('DROP TRIGGER pg_lease_fence ON %s', target);
+    FOR part IN SELECT t.relid FROM pg_partition_tree(target) t UNION SELECT target LOOP
+        EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_truncate ON %s', part);
+    END LOOP;
+    IF p.owner_table IS NOT NULL AND NOT EXISTS (SELECT 1 FROM lease.protected o WHERE o.owner_table = p.owner_table) THEN
+        EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_owner_guard ON %s', p.owner_table);
+        FOR part IN SELECT t.relid FROM pg_partition_tree(p.owner_table) t UNION SELECT p.owner_table LOOP
+            EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_owner_truncate ON %s', part);
+        END LOOP;
+    END IF;
+END $$;
+
+-- The hand-boundary write: inserts a JSON array of row objects into a
+-- protected table under one fencing token, all or nothing.
+CREATE OR REPLACE FUNCTION lease.fenced_boundary_write(target regclass, token bigint, rows jsonb) RETURNS bigint
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cfg lease.protected;
+    bad text;
+    batch record;
+    columns text;
+    inserted bigint;
+    total bigint := 0;
+    previous_token text;
+BEGIN
+    IF target IS NULL THEN
+        RAISE EXCEPTION 'lease.fenced_boundary_write: target must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT * INTO cfg FROM lease.protected p WHERE p.relid = target;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'lease.fenced_boundary_write: % is not protected by pg_lease', target
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Protect it first with lease.protect() or lease.protect_high_water().';
+    END IF;
+    -- A NULL token needs no check here: the fence refuses every row it would
+    -- stamp (LF003), and records the refusals.
+    IF token < 0 THEN
+        RAISE EXCEPTION 'lease.fenced_boundary_write: token must not be negative (got %)', token
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF rows IS NULL OR jsonb_typeof(rows) <> 'array' THEN
+        RAISE EXCEPTION 'lease.fenced_boundary_write: rows must be a JSON array of objects, got %',
+                coalesce(jsonb_typeof(rows), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT format('element %s is %s', n - 1, jsonb_typeof(e)) INTO bad
+      FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n) WHERE jsonb_typeof(e) <> 'object' LIMIT 1;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'lease.fenced_boundary_write: rows must be a JSON array of objects: %', bad
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT string_agg(DISTINCT format('%I', k), ', ') INTO bad
+      FROM jsonb_array_elements(rows) e, jsonb_object_keys(e) k
+     WHERE lease._column_type(target, k) IS NULL;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'lease.fenced_boundary_write: % has no column(s) %', target, bad USING ERRCODE = 'undefined_column';
+    END IF;
+
+    IF cfg.token_column IS NOT NULL THEN
+        SELECT format('element %s carries %s = %s', n - 1, cfg.token_column, e -> cfg.token_column) INTO bad
+          FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n)
+         WHERE e ? cfg.token_column AND e -> cfg.token_column IS DISTINCT FROM to_jsonb(token) LIMIT 1;
+        IF bad IS NOT NULL THEN
+            RAISE EXCEPTION 'lease.fenced_boundary_write: a row contradicts the call''s token %: %', token, bad
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        rows := (SELECT jsonb_agg(e || jsonb_build_object(cfg.token_column, token) ORDER BY n)
+                   FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n));
+    ELSE
+        -- Only a token bound in this transaction is restored afterwards.
+        previous_token := lease._bound_token()::text;
+        PERFORM set_config('pg_lease.token', coalesce(token::text, ''), true);
+    END IF;
+
+    -- Rows are inserted in groups with the same keys, so that a column an
+    -- object leaves out takes its default rather than NULL.
+    FOR batch IN
+        SELECT keys, jsonb_agg(e ORDER BY n) AS objects
+          FROM (SELECT e, n, ARRAY(SELECT jsonb_object_keys(e) ORDER BY 1) AS keys
+                  FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n)) s
+         GROUP BY keys ORDER BY min(n)
+    LOOP
+        IF cardinality(batch.keys) = 0 THEN
+            EXECUTE format('INSERT INTO %s SELECT FROM jsonb_array_elements($1)', target) USING batch.objects;
+        ELSE
+            SELECT string_agg(format('%I', k), ', ') INTO columns FROM unnest(batch.keys) k;
+            EXECUTE format('INSERT INTO %s (%s) SELECT %s FROM jsonb_populate_recordset(NULL::%s, $1)',
+                           target, columns, columns, target)
+                USING batch.objects;
+        END IF;
+        GET DIAGNOSTICS inserted = ROW_COUNT;
+        total := total + inserted;
+    END LOOP;
+
+    IF cfg.token_column IS NULL THEN
+        PERFORM set_config('pg_lease.token', coalesce(previous_token, ''), true);
+    END IF;
+    RETURN total;
+END $$;
+
+-- DDL guard, after every DDL command (no tag filter: ALTER VIEW and others
+-- reach tables too). For the protected tables the command concerns:
+-- - partitions new in this transaction get their TRUNCATE guards; a table
+--   attached (ATTACH PARTITION) to a fenced table may hold only rows the
+--   fence accepts now;
+-- - pg_lease's guards left on a detached table are removed, and detaching a
+--   partition of an owner table that holds owner rows is refused (LF004);
+-- - the command is refused (LF008) if it leaves a fence disabled, renamed,
+--   retyped, generated, inherited from, or no longer on a table.
+-- Dropped triggers, columns and constraints are the sql_drop guard's. Judging
+-- only what exists, never what is still absent, keeps pg_restore working.
+CREATE OR REPLACE FUNCTION lease._guard_ddl() RETURNS event_trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+DECLARE
+    touched oid[];
+    concerned oid[];
+    broken record;
+    part record;
+    stray record;
+    bad boolean;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
+        RETURN;
+    END IF;
+    -- CREATE [OR REPLACE] TRIGGER of one of our triggers leaves it enabled
+    -- for origin sessions only, as pg_restore creates it before it enables
+    -- it ALWAYS: enable it ALWAYS at once (pg_restore's own ALTER is then a
+    -- no-op, and OR REPLACE cannot quietly narrow where the fence fires).
+    IF tg_tag = 'CREATE TRIGGER' THEN
+        FOR broken IN
+            SELECT t.tgrelid::regclass AS rel, t.tgname
+              FROM pg_event_trigger_ddl_commands() c JOIN pg_trigger t ON t.oid = c.objid
+             WHERE c.classid = 'pg_trigger'::regclass AND t.tgenabled <> 'A' AND t.tgparentid = 0
+               AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+        LOOP
+            EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname);
+        END LOOP;
+    END IF;
+    SELECT array_agg(DISTINCT CASE c.classid
+                                  WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = c.objid)
+                                  WHEN 'pg_rewrite'::regclass THEN (SELECT w.ev_class FROM pg_rewrite w WHERE w.oid = c.objid)
+                                  ELSE coalesce((SELECT x.indrelid FROM pg_index x WHERE x.indexrelid = c.objid), c.objid) END)
+      INTO touched
+      FROM pg_event_trigger_ddl_commands() c
+     WHERE c.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass, 'pg_rewrite'::regclass);
+    IF touched IS NULL THEN
+        RETURN;
+    END IF;
+    concerned := lease._concerned(touched);
+    IF concerned IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- Partitions joined in this transaction (created, or attached). Not while
+    -- the root's fence is itself being created in this transaction, as in a
+    -- single-transaction pg_restore that will create the guards from the dump.
+    FOR part IN
+        SELECT p.relid, p.mode, p.token_column, p.key_columns, p.owner_table, p.owner_key_columns,
+               p.owner_token_column, t.relid AS child, (t.root = p.owner_table::oid) AS is_owner
+          FROM lease.protected p
+          CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
+          CROSS JOIN LATERAL (SELECT x.relid, r.root FROM pg_partition_tree(r.root) x) t
+          JOIN pg_inherits i ON i.inhrelid = t.relid
+         WHERE p.relid::oid = ANY (concerned)
+           AND t.relid <> t.root
+           AND i.xmin = xid(pg_current_xact_id())
+    LOOP
+        IF part.is_owner THEN
+            IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_owner_truncate')
+               AND EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.owner_table AND g.tgname = 'pg_lease_owner_guard'
+                              AND g.xmin <> xid(pg_current_xact_id())) THEN
+                PERFORM lease._install_owner_truncate_guard(part.child);
+            END IF;
+            CONTINUE;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_truncate')
+           AND EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.relid AND g.tgname = 'pg_lease_fence'
+                          AND g.xmin <> xid(pg_current_xact_id())) THEN
+            PERFORM lease._install_truncate_guard(part.child);
+        END IF;
+        -- Rows brought in by ATTACH PARTITION passed no fence: each must carry
+        -- its owner row's current token (without a token column, or in
+        -- high-water mode, no row can be checked: the table must be empty).
+        IF part.mode = 'owner' AND part.token_column IS NOT NULL THEN
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s t WHERE NOT EXISTS (SELECT 1 FROM %s o WHERE %s AND o.%I = t.%I))',
+                           part.child::regclass, part.owner_table,
+                           (SELECT string_agg(format('o.%I = t.%I', part.owner_key_columns[n], part.key_columns[n]), ' AND ')
+                              FROM generate_series(1, cardinality(part.key_columns)) n),
+                           part.owner_token_column, part.token_column)
+               INTO bad;
+        ELSE
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', part.child::regclass) INTO bad;
+        END IF;
+        IF bad THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would bring rows into fenced table %s that the fence would refuse', tg_tag, part.relid),
+                format('Table %s holds rows %s. Attach it empty and insert its rows through the fence.', part.child::regclass,
+                       CASE WHEN part.mode = 'owner' AND part.token_column IS NOT NULL
+                            THEN format('whose token is not their owner row''s current token in %s', part.owner_table)
+                            ELSE 'that cannot be checked (no token column, or high-water mode)' END));
+        END IF;
+    END LOOP;
+
+    -- Guards left behind on tables that left a fenced or owner tree (DETACH
+    -- PARTITION): owner rows may not leave; a detached fenced partition is no
+    -- longer fenced, so its TRUNCATE guard goes.
+    FOR stray IN
+        SELECT g.tgrelid, g.tgname FROM pg_trigger g
+         WHERE g.tgname IN ('pg_lease_truncate', 'pg_lease_owner_truncate')
+           AND g.tgfoid = 'lease.truncate_guard'::regproc
+           AND NOT EXISTS (SELECT 1 FROM lease.protected p
+                            CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid) r
+                            WHERE g.tgrelid = r.root
+                               OR g.tgrelid IN (SELECT x.relid FROM pg_partition_tree(r.root) x))
+    LOOP
+        IF stray.tgname = 'pg_lease_owner_truncate' THEN
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', stray.tgrelid::regclass) INTO bad;
+            IF bad THEN
+                PERFORM lease._raise('FencingTokenRegression',
+                    format('%s would take owner rows out of an owner table (%s)', tg_tag, stray.tgrelid::regclass),
+                    format('Table %s holds owner rows whose fencing tokens would leave the fence; tokens could then start over.',
+                           stray.tgrelid::regclass));
+            END IF;
+        END IF;
+        EXECUTE format('DROP TRIGGER %I ON %s', stray.tgname, stray.tgrelid::regclass);
+    END LOOP;
+
+    SELECT f.* INTO broken
+      FROM lease._fence_problems(concerned) f
+     WHERE f.kind NOT IN ('missing', 'constraint')
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('%s would leave the fence on %s incomplete', tg_tag, broken.relid),
+            format('Table %s: %s.', broken.relid, broken.problem));
+    END IF;
+END $$;
+
+-- sql_drop guard (every command that drops something: DROP TABLE, ALTER
+-- TABLE, DROP TYPE/DOMAIN ... CASCADE, DROP INDEX ...). DROP TABLE of a fenced
+-- table removes its fence with it. Dropping one of pg_lease's triggers, a
+-- fenced column, the owner key's unique constraint, a partition of an owner
+-- table, or an owner table that fenced tables still point at, is refused.
+CREATE OR REPLACE FUNCTION lease._guard_drop() RETURNS event_trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+DECLARE
+    dropped_tables oid[];
+    owner_roots oid[];
+    orphan record;
+    victim record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
+        RETURN;
+    END IF;
+    owner_roots := ARRAY(SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL);
+    dropped_tables := ARRAY(SELECT d.objid FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'table');
+    DELETE FROM lease.protected p WHERE p.relid::oid = ANY (dropped_tables);
+    DELETE FROM lease.high_water h WHERE h.target::oid = ANY (dropped_tables);
+    SELECT p.relid, p.owner_table INTO orphan FROM lease.protected p WHERE p.owner_table::oid = ANY (dropped_tables) LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('%s would drop owner table %s of fenced table %s', tg_tag, orphan.owner_table, orphan.relid),
+            format('Table %s is fenced against the owner rows of %s.', orphan.relid, orphan.owner_table));
+    END IF;
+    -- A partition of an owner table dropped by name (not with its owner
+    -- table) takes owner rows and their tokens.
+    SELECT tb.object_identity INTO victim
+      FROM pg_event_trigger_dropped_objects() tg
+      JOIN pg_event_trigger_dropped_objects() tb
+        ON tb.object_type = 'table' AND tb.original
+       AND tb.address_names[1] = tg.address_names[1] AND tb.address_names[2] = tg.address_names[2]
+     WHERE tg.object_type = 'trigger' AND tg.address_names[3] = 'pg_lease_owner_truncate'
+       AND NOT (tb.objid = ANY (owner_roots))
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FencingTokenRegression',
+            format('%s would drop a partition of an owner table (%s)', tg_tag, victim.object_identity),
+            'Owner rows hold the current fencing tokens; dropping them would let tokens start over.');
+    END IF;
+    -- Triggers, columns, constraints: address_names is {schema, table, name}.
+    SELECT d.object_type, d.object_identity, f.relid INTO victim
+      FROM pg_event_trigger_dropped_objects() d
+      CROSS JOIN LATERAL (SELECT to_regclass(format('%I.%I', d.address_names[1], d.address_names[2])) AS rel) r
+      JOIN lease._fence_problems(lease._concerned(ARRAY[r.rel::oid])) f ON f.rel = r.rel
+     WHERE d.object_type IN ('trigger', 'table column', 'table constraint', 'index')
+       AND r.rel IS NOT NULL
+       AND NOT (r.rel::oid = ANY (dropped_tables))
+       AND ((d.object_type = 'trigger' AND f.kind = 'missing'
+             AND f.problem LIKE format('trigger %s on %%', quote_ident(d.address_names[3])))
+         OR (d.object_type = 'table column' AND f.kind = 'column')
+         OR (d.object_type IN ('table constraint', 'index') AND f.kind = 'constraint'))
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('dropping %s %s would leave the fence on %s incomplete', victim.object_type, victim.object_identity, victim.relid),
+            format('pg_lease fences %s with it.', victim.relid));
+    END IF;
+    -- A dropped index no longer names its table: look at every owner table.
+    IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'index') THEN
+        SELECT f.relid, f.problem INTO victim FROM lease._fence_problems() f WHERE f.kind = 'constraint' LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would leave the fence on %s incomplete', tg_tag, victim.relid),
+                format('Table %s: %s.', victim.relid, victim.problem));
+        END IF;
+    END IF;
+END $$;
+
+-- The owner guard (row trigger, cloned to partitions by Postgres) and the
+-- owner TRUNCATE guard on the owner table and each of its partitions (new
+-- partitions get theirs from the DDL guard). args: token column, key columns.
+CREATE FUNCTION lease._install_owner_guards(owner regclass, args text) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    part regclass;
+BEGIN
+    EXECUTE format('CREATE TRIGGER pg_lease_owner_guard BEFORE INSERT OR UPDATE OR DELETE ON %s
+                    FOR EACH ROW EXECUTE FUNCTION lease.owner_guard(%s)', owner, args);
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pg_lease_owner_guard', owner);
+    FOR part IN SELECT t.relid FROM pg_partition_tree(owner) t UNION SELECT owner LOOP
+        PERFORM lease._install_owner_truncate_guard(part);
+    END LOOP;
+END $$;
+
+CREATE FUNCTION lease._install_owner_truncate_guard(rel regclass) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    EXECUTE format('CREATE TRIGGER pg_lease_owner_truncate BEFORE TRUNCATE ON %s
+                    FOR EACH STATEMENT EXECUTE FUNCTION lease.truncate_guard(''owner'')', rel);
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pg_lease_owner_truncate', rel);
+END $$;
+
+-- The protected tables a DDL command concerns: those whose fenced table or
+-- owner table is among `rels`, or an ancestor (partition or inheritance
+-- parent) of one of them.
+CREATE FUNCTION lease._concerned(rels oid[]) RETURNS oid[]
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    WITH RECURSIVE up (r) AS (
+        SELECT unnest(rels)
+        UNION
+        SELECT i.inhparent FROM pg_inherits i JOIN up ON i.inhrelid = up.r
+    )
+    SELECT array_agg(p.relid::oid) FROM lease.protected p
+     WHERE p.relid::oid IN (SELECT r FROM up) OR p.owner_table::oid IN (SELECT r FROM up)
+$$;
+
+DROP VIEW lease.protected_tables;
+DROP FUNCTION lease._fence_problems();
+
+-- Every way in which a protected table's fence is not fully in force, with
+-- the tables it concerns (only those protected tables whose relid or owner
+-- table is in `only`, when given). kind: 'missing' (a trigger is absent),
+-- 'disabled' (present but not ENABLE ALWAYS), 'renamed' (one of our trigger
+-- functions under another name), 'altered' (one of our triggers no longer
+-- fires on every row and event, or has other arguments), 'column' (a fenced column is gone, retyped,
+-- generated, or of a type or collation that cannot identify a resource),
+-- 'constraint' (no unique constraint on the owner key), 'inherits' (an
+-- inheritance child of a fenced or owner table, unguarded), 'relation' (a
+-- fenced or owner table is no longer a table).
+CREATE FUNCTION lease._fence_problems(among oid[] DEFAULT NULL)
+RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    WITH p AS (
+        SELECT * FROM lease.protected p
+         WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid)
+           AND (among IS NULL OR p.relid::oid = ANY (among) OR p.owner_table::oid = ANY (among))
+    ),
+    -- A table and, when partitioned, every partition (pg_partition_tree
+    -- returns nothing for a table that is not in a partition tree).
+    roots (r) AS (SELECT relid::oid FROM p UNION SELECT owner_table::oid FROM p WHERE owner_table IS NOT NULL),
+    tree (root, rel) AS (
+        SELECT r, r FROM roots
+        UNION
+        SELECT roots.r, t.relid FROM roots, pg_partition_tree(roots.r) t
+    ),
+    -- tgtype: 31 = BEFORE, FOR EACH ROW, INSERT, UPDATE and DELETE;
+    -- 34 = BEFORE TRUNCATE, FOR EACH STATEMENT. args as tgargs holds them.
+    expected_triggers (relid, rel, tgname, func, tgtype, args) AS (
+        SELECT p.relid, t.rel, 'pg_lease_fence', 'lease.fence_trigger'::regproc, 31, ''
+          FROM p JOIN tree t ON t.root = p.relid::oid
+        UNION ALL
+        SELECT p.relid, t.rel, 'pg_lease_truncate', 'lease.truncate_guard'::regproc, 34, 'target'
+          FROM p JOIN tree t ON t.root = p.relid::oid
+        UNION ALL
+        SELECT p.relid, t.rel, 'pg_lease_owner_guard', 'lease.owner_guard'::regproc, 31,
+               array_to_string(p.owner_token_column || p.owner_key_columns, E'\\000')
+          FROM p JOIN tree t ON t.root = p.owner_table::oid
+        UNION ALL
+        SELECT p.relid, t.rel, 'pg_lease_owner_truncate', 'lease.truncate_guard'::regproc, 34, 'owner'
+          FROM p JOIN tree t ON t.root = p.owner_table::oid
+    ),
+    expected_columns (relid, rel, col, is_token, typ, high_water) AS (
+        SELECT p.relid, p.relid, k.col, false, p.key_types[k.n], p.mode = 'high_water'
+          FROM p, unnest(p.key_columns) WITH ORDINALITY k(col, n)
+        UNION ALL
+        SELECT p.relid, p.relid, p.token_column, true, p.token_type, false FROM p WHERE p.token_column IS NOT NULL
+        UNION ALL
+        SELECT p.relid, p.owner_table, k.col, false, p.owner_key_types[k.n], false
+          FROM p, unnest(p.owner_key_columns) WITH ORDINALITY k(col, n) WHERE p.owner_table IS NOT NULL
+        UNION ALL
+        SELECT p.relid, p.owner_table, p.owner_token_column, true, p.owner_token_type, false FROM p WHERE p.owner_table IS NOT NULL
+    ),
+    actual_columns AS (
+        SELECT e.*, a.atttypid::regtype AS cur, a.attgenerated, a.attcollation
+          FROM expected_columns e
+          LEFT JOIN pg_attribute a ON a.attrelid = e.rel AND a.attname = e.col AND a.attnum > 0 AND NOT a.attisdropped
+    )
+    SELECT e.relid::regclass, e.rel::regclass,
+           CASE WHEN t.oid IS NULL THEN 'missing' ELSE 'disabled' END,
+           format('trigger %s on %s is %s', e.tgname, e.rel::regclass,
+                  CASE WHEN t.oid IS NULL THEN 'missing' ELSE 'not ENABLE ALWAYS' END)
+      FROM expected_triggers e
+      LEFT JOIN pg_trigger t ON t.tgrelid = e.rel AND t.tgname = e.tgname AND t.tgfoid = e.func
+     WHERE t.oid IS NULL OR t.tgenabled <> 'A'
+    UNION ALL
+    SELECT e.relid::regclass, e.rel::regclass, 'altered',
+           format('trigger %s on %s no longer fires on every %s', e.tgname, e.rel::regclass,
+                  CASE WHEN e.tgtype = 31 THEN 'INSERT, UPDATE and DELETE of every row' ELSE 'TRUNCATE' END)
+      FROM expected_triggers e
+      JOIN pg_trigger t ON t.tgrelid = e.rel AND t.tgname = e.tgname AND t.tgfoid = e.func
+     WHERE t.tgtype <> e.tgtype OR t.tgqual IS NOT NULL OR cardinality(t.tgattr::int2[]) > 0
+        OR left(encode(t.tgargs, 'escape'), -4) IS DISTINCT FROM e.args AND NOT (e.args = '' AND t.tgnargs = 0)
+    UNION ALL
+    SELECT DISTINCT e.relid::regclass, t.tgrelid::regclass, 'renamed',
+           format('trigger %s on %s runs %s under another name', t.tgname, t.tgrelid::regclass, t.tgfoid::regproc)
+      FROM expected_triggers e
+      JOIN pg_trigger t ON t.tgrelid = e.rel AND t.tgfoid = e.func
+     WHERE NOT EXISTS (SELECT 1 FROM expected_triggers x WHERE x.rel = t.tgrelid AND x.tgname = t.tgname)
+    UNION ALL
+    SELECT e.relid, e.rel, 'column',
+           format('%s column "%s" of %s is %s', CASE WHEN e.is_token THEN 'token' ELSE 'key' END, e.col, e.rel,
+                  CASE WHEN e.cur IS NULL THEN 'missing'
+                       WHEN e.attgenerated <> '' THEN 'a generated column'
+                       WHEN e.typ IS NOT NULL AND e.cur <> e.typ THEN format('of type %s, was %s', e.cur, e.typ)
+                       WHEN e.high_water THEN lease._key_identity_problem(e.cur, e.attcollation)
+                       ELSE 'of type ' || e.cur::text END)
+      FROM actual_columns e
+     WHERE e.cur IS NULL
+        OR e.attgenerated <> ''
+        OR (e.typ IS NOT NULL AND e.cur <> e.typ)
+        OR (e.typ IS NULL AND e.is_token AND e.cur NOT IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype))
+        OR (e.high_water AND lease._key_identity_problem(e.cur, e.attcollation) IS NOT NULL)
+    UNION ALL
+    SELECT p.relid, p.owner_table, 'constraint',
+           format('owner table %s has no unique constraint on %s', p.owner_table, p.owner_key_columns)
+      FROM p
+     WHERE p.owner_table IS NOT NULL
+       AND NOT EXISTS (
+        SELECT 1 FROM pg_index x
+         WHERE x.indrelid = p.owner_table AND x.indisunique AND x.indisvalid AND x.indpred IS NULL AND x.indexprs IS NULL
+           AND (SELECT array_agg(k ORDER BY k) FROM unnest((x.indkey::int2[])[0:x.indnkeyatts - 1]) k)
+               = (SELECT array_agg(a.attnum ORDER BY a.attnum) FROM pg_attribute a
+                   WHERE a.attrelid = p.owner_table AND a.attname = ANY (p.owner_key_columns)))
+    UNION ALL
+    SELECT DISTINCT ON (x.relid, i.inhrelid) x.relid, i.inhrelid::regclass, 'inherits',
+           format('table %s inherits from %s, so writes through it bypass the fence', i.inhrelid::regclass, i.inhparent::regclass)
+      FROM (SELECT p.relid, t.rel FROM p JOIN tree t ON t.root IN (p.relid::oid, p.owner_table::oid)) x
+      JOIN pg_inherits i ON i.inhparent = x.rel
+      JOIN pg_class c ON c.oid = i.inhrelid
+     WHERE NOT c.relispartition
+    UNION ALL
+    SELECT p.relid, c.oid::regclass, 'relation', format('%s is no longer a table', c.oid::regclass)
+      FROM p JOIN pg_class c ON c.oid IN (p.relid::oid, p.owner_table::oid)
+     WHERE c.relkind NOT IN ('r', 'p')
+$$;
+
+CREATE VIEW lease.protected_tables AS
+SELECT p.relid              AS table_name,
+       p.mode,
+       p.key_columns,
+       CASE WHEN p.token_column IS NULL THEN 'bound' ELSE 'column' END AS token_source,
+       p.token_column,
+       p.owner_table,
+       p.owner_key_columns,
+       p.owner_token_column,
+       (SELECT count(*) FROM pg_catalog.pg_partition_tree(p.relid) t WHERE t.relid OPERATOR(pg_catalog.<>) p.relid::oid)::int AS partitions,
+       f.problems IS NULL AS enforced,
+       f.problems,
+       p.protected_at,
+       p.protected_by
+  FROM lease.protected p
+  LEFT JOIN (SELECT x.relid, pg_catalog.array_agg(x.problem ORDER BY x.problem) AS problems
+               FROM lease._fence_problems() x GROUP BY x.relid) f ON f.relid OPERATOR(pg_catalog.=) p.relid;
+
+COMMENT ON VIEW lease.protected_tables IS 'What pg_lease protects and how; enforced = every trigger, column and constraint in place, problems = what is not.';
+
+-- (protected_tables keeps the default privileges)
+
+-- Owner guards now also see INSERT and DELETE (key moves, deletes, extreme
+-- tokens), and every owner partition gets a TRUNCATE guard.
+DO $$
+DECLARE
+    g record;
+    part regclass;
+BEGIN
+    FOR g IN SELECT t.tgrelid::regclass AS owner,
+                    (SELECT string_agg(quote_literal(a), ', ' ORDER BY n)
+                       FROM unnest(string_to_array(left(encode(t.tgargs, 'escape'), -4), E'\\000')) WITH ORDINALITY x(a, n)) AS args
+               FROM pg_trigger t
+              WHERE t.tgname = 'pg_lease_owner_guard' AND t.tgparentid = 0 AND NOT t.tgisinternal
+                AND t.tgfoid = 'lease.owner_guard'::regproc
+    LOOP
+        EXECUTE format('DROP TRIGGER pg_lease_owner_guard ON %s', g.owner);
+        EXECUTE format('CREATE TRIGGER pg_lease_owner_guard BEFORE INSERT OR UPDATE OR DELETE ON %s
+                        FOR EACH ROW EXECUTE FUNCTION lease.owner_guard(%s)', g.owner, g.args);
+        EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pg_lease_owner_guard', g.owner);
+        FOR part IN SELECT x.relid FROM pg_partition_tree(g.owner) x
+                     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger o WHERE o.tgrelid = x.relid AND o.tgname = 'pg_lease_owner_truncate')
+        LOOP
+            PERFORM lease._install_owner_truncate_guard(part);
+        END LOOP;
+    END LOOP;
+END $$;
+
+-- High-water marks were keyed by the keys' text output; re-key them by the
+-- canonical forms of src/fence/identity.rs, merging marks of equal values
+-- (the highest wins). Dates and timestamps written as text are read back
+-- under this session's DateStyle (ISO unless changed).
+DO $$
+DECLARE
+    p record;
+    kinds text[];
+BEGIN
+    FOR p IN SELECT x.relid, x.key_types FROM lease.protected x WHERE x.mode = 'high_water' LOOP
+        kinds := ARRAY(SELECT CASE getbase
+                           WHEN 'numeric'::regtype THEN 'numeric'
+                           WHEN 'character'::regtype THEN 'bpchar'
+                           WHEN 'date'::regtype THEN 'date'
+                           WHEN 'timestamp without time zone'::regtype THEN 'timestamp'
+                           WHEN 'timestamp with time zone'::regtype THEN 'timestamptz'
+                           WHEN 'bytea'::regtype THEN 'bytea'
+                           ELSE 'same' END
+                         FROM unnest(p.key_types) WITH ORDINALITY u(t, n)
+                         CROSS JOIN LATERAL (SELECT coalesce(
+                             (SELECT ty.typbasetype::regtype FROM pg_type ty WHERE ty.oid = u.t AND ty.typtype = 'd'), u.t) AS getbase) b
+                        ORDER BY n);
+        CONTINUE WHEN kinds <@ ARRAY['same'];
+        CREATE TEMP TABLE pg_lease_marks ON COMMIT DROP AS
+        SELECT h.target, ARRAY(
+                   SELECT CASE kinds[n]
+                       WHEN 'numeric' THEN trim_scale(v::numeric)::text
+                       WHEN 'bpchar' THEN rtrim(v, ' ')
+                       WHEN 'date' THEN CASE v WHEN 'infinity' THEN '2147483647' WHEN '-infinity' THEN '-2147483648'
+                                        ELSE (v::date - date '2000-01-01')::text END
+                       WHEN 'timestamp' THEN CASE v WHEN 'infinity' THEN '9223372036854775807' WHEN '-infinity' THEN '-9223372036854775808'
+                                        ELSE ((extract(epoch FROM v::timestamp) * 1000000)::bigint - 946684800000000)::text END
+                       WHEN 'timestamptz' THEN CASE v WHEN 'infinity' THEN '9223372036854775807' WHEN '-infinity' THEN '-9223372036854775808'
+                                        ELSE ((extract(epoch FROM v::timestamptz) * 1000000)::bigint - 946684800000000)::text END
+                       WHEN 'bytea' THEN '\x' || encode(v::bytea, 'hex')
+                       ELSE v END
+                     FROM unnest(h.resource) WITH ORDINALITY r(v, n) ORDER BY n) AS resource,
+               h.token, h.updated_at
+          FROM lease.high_water h WHERE h.target = p.relid;
+        DELETE FROM lease.high_water h WHERE h.target = p.relid;
+        INSERT INTO lease.high_water (target, resource, token, updated_at)
+        SELECT m.target, m.resource, max(m.token), max(m.updated_at) FROM pg_lease_marks m GROUP BY m.target, m.resource;
+        DROP TABLE pg_lease_marks;
+    END LOOP;
+END $$;
+
+-- The token epoch's base (since 0.3.0). A token's epoch is the highest base
+-- recorded (0 without any) + the WAL timeline. Timelines restart at 1 after dump/restore and pg_upgrade while
+-- stored tokens keep their old epoch; when an acquire meets a stored token
+-- from an epoch above the current one, base rises to that epoch, so the new
+-- token's epoch is above every stored one *and* above anything an old primary
+-- computed from the same data at a lower timeline (see lease.acquire).
+CREATE TABLE lease.token_epoch (
+    base      bigint      PRIMARY KEY CHECK (base > 0),
+    raised_at timestamptz NOT NULL DEFAULT now()
+);
+
+COMMENT ON TABLE lease.token_epoch IS 'Raises of the fencing-token epoch base (epoch = max(base) + timeline); empty until a restore needs one.';
+
+REVOKE ALL ON lease.token_epoch FROM PUBLIC;
+
+SELECT pg_catalog.pg_extension_config_dump('lease.token_epoch', '');
+
+CREATE OR REPLACE FUNCTION lease.acquire(name text, owner text, ttl_ms integer, owner_table regclass DEFAULT NULL,
+                              owner_key text[] DEFAULT NULL)
+RETURNS TABLE (token bigint, expires_at timestamptz)
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    p_name ALIAS FOR $1;
+    p_owner ALIAS FOR $2;
+    p_ttl_ms ALIAS FOR $3;
+    p_owner_table ALIAS FOR $4;
+    p_owner_key ALIAS FOR $5;
+    timeline bigint := lease._token_floor() >> 40;   -- also refuses on a standby
+    epoch bigint;
+    stored bigint;
+    ttl integer := lease._check_ttl(p_ttl_ms);
+    cur lease.lease_state;
+    now_ts timestamptz;
+    live boolean;
+    binding record;
+    key_match text;
+    owner_token bigint;
+    new_token bigint;
+    matched bigint;
+BEGIN
+    IF p_name IS NULL OR p_owner IS NULL OR length(p_name) > 256 OR length(p_owner) > 256
+       OR btrim(p_name) = '' OR btrim(p_owner) = '' THEN
+        PERFORM lease._check_label('name', p_name);
+        PERFORM lease._check_label('owner', p_owner);
+    END IF;
+    IF (p_owner_table IS NULL) <> (p_owner_key IS NULL) THEN
+        RAISE EXCEPTION 'pg_lease: owner_table and owner_key go together' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_owner_table IS NOT NULL THEN
+        SELECT p.owner_key_columns, p.owner_token_column INTO binding
+          FROM lease.protected p WHERE p.owner_table = p_owner_table LIMIT 1;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'pg_lease: % is not the owner table of any table protected with lease.protect', p_owner_table
+                USING ERRCODE = 'object_not_in_prerequisite_state';
+        END IF;
+        IF cardinality(p_owner_key) IS DISTINCT FROM cardinality(binding.owner_key_columns)
+           OR array_position(p_owner_key, NULL) IS NOT NULL THEN
+            RAISE EXCEPTION 'pg_lease: owner_key % does not match the key columns % of %',
+                    p_owner_key, binding.owner_key_columns, p_owner_table
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+
+    -- The lease row, locked (created on first use): racing acquires queue here.
+    SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at, released_at)
+        VALUES (p_name, p_owner, 0, '-infinity', '-infinity', '-infinity', '-infinity')
+        ON CONFLICT (name) DO NOTHING;
+        SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
+    END IF;
+    now_ts := clock_timestamp();   -- read after the lock wait
+    live := cur.released_at IS NULL AND cur.expires_at > now_ts;
+    IF live AND cur.owner <> p_owner THEN
+        PERFORM lease._raise('LeaseOwnedElsewhere',
+            format('lease "%s" is held by %s', p_name, cur.owner),
+            format('Lease %s, holder %s, token %s, expires at %s (in %s).', p_name, cur.owner, cur.token,
+                   cur.expires_at, date_trunc('millisecond', cur.expires_at - now_ts)));
+    END IF;
+
+    IF p_owner_table IS NOT NULL THEN
+        SELECT string_agg(format('%I OPERATOR(pg_catalog.=) ($1[%s])::%s', c, n,
+                                 lease._column_type(p_owner_table, c)), ' AND ')
+          INTO key_match
+          FROM unnest(binding.owner_key_columns) WITH ORDINALITY AS k(c, n);
+        -- FOR UPDATE waits for writers still fenced under the old token.
+        EXECUTE format('SELECT %I FROM %s WHERE %s FOR UPDATE', binding.owner_token_column, p_owner_table, key_match)
+           INTO owner_token USING p_owner_key;
+        GET DIAGNOSTICS matched = ROW_COUNT;
+        IF matched = 0 THEN
+            PERFORM lease._raise('FenceOwnerMissing',
+                format('lease "%s" is bound to owner row %s of %s, which does not exist', p_name, p_owner_key, p_owner_table),
+                format('Lease %s, owner table %s, key %s = %s.', p_name, p_owner_table, binding.owner_key_columns, p_owner_key));
+        END IF;
+    END IF;
+
+    -- Epoch = base + timeline. A stored token from a higher epoch (restored
+    -- from a dump, or carried through pg_upgrade, where timelines restart)
+    -- raises base to that epoch: the new epoch is then above it, and above
+    -- what any earlier, lower timeline computed from the same stored token.
+    stored := greatest(cur.token, owner_token, 0);
+    SELECT coalesce(max(e.base), 0) + timeline INTO epoch FROM lease.token_epoch e;
+    IF (stored >> 40) > epoch THEN
+        INSERT INTO lease.token_epoch (base) VALUES (stored >> 40) ON CONFLICT DO NOTHING;
+        epoch := (stored >> 40) + timeline;
+    END IF;
+    IF stored = 9223372036854775807 OR epoch >= 8388608 THEN   -- 2^63 - 1, 2^23
+        RAISE EXCEPTION 'pg_lease: lease "%" has no fencing token left (current %)', p_name, stored
+            USING ERRCODE = 'numeric_value_out_of_range',
+                  DETAIL = 'Fencing tokens are bigints; this resource''s token is at the top of their range.';
+    END IF;
+    new_token := greatest(stored, epoch << 40) + 1;
+    IF p_owner_table IS NOT NULL THEN
+        EXECUTE format('UPDATE %s SET %I = $2 WHERE %s', p_owner_table, binding.owner_token_column, key_match)
+          USING p_owner_key, new_token;
+    END IF;
+    UPDATE lease.lease_state l
+       SET owner = p_owner, token = new_token, acquired_at = now_ts, renewed_at = now_ts,
+           expires_at = now_ts + ttl * interval '1 millisecond', released_at = NULL,
+           owner_table = p_owner_table, owner_key = p_owner_key,
+           lost_by = CASE WHEN cur.released_at IS NULL AND cur.owner <> p_owner THEN cur.owner ELSE l.lost_by END,
+           lost_token = CASE WHEN cur.released_at IS NULL AND cur.owner <> p_owner THEN cur.token ELSE l.lost_token END
+     WHERE l.name = p_name
+    RETURNING l.token, l.expires_at INTO token, expires_at;
+
+    -- The lease changed hands from a holder that did not release it (it expired,
+    -- or its owner re-took it from another process): tell a live previous
+    -- holder, so it can freeze before its next write is refused.
+    IF cur.released_at IS NULL AND cur.token > 0 THEN
+        PERFORM pg_notify('pg_lease', json_build_object(
+            'event', 'taken', 'name', p_name, 'owner', p_owner, 'token', new_token,
+            'previous_owner', cur.owner, 'previous_token', cur.token, 'expires_at', expires_at)::text);
+    END IF;
+    -- A token must be durable before the client sees it.
+    IF current_setting('synchronous_commit') = 'off' THEN
+        PERFORM set_config('synchronous_commit', 'local', true);
+    END IF;
+    RETURN NEXT;
+END $$;
+
+-- Fencing is a migration-time privilege: the DBA grants protect/unprotect to
+-- the roles that run migrations (and _register/_unregister still require
+-- them to own the tables). Application roles that own their tables therefore
+-- cannot unprotect them.
+REVOKE EXECUTE ON FUNCTION lease.protect(regclass, text[], name, regclass, text[], name),
+    lease.protect_high_water(regclass, text[], name), lease.unprotect(regclass) FROM PUBLIC;
+
+CREATE EVENT TRIGGER pg_lease_guard_ddl ON ddl_command_end
+    EXECUTE FUNCTION lease._guard_ddl();
+
+CREATE EVENT TRIGGER pg_lease_guard_drop ON sql_drop
+    EXECUTE FUNCTION lease._guard_drop();

@@ -1,0 +1,119 @@
+//! The only writers of `lease.protected` besides the DDL guards:
+//! `lease._register` and `lease._unregister`, called by `lease.protect*` and
+//! `lease.unprotect`. They run the write as the owner of `lease.protected`
+//! after checking the *caller*: it must be allowed to call the public entry
+//! point and own every table involved. Nobody else gets DML on
+//! `lease.protected`, so a fence cannot be re-pointed behind pg_lease's back.
+
+use crate::fence::pg::{as_role, rel_owner};
+use pgrx::prelude::*;
+
+fn require(ok: bool, message: String, detail: &str) {
+    if !ok {
+        ereport!(ERROR, PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE, message, detail);
+    }
+}
+
+/// Whether `role` may act as the owner of `relid` (superusers may).
+fn owns(role: pg_sys::Oid, relid: pg_sys::Oid) -> bool {
+    // SAFETY: plain catalog lookups.
+    unsafe { pg_sys::has_privs_of_role(role, rel_owner(relid)) }
+}
+
+fn may_execute(role: pg_sys::Oid, function: &str) -> bool {
+    Spi::get_one_with_args::<bool>(
+        "SELECT pg_catalog.has_function_privilege($1, $2::pg_catalog.text::pg_catalog.regprocedure, 'EXECUTE')",
+        &[role.into(), function.into()],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(false)
+}
+
+fn protected_relid() -> pg_sys::Oid {
+    Spi::get_one::<pg_sys::Oid>("SELECT 'lease.protected'::pg_catalog.regclass::pg_catalog.oid")
+        .ok()
+        .flatten()
+        .expect("lease.protected exists")
+}
+
+fn check_caller(entry_point: &str, tables: &[pg_sys::Oid]) {
+    // SAFETY: reads the current user id.
+    let caller = unsafe { pg_sys::GetUserId() };
+    require(
+        may_execute(caller, entry_point),
+        format!("pg_lease: permission denied for {}", entry_point.split('(').next().unwrap_or(entry_point)),
+        "Fences are set up and removed by the roles the DBA grants lease.protect, lease.protect_high_water and lease.unprotect to.",
+    );
+    for &relid in tables {
+        require(
+            owns(caller, relid),
+            format!("pg_lease: must be owner of table {}", crate::fence::pg::display(relid)),
+            "A role may fence only tables it owns, against owner tables it owns.",
+        );
+    }
+}
+
+/// `lease._register(...)`: records a protection set up by `lease.protect*`.
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(name = "_register", volatile, parallel_unsafe)]
+pub fn register(
+    target: pg_sys::Oid,
+    mode: &str,
+    key_columns: Vec<String>,
+    token_column: Option<&str>,
+    owner_table: Option<pg_sys::Oid>,
+    owner_key_columns: Option<Vec<String>>,
+    owner_token_column: Option<&str>,
+) {
+    let entry_point = if mode == "owner" {
+        "lease.protect(regclass, text[], name, regclass, text[], name)"
+    } else {
+        "lease.protect_high_water(regclass, text[], name)"
+    };
+    let mut tables = vec![target];
+    tables.extend(owner_table);
+    check_caller(entry_point, &tables);
+    as_role(rel_owner(protected_relid()), || {
+        Spi::run_with_args(
+            "INSERT INTO lease.protected (relid, mode, key_columns, token_column, owner_table, owner_key_columns,
+                                          owner_token_column, protected_by, key_types, token_type, owner_key_types,
+                                          owner_token_type)
+             SELECT $1::pg_catalog.oid::pg_catalog.regclass, $2, $3, $4, $5::pg_catalog.oid::pg_catalog.regclass, $6, $7,
+                    pg_catalog.current_user(),
+                    ARRAY(SELECT lease._column_type($1::pg_catalog.oid::pg_catalog.regclass, k)
+                            FROM pg_catalog.unnest($3) WITH ORDINALITY u(k, n) ORDER BY n),
+                    lease._column_type($1::pg_catalog.oid::pg_catalog.regclass, $4),
+                    CASE WHEN $5 IS NOT NULL THEN ARRAY(SELECT lease._column_type($5::pg_catalog.oid::pg_catalog.regclass, k)
+                                                        FROM pg_catalog.unnest($6) WITH ORDINALITY u(k, n) ORDER BY n) END,
+                    lease._column_type($5::pg_catalog.oid::pg_catalog.regclass, $7)",
+            &[
+                target.into(),
+                mode.into(),
+                key_columns.into(),
+                token_column.into(),
+                owner_table.into(),
+                owner_key_columns.into(),
+                owner_token_column.into(),
+            ],
+        )
+    })
+    .unwrap_or_else(|e| error!("pg_lease: could not record the protection: {e}"));
+}
+
+/// `lease._unregister(target)`: forgets a protection for `lease.unprotect`.
+/// Returns whether there was one.
+#[pg_extern(name = "_unregister", volatile, parallel_unsafe)]
+pub fn unregister(target: pg_sys::Oid) -> bool {
+    check_caller("lease.unprotect(regclass)", &[target]);
+    as_role(rel_owner(protected_relid()), || {
+        Spi::get_one_with_args::<bool>(
+            "WITH d AS (DELETE FROM lease.protected p WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) $1 RETURNING 1)
+             SELECT EXISTS (SELECT 1 FROM d)",
+            &[target.into()],
+        )
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(false)
+}

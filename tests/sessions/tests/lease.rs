@@ -249,7 +249,7 @@ fn renew_racing_a_takeover_at_expiry_has_one_winner() {
     let (db, _c) = poker_with_leases("lease_renew_race");
     let mut holder = db.connect();
     let mut taker = db.connect();
-    let (mut renewed, mut taken) = (0, 0);
+    let (mut renewed, mut taken, mut neither) = (0, 0, 0);
     for i in 0..20 {
         let name = format!("edge:{i}");
         let token = acquire(&mut holder, &name, "holder", 100).unwrap();
@@ -272,10 +272,15 @@ fn renew_racing_a_takeover_at_expiry_has_one_winner() {
         match r {
             (ok, lost) if ok.is_empty() && lost == "LF005" => renewed += 1,
             (lost, ok) if ok.is_empty() && lost == "LF006" => taken += 1,
-            other => panic!("round {i}: renew/acquire gave {other:?}; exactly one must win"),
+            // The acquire locked the row just before the expiry instant (still
+            // held: LF005) and the renew just after it (expired: LF006). Each
+            // verdict is right for its instant; nobody holds the lease.
+            (lost_renew, lost_take) if lost_renew == "LF006" && lost_take == "LF005" => neither += 1,
+            other => panic!("round {i}: renew/acquire gave {other:?}; at most one may win"),
         }
     }
-    println!("renewed {renewed}, taken {taken}");
+    println!("renewed {renewed}, taken {taken}, neither (expired between the two) {neither}");
+    assert!(renewed + taken > 0, "the race never produced a winner");
 }
 
 #[test]

@@ -96,3 +96,46 @@ fn upgrading_the_previous_release_keeps_everything_and_matches_a_fresh_install()
     assert_eq!(one_i64(&mut c, "SELECT lease.bound_token()"), next);
     c.batch_execute("COMMIT").unwrap();
 }
+
+/// 0.2.0 -> current with the data 0.2.0 could hold that 0.3.0 judges
+/// differently: high-water marks keyed by text output (equal values under two
+/// keys), owner guards that only watched UPDATE, owner partitions without
+/// TRUNCATE guards.
+#[test]
+fn upgrading_from_0_2_0_rekeys_marks_and_rearms_owner_guards() {
+    let db = TestDb::new("upgrade_020");
+    let mut c = db.connect();
+    c.batch_execute("DROP EXTENSION pg_lease; CREATE EXTENSION pg_lease VERSION '0.2.0'").unwrap();
+    c.batch_execute(
+        "CREATE TABLE own (id int PRIMARY KEY, owner_fencing_token bigint) PARTITION BY RANGE (id);
+         CREATE TABLE own_a PARTITION OF own FOR VALUES FROM (0) TO (100);
+         CREATE TABLE pay (t int, token bigint);
+         SELECT lease.protect('pay', '{t}', 'token', 'own');
+         INSERT INTO own VALUES (1, 10), (2, 20);
+         CREATE TABLE ledger (k numeric, at timestamptz, token bigint);
+         SELECT lease.protect_high_water('ledger', '{k,at}', 'token');
+         -- Marks as 0.2.0's library wrote them: the keys' text output under
+         -- the writer's TimeZone. (The library installed now is the new one
+         -- for every SQL version, so they are written here by hand.)
+         INSERT INTO lease.high_water (target, resource, token) VALUES
+             ('ledger', '{1.0,\"2026-01-01 00:00:00+00\"}', 10),
+             ('ledger', '{1.00,\"2026-01-01 09:00:00+09\"}', 12);",
+    )
+    .unwrap();
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.high_water"), 2, "0.2.0 kept two marks for one resource");
+
+    c.batch_execute("ALTER EXTENSION pg_lease UPDATE").unwrap();
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.high_water"), 1, "merged into one mark");
+    assert_eq!(one_i64(&mut c, "SELECT token FROM lease.high_water"), 12, "the highest wins");
+    expect_error(&mut c, "INSERT INTO ledger VALUES (1, '2026-01-01 00:00+00', 11)", "LF001");
+    c.batch_execute("INSERT INTO ledger VALUES (1.000, '2025-12-31 19:00-05', 12)").unwrap();
+    // Owner guards now refuse key moves and deletes; owner partitions refuse TRUNCATE.
+    expect_error(&mut c, "UPDATE own SET id = 3 WHERE id = 1", "LF004");
+    expect_error(&mut c, "DELETE FROM own WHERE id = 2", "LF004");
+    expect_error(&mut c, "TRUNCATE own_a", "LF004");
+    expect_error(&mut c, "INSERT INTO pay VALUES (1, 9)", "LF001");
+    c.batch_execute("INSERT INTO pay VALUES (1, 10)").unwrap();
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected_tables WHERE enforced"), 2);
+    // The recorded column types came through, so retypes are refused.
+    expect_error(&mut c, "ALTER TABLE pay ALTER COLUMN t TYPE bigint", "LF008");
+}

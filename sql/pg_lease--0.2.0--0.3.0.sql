@@ -344,7 +344,8 @@ END $$;
 -- Dropped triggers, columns and constraints are the sql_drop guard's. Judging
 -- only what exists, never what is still absent, keeps pg_restore working.
 CREATE OR REPLACE FUNCTION lease._guard_ddl() RETURNS event_trigger
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     touched oid[];
     concerned oid[];
@@ -440,12 +441,12 @@ BEGIN
     -- longer fenced, so its TRUNCATE guard goes.
     FOR stray IN
         SELECT g.tgrelid, g.tgname FROM pg_trigger g
-         WHERE g.tgname IN ('pg_lease_truncate', 'pg_lease_owner_truncate')
+         WHERE tg_tag = 'ALTER TABLE'
+           AND g.tgname IN ('pg_lease_truncate', 'pg_lease_owner_truncate')
            AND g.tgfoid = 'lease.truncate_guard'::regproc
-           AND NOT EXISTS (SELECT 1 FROM lease.protected p
-                            CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid) r
-                            WHERE g.tgrelid = r.root
-                               OR g.tgrelid IN (SELECT x.relid FROM pg_partition_tree(r.root) x))
+           AND NOT (coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (ARRAY(
+                   SELECT p.relid::oid FROM lease.protected p UNION ALL
+                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
     LOOP
         IF stray.tgname = 'pg_lease_owner_truncate' THEN
             EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', stray.tgrelid::regclass) INTO bad;
@@ -476,7 +477,8 @@ END $$;
 -- fenced column, the owner key's unique constraint, a partition of an owner
 -- table, or an owner table that fenced tables still point at, is refused.
 CREATE OR REPLACE FUNCTION lease._guard_drop() RETURNS event_trigger
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     dropped_tables oid[];
     owner_roots oid[];
@@ -591,12 +593,18 @@ DROP FUNCTION lease._fence_problems();
 -- 'constraint' (no unique constraint on the owner key), 'inherits' (an
 -- inheritance child of a fenced or owner table, unguarded), 'relation' (a
 -- fenced or owner table is no longer a table).
+-- PL/pgSQL, not SQL: its query is planned once per session (a SQL function
+-- would be planned at every call, which costs more than running it).
 CREATE FUNCTION lease._fence_problems(among oid[] DEFAULT NULL)
 RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
-    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     WITH p AS (
         SELECT * FROM lease.protected p
-         WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid)
+         WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid OFFSET 0)
            AND (among IS NULL OR p.relid::oid = ANY (among) OR p.owner_table::oid = ANY (among))
     ),
     -- A table and, when partitioned, every partition (pg_partition_tree
@@ -634,31 +642,37 @@ RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
         UNION ALL
         SELECT p.relid, p.owner_table, p.owner_token_column, true, p.owner_token_type, false FROM p WHERE p.owner_table IS NOT NULL
     ),
+    -- (LATERAL lookups by key: the plan is generic, and must stay cheap
+    -- however few tables `among` names.)
     actual_columns AS (
-        SELECT e.*, a.atttypid::regtype AS cur, a.attgenerated, a.attcollation
+        SELECT e.*, a.cur, a.attgenerated, a.attcollation
           FROM expected_columns e
-          LEFT JOIN pg_attribute a ON a.attrelid = e.rel AND a.attname = e.col AND a.attnum > 0 AND NOT a.attisdropped
+          LEFT JOIN LATERAL (SELECT x.atttypid::regtype AS cur, x.attgenerated, x.attcollation FROM pg_attribute x
+                              WHERE x.attrelid = e.rel AND x.attname = e.col AND x.attnum > 0 AND NOT x.attisdropped
+                             OFFSET 0) a ON true
     )
     SELECT e.relid::regclass, e.rel::regclass,
            CASE WHEN t.oid IS NULL THEN 'missing' ELSE 'disabled' END,
            format('trigger %s on %s is %s', e.tgname, e.rel::regclass,
                   CASE WHEN t.oid IS NULL THEN 'missing' ELSE 'not ENABLE ALWAYS' END)
       FROM expected_triggers e
-      LEFT JOIN pg_trigger t ON t.tgrelid = e.rel AND t.tgname = e.tgname AND t.tgfoid = e.func
+      LEFT JOIN LATERAL (SELECT x.oid, x.tgenabled FROM pg_trigger x
+                          WHERE x.tgrelid = e.rel AND x.tgname = e.tgname AND x.tgfoid = e.func OFFSET 0) t ON true
      WHERE t.oid IS NULL OR t.tgenabled <> 'A'
     UNION ALL
     SELECT e.relid::regclass, e.rel::regclass, 'altered',
            format('trigger %s on %s no longer fires on every %s', e.tgname, e.rel::regclass,
                   CASE WHEN e.tgtype = 31 THEN 'INSERT, UPDATE and DELETE of every row' ELSE 'TRUNCATE' END)
       FROM expected_triggers e
-      JOIN pg_trigger t ON t.tgrelid = e.rel AND t.tgname = e.tgname AND t.tgfoid = e.func
+      CROSS JOIN LATERAL (SELECT x.* FROM pg_trigger x
+                           WHERE x.tgrelid = e.rel AND x.tgname = e.tgname AND x.tgfoid = e.func OFFSET 0) t
      WHERE t.tgtype <> e.tgtype OR t.tgqual IS NOT NULL OR cardinality(t.tgattr::int2[]) > 0
         OR left(encode(t.tgargs, 'escape'), -4) IS DISTINCT FROM e.args AND NOT (e.args = '' AND t.tgnargs = 0)
     UNION ALL
     SELECT DISTINCT e.relid::regclass, t.tgrelid::regclass, 'renamed',
            format('trigger %s on %s runs %s under another name', t.tgname, t.tgrelid::regclass, t.tgfoid::regproc)
       FROM expected_triggers e
-      JOIN pg_trigger t ON t.tgrelid = e.rel AND t.tgfoid = e.func
+      CROSS JOIN LATERAL (SELECT x.* FROM pg_trigger x WHERE x.tgrelid = e.rel AND x.tgfoid = e.func OFFSET 0) t
      WHERE NOT EXISTS (SELECT 1 FROM expected_triggers x WHERE x.rel = t.tgrelid AND x.tgname = t.tgname)
     UNION ALL
     SELECT e.relid, e.rel, 'column',
@@ -678,13 +692,13 @@ RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
     SELECT p.relid, p.owner_table, 'constraint',
            format('owner table %s has no unique constraint on %s', p.owner_table, p.owner_key_columns)
       FROM p
-     WHERE p.owner_table IS NOT NULL
-       AND NOT EXISTS (
+     CROSS JOIN LATERAL (SELECT EXISTS (
         SELECT 1 FROM pg_index x
          WHERE x.indrelid = p.owner_table AND x.indisunique AND x.indisvalid AND x.indpred IS NULL AND x.indexprs IS NULL
            AND (SELECT array_agg(k ORDER BY k) FROM unnest((x.indkey::int2[])[0:x.indnkeyatts - 1]) k)
                = (SELECT array_agg(a.attnum ORDER BY a.attnum) FROM pg_attribute a
-                   WHERE a.attrelid = p.owner_table AND a.attname = ANY (p.owner_key_columns)))
+                   WHERE a.attrelid = p.owner_table AND a.attname = ANY (p.owner_key_columns))) AS ok) u
+     WHERE p.owner_table IS NOT NULL AND NOT u.ok
     UNION ALL
     SELECT DISTINCT ON (x.relid, i.inhrelid) x.relid, i.inhrelid::regclass, 'inherits',
            format('table %s inherits from %s, so writes through it bypass the fence', i.inhrelid::regclass, i.inhparent::regclass)
@@ -695,8 +709,8 @@ RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
     UNION ALL
     SELECT p.relid, c.oid::regclass, 'relation', format('%s is no longer a table', c.oid::regclass)
       FROM p JOIN pg_class c ON c.oid IN (p.relid::oid, p.owner_table::oid)
-     WHERE c.relkind NOT IN ('r', 'p')
-$$;
+     WHERE c.relkind NOT IN ('r', 'p');
+END $$;
 
 CREATE VIEW lease.protected_tables AS
 SELECT p.relid              AS table_name,

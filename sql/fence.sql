@@ -297,7 +297,8 @@ COMMENT ON FUNCTION lease.unprotect(regclass) IS 'Removes pg_lease''s fence from
 -- table is in `only`, when given). kind: 'missing' (a trigger is absent),
 -- 'disabled' (present but not ENABLE ALWAYS), 'renamed' (one of our trigger
 -- functions under another name), 'altered' (one of our triggers no longer
--- fires on every row and event, or has other arguments), 'column' (a fenced column is gone, retyped,
+-- fires on every row and event, or has other arguments), 'order' (another
+-- BEFORE row trigger runs after ours), 'column' (a fenced column is gone, retyped,
 -- generated, or of a type or collation that cannot identify a resource),
 -- 'constraint' (no unique constraint on the owner key), 'inherits' (an
 -- inheritance child of a fenced or owner table, unguarded), 'relation' (a
@@ -377,6 +378,21 @@ BEGIN
                            WHERE x.tgrelid = e.rel AND x.tgname = e.tgname AND x.tgfoid = e.func OFFSET 0) t
      WHERE t.tgtype <> e.tgtype OR t.tgqual IS NOT NULL OR cardinality(t.tgattr::int2[]) > 0
         OR left(encode(t.tgargs, 'escape'), -4) IS DISTINCT FROM e.args AND NOT (e.args = '' AND t.tgnargs = 0)
+    UNION ALL
+    -- Row triggers fire in name order: a BEFORE INSERT/UPDATE row trigger
+    -- named after ours runs after the fence or owner guard has judged the
+    -- row, and could change the row it judged.
+    SELECT DISTINCT ON (e.rel, t.tgname) e.relid::regclass, e.rel::regclass, 'order',
+           format('trigger %s on %s runs after %s and could change the row it checked (name it to sort before %s)',
+                  quote_ident(t.tgname), e.rel::regclass, e.tgname, e.tgname)
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.tgname FROM pg_trigger x
+                           WHERE x.tgrelid = e.rel AND x.tgtype & 3 = 3 AND x.tgtype & 20 <> 0
+                             AND x.tgenabled <> 'D' AND NOT x.tgisinternal
+                             AND x.tgname COLLATE "C" > e.tgname COLLATE "C"
+                             AND x.tgfoid NOT IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+                          OFFSET 0) t
+     WHERE e.tgtype = 31
     UNION ALL
     SELECT DISTINCT e.relid::regclass, t.tgrelid::regclass, 'renamed',
            format('trigger %s on %s runs %s under another name', t.tgname, t.tgrelid::regclass, t.tgfoid::regproc)

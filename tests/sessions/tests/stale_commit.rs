@@ -212,6 +212,41 @@ fn ddl_that_would_change_what_a_resource_is_is_refused() {
 }
 
 #[test]
+fn no_trigger_can_change_a_row_after_the_fence_judged_it() {
+    let (_db, mut c) = poker("drift_trigger_order");
+    c.batch_execute(
+        "CREATE FUNCTION move_row() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN NEW.table_id := 2; RETURN NEW; END $$;
+         CREATE FUNCTION lower_token() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN NEW.owner_fencing_token := 1; RETURN NEW; END $$;",
+    )
+    .unwrap();
+    // Named to run after pg_lease_fence / pg_lease_owner_guard: refused.
+    expect_error(
+        &mut c,
+        "CREATE TRIGGER zz_move BEFORE INSERT ON payouts FOR EACH ROW EXECUTE FUNCTION move_row()",
+        "LF008",
+    );
+    expect_error(
+        &mut c,
+        "CREATE TRIGGER zz_lower BEFORE UPDATE ON tables FOR EACH ROW EXECUTE FUNCTION lower_token()",
+        "LF008",
+    );
+    // Renaming one into that place is refused too.
+    c.batch_execute("CREATE TRIGGER a_move BEFORE INSERT ON payouts FOR EACH ROW EXECUTE FUNCTION move_row()").unwrap();
+    expect_error(&mut c, "ALTER TRIGGER a_move ON payouts RENAME TO zz_move", "LF008");
+    // Before the fence, it is harmless: the fence judges the row it changed.
+    c.batch_execute("UPDATE tables SET owner_fencing_token = 9 WHERE id = 2").unwrap();
+    expect_error(&mut c, "INSERT INTO payouts (table_id, fencing_token) VALUES (1, 5)", "LF001");
+    c.batch_execute("INSERT INTO payouts (table_id, fencing_token) VALUES (1, 9)").unwrap();
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM payouts WHERE table_id = 2"), 1);
+    // AFTER triggers and statement triggers cannot change the row: allowed.
+    c.batch_execute("CREATE TRIGGER zz_after AFTER INSERT ON payouts FOR EACH ROW EXECUTE FUNCTION move_row()")
+        .unwrap();
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected_tables WHERE enforced"), 1);
+}
+
+#[test]
 fn attach_and_detach_keep_the_fence_whole() {
     let db = TestDb::new("drift_partitions");
     let mut c = db.connect();

@@ -542,7 +542,7 @@ fn audit_status_says_when_the_worker_fails_and_when_it_recovers() {
 fn audit_status_says_what_the_worker_waits_for() {
     let cluster = Cluster::start_with("audit_waiting", 54438, &["pg_lease.database = 'audit_home'"]);
     let mut c = cluster.connect();
-    c.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER}")).unwrap();
+    c.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER} {NOTES}")).unwrap();
     let s = wait_for_status(&mut c, "waiting for the database", Duration::from_secs(10), |s| {
         s.starts_with("waiting") && s.contains("database \"audit_home\"")
     });
@@ -551,7 +551,9 @@ fn audit_status_says_what_the_worker_waits_for() {
 
     // The database appears; the worker connects (it retries every 5 s) and
     // waits for the extension.
-    c.batch_execute("CREATE DATABASE audit_home").unwrap();
+    // A SQL_ASCII audit database: its jsonb takes no \u escape beyond ASCII.
+    c.batch_execute("CREATE DATABASE audit_home ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+        .unwrap();
     wait_for_status(&mut c, "waiting for the extension", Duration::from_secs(20), |s| {
         s.starts_with("waiting") && s.contains("CREATE EXTENSION pg_lease") && s.contains("\"audit_home\"")
     });
@@ -563,6 +565,18 @@ fn audit_status_says_what_the_worker_waits_for() {
     wait_for("the waiting record", Duration::from_secs(10), || {
         one_i64(&mut home, "SELECT count(*) FROM lease.rejected_writes") == 1
     });
+    c.batch_execute("SET pg_lease.audit_row = on").unwrap();
+    refuse_note(&mut c, "escaped", r#"{"k": "caf\u00e9 \ud83d\ude00"}"#);
+    refuse_note(&mut c, "after", "{}");
+    wait_for("the json refusals", Duration::from_secs(10), || {
+        one_i64(&mut home, "SELECT count(*) FROM lease.rejected_writes") == 3
+    });
+    let k: String = home
+        .query_one("SELECT row_data->'doc'->>'k' FROM lease.rejected_writes WHERE row_data->>'memo' = 'escaped'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(k, "café 😀");
+    assert_eq!(accounting(&mut c).dropped, 0);
 
     // The worker cannot connect: failing, with the server's reason.
     c.batch_execute("ALTER DATABASE audit_home ALLOW_CONNECTIONS false").unwrap();

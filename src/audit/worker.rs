@@ -83,12 +83,19 @@ pub extern "C-unwind" fn pg_lease_audit_worker_main(_arg: pg_sys::Datum) {
     let database = gucs::database();
     BackgroundWorker::connect_worker_to_spi(Some(&database), None);
     unsafe {
-        pg_sys::SetConfigOption(
-            c"lock_timeout".as_ptr(),
-            LOCK_TIMEOUT.as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_OVERRIDE,
-        );
+        for (name, value) in [
+            (c"lock_timeout", LOCK_TIMEOUT),
+            // Nothing a role created in the audit database resolves the
+            // worker's (superuser) statements.
+            (c"search_path", c"pg_catalog, pg_temp"),
+        ] {
+            pg_sys::SetConfigOption(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_SUSET,
+                pg_sys::GucSource::PGC_S_OVERRIDE,
+            );
+        }
         shmem::set_worker(&raw mut (*pg_sys::MyProc).procLatch, pg_sys::MyProcPid);
     }
     log!("pg_lease audit worker started: recording refusals in database \"{database}\"");
@@ -114,6 +121,11 @@ pub extern "C-unwind" fn pg_lease_audit_worker_main(_arg: pg_sys::Datum) {
     shmem::set_worker(std::ptr::null_mut(), 0);
     shmem::set_phase(Phase::Stopped);
     log!("pg_lease audit worker stopped");
+    // Exit code 0 would unregister the worker for good: a SIGTERM that is not
+    // a server shutdown (pg_terminate_backend) would end the audit until the
+    // next restart. With 1 the postmaster starts it again after 5 s, unless
+    // it is shutting down.
+    unsafe { pg_sys::proc_exit(1) };
 }
 
 /// An error caught in the worker: its SQLSTATE and message.

@@ -531,6 +531,18 @@ fn audit_status_says_when_the_worker_fails_and_when_it_recovers() {
     let a = accounting(&mut c);
     assert_eq!((a.refused, a.recorded, a.dropped), (2, 2, 0), "{a:?}");
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes WHERE database = 'doomed'"), 1);
+    // A worker terminated by an administrator comes back.
+    let old_pid: i32 = c.query_one("SELECT worker_pid FROM lease.audit_status()", &[]).unwrap().get(0);
+    c.batch_execute("SELECT pg_terminate_backend(worker_pid) FROM lease.audit_status()").unwrap();
+    wait_for("the worker to come back", Duration::from_secs(15), || {
+        let r = c.query_one("SELECT worker_pid, status FROM lease.audit_status()", &[]).unwrap();
+        r.get::<_, Option<i32>>(0).is_some_and(|p| p != old_pid) && r.get::<_, String>(1).starts_with("recording")
+    });
+    assert_eq!(try_sql(&mut c, "INSERT INTO payouts (table_id, fencing_token) VALUES (2, 4)"), "LF001");
+    wait_for("a refusal after the restart", Duration::from_secs(10), || {
+        one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes WHERE resource_key = '(table_id)=(2)'") == 2
+    });
+
     // The worker said so in the log, once, not at every retry.
     let log = cluster.server_log();
     let lines: Vec<&str> = log.lines().filter(|l| l.contains("pg_lease audit worker: cannot write")).collect();

@@ -331,8 +331,13 @@ pub fn set_last_error(error: Option<&str>, now: i64) {
         let s = SHARED;
         match error {
             Some(e) => {
-                (*s).last_error.set(e);
-                (*s).last_error_at = now;
+                let mut note = FixedStr::EMPTY;
+                note.set(e);
+                // The same error again: it has lasted since the first time.
+                if (*s).last_error.as_str() != note.as_str() || (*s).last_error_at == 0 {
+                    (*s).last_error = note;
+                    (*s).last_error_at = now;
+                }
             }
             None => {
                 (*s).last_error = FixedStr::EMPTY;

@@ -119,10 +119,10 @@ fn when(t: i64) -> String {
 fn status_text(audit: bool, database: &str, pid: i32, queued: u64) -> String {
     let phase = shmem::phase();
     let notes = shmem::notes();
-    let queue = if queued == 0 {
-        "refusals will stay queued".to_owned()
-    } else {
-        format!("{queued} refusals wait in the queue")
+    let queue = match queued {
+        0 => "refusals will stay queued".to_owned(),
+        1 => "1 refusal waits in the queue".to_owned(),
+        n => format!("{n} refusals wait in the queue"),
     };
     let queue = format!("{queue} (counted as dropped once it is full)");
     if !audit {

@@ -147,10 +147,15 @@ fn status_text(audit: bool, database: &str, pid: i32, queued: u64) -> String {
         return format!("failing since {}: {error}; {running}; {queue}", when(at));
     }
     if pid == 0 {
-        return if phase == Phase::Connecting {
+        return if unsafe { pg_sys::RecoveryInProgress() } {
+            "not running: this server is a standby, which refuses no writes; the audit worker starts once it is promoted"
+                .to_owned()
+        } else if phase == Phase::Connecting {
             format!("starting: the audit worker is connecting to database \"{database}\"; {queue}")
         } else {
-            format!("not running: the audit worker has not started or has stopped; {queue} for database \"{database}\"")
+            format!(
+                "not running: the audit worker is not running (stopped by pg_terminate_backend or by an error, it restarts within 5 s); {queue} for database \"{database}\""
+            )
         };
     }
     if phase == Phase::Connecting {

@@ -55,7 +55,14 @@ static mut PREV_EMIT_LOG_HOOK: pg_sys::emit_log_hook_type = None;
 /// something escaped) is what `lease.audit_status()` shows until a later
 /// write succeeds.
 unsafe extern "C-unwind" fn on_worker_log(edata: *mut pg_sys::ErrorData) {
-    if !edata.is_null() && (*edata).elevel >= pg_sys::PGERROR as i32 && !(*edata).message.is_null() {
+    // A missing database is not kept: audit_status sees it for itself, and
+    // stops saying so as soon as the database exists.
+    let missing_database = PgSqlErrorCode::ERRCODE_INVALID_CATALOG_NAME as isize as i32;
+    if !edata.is_null()
+        && (*edata).elevel >= pg_sys::PGERROR as i32
+        && (*edata).sqlerrcode != missing_database
+        && !(*edata).message.is_null()
+    {
         let message = CStr::from_ptr((*edata).message).to_string_lossy();
         shmem::set_last_error(Some(&message), pg_sys::GetCurrentTimestamp());
     }

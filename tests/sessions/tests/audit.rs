@@ -543,11 +543,15 @@ fn audit_status_says_when_the_worker_fails_and_when_it_recovers() {
         one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes WHERE resource_key = '(table_id)=(2)'") == 2
     });
 
-    // The worker said so in the log, once, not at every retry.
+    // The worker said so in the log, once, not at every retry. (The ALTER
+    // TABLEs can hold their lock for seconds on a busy machine: the worker
+    // may also have logged its lock timeout, once.)
     let log = cluster.server_log();
-    let lines: Vec<&str> = log.lines().filter(|l| l.contains("pg_lease audit worker: cannot write")).collect();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("pg_lease audit worker: cannot write") && l.contains("audit_blocked"))
+        .collect();
     assert_eq!(lines.len(), 1, "{log}");
-    assert!(lines[0].contains("audit_blocked"), "{}", lines[0]);
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! which writes it to `lease.rejected_writes` in its own transaction, so it
 //! survives the writer's rollback.
 
+pub mod sanitize;
 pub mod shmem;
 pub mod status;
 pub mod worker;
@@ -28,17 +29,46 @@ pub struct AuditFacts {
     pub row_json: Option<String>,
 }
 
-/// The refused row as JSON text, if `pg_lease.audit_row` asks for it.
+/// The refused row as the `row_data` document (valid jsonb, at most
+/// [`sanitize::ROW_DATA_MAX`] bytes), if `pg_lease.audit_row` asks for it.
 pub fn row_json(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> Option<String> {
     if !gucs::AUDIT_ROW.get() {
         return None;
     }
     unsafe {
+        let size = row_size(tuple, desc);
+        if size > sanitize::ROW_SERIALIZE_MAX {
+            return Some(sanitize::truncated(size));
+        }
         let record = pg_sys::heap_copy_tuple_as_datum(tuple, desc);
         let json =
             pg_sys::OidFunctionCall1Coll(pg_sys::Oid::from(pg_sys::F_ROW_TO_JSON_RECORD), pg_sys::InvalidOid, record);
-        Some(owned(pg_sys::text_to_cstring(json.cast_mut_ptr())))
+        Some(sanitize::row_data(&owned(pg_sys::text_to_cstring(json.cast_mut_ptr()))))
     }
+}
+
+/// The size of a row's data, values counted uncompressed and detoasted
+/// (without detoasting them).
+unsafe fn row_size(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> usize {
+    let natts = (*desc).natts as usize;
+    let attrs = (*desc).attrs.as_slice(natts);
+    let mut size = 0usize;
+    for (i, att) in attrs.iter().enumerate() {
+        if att.attisdropped {
+            continue;
+        }
+        let mut isnull = false;
+        let datum = pg_sys::heap_getattr(tuple, i as i32 + 1, desc, &mut isnull);
+        if isnull {
+            continue;
+        }
+        size += match att.attlen {
+            -1 => pg_sys::toast_raw_datum_size(datum),
+            -2 => std::ffi::CStr::from_ptr(datum.cast_mut_ptr()).to_bytes().len(),
+            n => n.max(0) as usize,
+        };
+    }
+    size
 }
 
 struct Session {
@@ -79,21 +109,6 @@ fn session() -> Session {
     }
 }
 
-fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 fn json_token(t: Option<i64>) -> String {
     t.map_or_else(|| "null".to_owned(), |t| t.to_string())
 }
@@ -114,15 +129,15 @@ pub fn on_refusal(refusal: &Refusal) {
             "pg_lease rejected write: {{\"sqlstate\": \"{}\", \"error\": \"{}\", \"table\": {}, \"operation\": \"{}\", \"resource\": {}, \"presented_token\": {}, \"current_token\": {}, \"database\": {}, \"role\": {}, \"application_name\": {}, \"client_addr\": {}, \"pid\": {}}}",
             refusal.error.sqlstate(),
             refusal.error.name(),
-            json_str(&facts.table),
+            sanitize::json_string(&facts.table),
             facts.operation,
-            json_str(&facts.resource),
+            sanitize::json_string(&facts.resource),
             json_token(facts.presented),
             json_token(facts.current),
-            json_str(&who.database),
-            json_str(&who.role),
-            json_str(&who.application_name),
-            json_str(&who.client_addr),
+            sanitize::json_string(&who.database),
+            sanitize::json_string(&who.role),
+            sanitize::json_string(&who.application_name),
+            sanitize::json_string(&who.client_addr),
             who.pid
         );
     }
@@ -158,12 +173,8 @@ pub fn on_refusal(refusal: &Refusal) {
         record.statement.set(&unsafe { owned(pg_sys::debug_query_string) });
     }
     if let Some(json) = &facts.row_json {
-        if json.len() <= 500 {
-            record.row_data.set(json);
-        } else {
-            // Never store a cut JSON document.
-            record.row_data.set(&format!("{{\"truncated\": true, \"bytes\": {}}}", json.len()));
-        }
+        // Already at most ROW_DATA_MAX bytes: never stored cut.
+        record.row_data.set(json);
     }
     shmem::enqueue(Some(&record));
 }

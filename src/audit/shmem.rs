@@ -21,7 +21,10 @@ pub struct FixedStr<const N: usize> {
 impl<const N: usize> FixedStr<N> {
     pub const EMPTY: Self = FixedStr { len: 0, bytes: [0; N] };
 
+    /// Stores `s`, NUL characters replaced by U+FFFD (text cannot hold
+    /// them), cut to `N` bytes at a character boundary.
     pub fn set(&mut self, s: &str) {
+        let s = super::sanitize::without_nul(s);
         let mut end = s.len().min(N);
         while !s.is_char_boundary(end) {
             end -= 1;
@@ -32,6 +35,10 @@ impl<const N: usize> FixedStr<N> {
 
     pub fn as_str(&self) -> &str {
         std::str::from_utf8(&self.bytes[..self.len as usize]).unwrap_or("")
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
@@ -94,6 +101,36 @@ pub struct StatSlot {
 
 pub const STAT_SLOTS: usize = 1024;
 
+/// What the audit worker is doing, as it last said.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Phase {
+    /// Not started, or exited.
+    Stopped = 0,
+    /// Started, connecting to `pg_lease.database`.
+    Connecting = 1,
+    /// Its last write (or check) of `lease.rejected_writes` succeeded.
+    Recording = 2,
+    /// Connected, but `lease.rejected_writes` does not exist there.
+    WaitingExtension = 3,
+    /// It cannot write `lease.rejected_writes`; the error is in `last_error`.
+    Failing = 4,
+}
+
+impl Phase {
+    fn from_u32(v: u32) -> Phase {
+        match v {
+            1 => Phase::Connecting,
+            2 => Phase::Recording,
+            3 => Phase::WaitingExtension,
+            4 => Phase::Failing,
+            _ => Phase::Stopped,
+        }
+    }
+}
+
+pub const NOTE_LEN: usize = 480;
+
 #[repr(C)]
 pub struct Shared {
     capacity: u64,
@@ -103,9 +140,17 @@ pub struct Shared {
     refused: u64,
     recorded: u64,
     dropped: u64,
+    /// Why the worker cannot record (set when a write fails or the worker
+    /// dies, cleared when a later write succeeds), and since when.
+    last_error: FixedStr<NOTE_LEN>,
+    last_error_at: i64,
+    /// Why the worker last dropped a record it could not write, and when.
+    last_drop: FixedStr<NOTE_LEN>,
+    last_drop_at: i64,
     // Lock-free:
     pub last_flush: AtomicI64,
     pub worker_pid: AtomicI32,
+    phase: AtomicU32,
     worker_latch: AtomicPtr<pg_sys::Latch>,
     pub stats: [StatSlot; STAT_SLOTS],
     // `capacity` records follow.
@@ -242,17 +287,98 @@ pub fn peek(max: usize, out: &mut Vec<AuditRecord>) {
     }
 }
 
-/// The first `n` queued records are now committed to the audit table.
-pub fn commit_recorded(n: usize, now: i64) {
+/// The first `n` queued records are done with: `dropped` of them could not
+/// be written and are counted as dropped, the others are committed to the
+/// audit table.
+pub fn commit_recorded(n: usize, dropped: usize, now: i64) {
+    if shared().is_none() {
+        return;
+    }
+    debug_assert!(dropped <= n);
+    unsafe {
+        let _lock = Locked::acquire();
+        let s = SHARED;
+        (*s).tail += n as u64;
+        (*s).recorded += (n - dropped) as u64;
+        (*s).dropped += dropped as u64;
+        (*s).last_flush.store(now, Ordering::Relaxed);
+    }
+}
+
+pub fn set_phase(phase: Phase) {
+    if let Some(s) = shared() {
+        s.phase.store(phase as u32, Ordering::Release);
+    }
+}
+
+pub fn phase() -> Phase {
+    shared().map_or(Phase::Stopped, |s| Phase::from_u32(s.phase.load(Ordering::Acquire)))
+}
+
+/// Records why the worker cannot record; `None` clears it.
+pub fn set_last_error(error: Option<&str>, now: i64) {
+    if shared().is_none() {
+        return;
+    }
+    unsafe {
+        // From the worker's error hook the lock may already be ours (an
+        // error raised while holding it): then the note is skipped rather
+        // than self-deadlocking.
+        if pg_sys::LWLockHeldByMe(LOCK) {
+            return;
+        }
+        let _lock = Locked::acquire();
+        let s = SHARED;
+        match error {
+            Some(e) => {
+                let mut note = FixedStr::EMPTY;
+                note.set(e);
+                // The same error again: it has lasted since the first time.
+                if (*s).last_error.as_str() != note.as_str() || (*s).last_error_at == 0 {
+                    (*s).last_error = note;
+                    (*s).last_error_at = now;
+                }
+            }
+            None => {
+                (*s).last_error = FixedStr::EMPTY;
+                (*s).last_error_at = 0;
+            }
+        }
+    }
+}
+
+/// Records why the worker dropped a record.
+pub fn set_last_drop(why: &str, now: i64) {
     if shared().is_none() {
         return;
     }
     unsafe {
         let _lock = Locked::acquire();
         let s = SHARED;
-        (*s).tail += n as u64;
-        (*s).recorded += n as u64;
-        (*s).last_flush.store(now, Ordering::Relaxed);
+        (*s).last_drop.set(why);
+        (*s).last_drop_at = now;
+    }
+}
+
+/// What the worker last said went wrong: (message, when).
+#[derive(Clone, Debug, Default)]
+pub struct WorkerNotes {
+    pub last_error: Option<(String, i64)>,
+    pub last_drop: Option<(String, i64)>,
+}
+
+pub fn notes() -> WorkerNotes {
+    if shared().is_none() {
+        return WorkerNotes::default();
+    }
+    unsafe {
+        let _lock = Locked::acquire();
+        let s = SHARED;
+        let note = |text: &FixedStr<NOTE_LEN>, at: i64| (!text.is_empty()).then(|| (text.as_str().to_owned(), at));
+        WorkerNotes {
+            last_error: note(&(*s).last_error, (*s).last_error_at),
+            last_drop: note(&(*s).last_drop, (*s).last_drop_at),
+        }
     }
 }
 
@@ -291,6 +417,8 @@ pub fn reset() {
         (*s).refused = (*s).head - (*s).tail;
         (*s).recorded = 0;
         (*s).dropped = 0;
+        (*s).last_drop = FixedStr::EMPTY;
+        (*s).last_drop_at = 0;
     }
     for slot in &shared.stats {
         slot.accepted.store(0, Ordering::Relaxed);

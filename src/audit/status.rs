@@ -1,7 +1,7 @@
 //! SQL views onto the shared counters: `lease._stats()`, `lease.audit_status()`,
 //! `lease.stats_reset()`.
 
-use super::shmem;
+use super::shmem::{self, Phase};
 use crate::gucs;
 use pgrx::prelude::*;
 use std::sync::atomic::Ordering;
@@ -71,13 +71,7 @@ pub fn audit_status() -> TableIterator<
     let row = match (shmem::shared(), shmem::counters()) {
         (Some(s), Some(c)) => {
             let pid = s.worker_pid.load(Ordering::Acquire);
-            let status = if !audit {
-                "pg_lease.audit is off: refusals are counted as dropped and only logged".to_owned()
-            } else if pid == 0 {
-                format!("the audit worker is not running; refusals stay queued for database \"{database}\"")
-            } else {
-                format!("recording refusals of every database in \"{database}\".lease.rejected_writes")
-            };
+            let status = status_text(audit, &database, pid, c.queued);
             (
                 true,
                 audit,
@@ -108,6 +102,70 @@ pub fn audit_status() -> TableIterator<
         ),
     };
     TableIterator::once(row)
+}
+
+fn database_exists(name: &str) -> bool {
+    let Ok(name) = std::ffi::CString::new(name) else { return false };
+    unsafe { pg_sys::get_database_oid(name.as_ptr(), true) != pg_sys::InvalidOid }
+}
+
+fn when(t: i64) -> String {
+    unsafe { crate::fence::pg::owned(pg_sys::timestamptz_to_str(t)) }
+}
+
+/// What `status` says, first word first: `recording`, `waiting` (for the
+/// database or for the extension in it), `failing` (with the worker's last
+/// error), `starting`, `not running`; or that `pg_lease.audit is off`.
+fn status_text(audit: bool, database: &str, pid: i32, queued: u64) -> String {
+    let phase = shmem::phase();
+    let notes = shmem::notes();
+    let queue = match queued {
+        0 => "refusals will stay queued".to_owned(),
+        1 => "1 refusal waits in the queue".to_owned(),
+        n => format!("{n} refusals wait in the queue"),
+    };
+    let queue = format!("{queue} (counted as dropped once it is full)");
+    if !audit {
+        return "pg_lease.audit is off: refusals are counted as dropped and only logged".to_owned();
+    }
+    if !database_exists(database) {
+        return format!(
+            "waiting for database \"{database}\" (pg_lease.database) to exist: create it and CREATE EXTENSION pg_lease there; the audit worker retries every 5 s; {queue}"
+        );
+    }
+    if pid != 0 && phase == Phase::WaitingExtension {
+        return format!(
+            "waiting for CREATE EXTENSION pg_lease in database \"{database}\" (pg_lease.database); {queue}"
+        );
+    }
+    if let Some((error, at)) = notes.last_error.filter(|_| pid == 0 || phase == Phase::Failing) {
+        let running = if pid == 0 {
+            "the audit worker is not running (it restarts every 5 s)"
+        } else {
+            "the audit worker retries every second"
+        };
+        return format!("failing since {}: {error}; {running}; {queue}", when(at));
+    }
+    if pid == 0 {
+        return if unsafe { pg_sys::RecoveryInProgress() } {
+            "not running: this server is a standby, which refuses no writes; the audit worker starts once it is promoted"
+                .to_owned()
+        } else if phase == Phase::Connecting {
+            format!("starting: the audit worker is connecting to database \"{database}\"; {queue}")
+        } else {
+            format!(
+                "not running: the audit worker is not running (stopped by pg_terminate_backend or by an error, it restarts within 5 s); {queue} for database \"{database}\""
+            )
+        };
+    }
+    if phase == Phase::Connecting {
+        return format!("starting: the audit worker is checking database \"{database}\"; {queue}");
+    }
+    let mut text = format!("recording refusals of every database in \"{database}\".lease.rejected_writes");
+    if let Some((why, at)) = notes.last_drop {
+        text.push_str(&format!("; the last record it could not write was dropped at {}: {why}", when(at)));
+    }
+    text
 }
 
 /// Zeroes accepted/refused/recorded/dropped counters (queued records stay).

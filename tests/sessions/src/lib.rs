@@ -27,9 +27,14 @@ static SEQ: AtomicUsize = AtomicUsize::new(0);
 
 impl TestDb {
     pub fn new(label: &str) -> TestDb {
+        Self::with_options(label, "")
+    }
+
+    /// Same, created with `CREATE DATABASE <name> <options>` (e.g. an encoding).
+    pub fn with_options(label: &str, options: &str) -> TestDb {
         let name = format!("t_{label}_{}_{}", std::process::id(), SEQ.fetch_add(1, Ordering::SeqCst));
         let mut admin = connect_to("postgres", "postgres");
-        admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+        admin.batch_execute(&format!("CREATE DATABASE {name} {options}")).unwrap();
         let db = TestDb { name };
         db.connect().batch_execute("CREATE EXTENSION pg_lease").unwrap();
         db
@@ -115,6 +120,14 @@ pub struct Cluster {
     pub port: u16,
 }
 
+/// Added to every [`Cluster`] port, so that two checkouts can run their
+/// suites on one machine at once (`PG_LEASE_PORT_OFFSET`, default 0). An
+/// offset such as 6600 also lifts the ports above Linux's ephemeral range
+/// (32768-60999), where a busy machine's client sockets can hold them.
+fn port_offset() -> u16 {
+    std::env::var("PG_LEASE_PORT_OFFSET").ok().and_then(|p| p.parse().ok()).unwrap_or(0)
+}
+
 fn cluster_sh(args: &[&str]) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/cluster.sh");
     let status = std::process::Command::new(script)
@@ -132,6 +145,7 @@ impl Cluster {
 
     /// Same, with extra postgresql.conf lines (later lines win).
     pub fn start_with(name: &str, port: u16, conf: &[&str]) -> Cluster {
+        let port = port + port_offset();
         let port_s = port.to_string();
         let mut args = vec!["start", name, &port_s];
         args.extend_from_slice(conf);
@@ -162,12 +176,18 @@ impl Cluster {
 
     /// A streaming standby of `primary` (asynchronous, via pg_basebackup -R).
     pub fn standby_of(primary: &Cluster, name: &str, port: u16) -> Cluster {
+        let port = port + port_offset();
         cluster_sh(&["standby", name, &port.to_string(), &primary.port.to_string()]);
         Cluster { name: name.to_owned(), port }
     }
 
     pub fn connect(&self) -> Client {
-        let conn = format!("host=127.0.0.1 port={} user=postgres dbname=postgres", self.port);
+        self.connect_db("postgres")
+    }
+
+    /// A connection to another database of this cluster.
+    pub fn connect_db(&self, dbname: &str) -> Client {
+        let conn = format!("host=127.0.0.1 port={} user=postgres dbname={dbname}", self.port);
         let start = std::time::Instant::now();
         loop {
             match Client::connect(&conn, NoTls) {

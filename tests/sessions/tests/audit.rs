@@ -257,3 +257,362 @@ fn retention_purges_old_audit_rows() {
     });
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes"), 2);
 }
+
+// ---------------------------------------------------------------------------
+// No record can stop the audit, and audit_status tells the truth.
+// ---------------------------------------------------------------------------
+
+fn status(c: &mut Client) -> String {
+    c.query_one("SELECT status FROM lease.audit_status()", &[]).unwrap().get(0)
+}
+
+/// Waits until `lease.audit_status().status` satisfies `check`, returning it.
+#[track_caller]
+fn wait_for_status(c: &mut Client, what: &str, timeout: Duration, check: impl Fn(&str) -> bool) -> String {
+    let start = Instant::now();
+    loop {
+        let s = status(c);
+        if check(&s) {
+            return s;
+        }
+        assert!(start.elapsed() < timeout, "timed out waiting for the status to say {what}; it says: {s}");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A fenced table with a json column, beside the poker schema.
+const NOTES: &str = "
+    CREATE TABLE notes (
+        id bigserial PRIMARY KEY,
+        table_id int NOT NULL,
+        fencing_token bigint,
+        memo text,
+        doc json
+    );
+    SELECT lease.protect('notes', '{table_id}', 'fencing_token');
+";
+
+#[track_caller]
+fn refuse_note(c: &mut Client, memo: &str, doc: &str) {
+    let sql = format!("INSERT INTO notes (table_id, fencing_token, memo, doc) VALUES (1, 4, '{memo}', '{doc}')");
+    assert_eq!(try_sql(c, &sql), "LF001", "{sql}");
+}
+
+#[test]
+fn json_that_jsonb_cannot_hold_does_not_stop_the_audit() {
+    let cluster = Cluster::start("audit_json", 54435);
+    let mut c = cluster.connect();
+    c.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER} {NOTES}")).unwrap();
+    c.batch_execute("SET pg_lease.audit_row = on").unwrap();
+    // All valid json, none of it valid jsonb as it stands.
+    refuse_note(&mut c, "nul", r#"{"k": "a\u0000b", "\u0000": [1, "\u0000"]}"#);
+    refuse_note(&mut c, "numbers", r#"{"big": 1e1000000, "tiny": 1e-20000, "exact": 12345678901234567890.123456789}"#);
+    refuse_note(&mut c, "surrogate", r#"{"k": "\ud800"}"#);
+    // Deeper than serde_json's 128 levels, short enough to be kept whole.
+    let deep = format!("{}{}", "[".repeat(150), "]".repeat(150));
+    refuse_note(&mut c, "deep", &deep);
+    c.batch_execute("RESET pg_lease.audit_row").unwrap();
+    // A plain refusal after them must be recorded too.
+    refuse_note(&mut c, "plain", "{}");
+
+    wait_for("all five audit rows", Duration::from_secs(10), || {
+        one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes") == 5
+    });
+    let a = accounting(&mut c);
+    assert_eq!((a.refused, a.recorded, a.dropped, a.queued), (5, 5, 0, 0), "{a:?}");
+    assert!(status(&mut c).starts_with("recording"), "{}", status(&mut c));
+
+    let text = |c: &mut Client, sql: &str| -> Option<String> { c.query_one(sql, &[]).unwrap().get(0) };
+    // NUL characters, in values and in keys, become U+FFFD; the rest is kept.
+    assert_eq!(
+        text(&mut c, "SELECT row_data->'doc'->>'k' FROM lease.rejected_writes WHERE row_data->>'memo' = 'nul'"),
+        Some("a\u{FFFD}b".to_owned())
+    );
+    assert_eq!(
+        text(
+            &mut c,
+            "SELECT row_data->'doc'->'\u{FFFD}'->>1 FROM lease.rejected_writes WHERE row_data->>'memo' = 'nul'"
+        ),
+        Some("\u{FFFD}".to_owned())
+    );
+    // Numbers jsonb cannot hold are kept as their text; others keep every digit.
+    let numbers = c
+        .query_one(
+            "SELECT row_data->'doc'->>'big', jsonb_typeof(row_data->'doc'->'big'), row_data->'doc'->>'tiny',
+                    row_data->'doc'->>'exact', jsonb_typeof(row_data->'doc'->'exact')
+               FROM lease.rejected_writes WHERE row_data->>'memo' = 'numbers'",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(numbers.get::<_, String>(0), "1e+1000000");
+    assert_eq!(numbers.get::<_, String>(1), "string");
+    assert_eq!(numbers.get::<_, String>(2), "1e-20000");
+    assert_eq!(numbers.get::<_, String>(3), "12345678901234567890.123456789");
+    assert_eq!(numbers.get::<_, String>(4), "number");
+    // JSON that cannot be structured at all is kept as its text.
+    for memo in ["surrogate", "deep"] {
+        let r = c
+            .query_one(
+                "SELECT jsonb_typeof(row_data), row_data #>> '{}' FROM lease.rejected_writes
+                  WHERE resource_key = '(table_id)=(1)' AND row_data #>> '{}' LIKE '%\"memo\":\"' || $1 || '\"%'",
+                &[&memo],
+            )
+            .unwrap_or_else(|e| panic!("the {memo} row: {e}"));
+        assert_eq!(r.get::<_, String>(0), "string", "{memo}");
+    }
+    assert_eq!(
+        one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes WHERE row_data IS NULL"),
+        1,
+        "the plain refusal kept no row"
+    );
+}
+
+#[test]
+fn a_record_that_cannot_be_written_is_dropped_alone() {
+    let cluster = Cluster::start("audit_poison", 54436);
+    let mut c = cluster.connect();
+    c.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER}")).unwrap();
+    // Whatever the reason a record cannot be inserted, here a constraint:
+    c.batch_execute(
+        "ALTER TABLE lease.rejected_writes ADD CONSTRAINT no_poison CHECK (application_name IS DISTINCT FROM 'poison')",
+    )
+    .unwrap();
+    let refuse = |c: &mut Client, app: &str| {
+        c.batch_execute(&format!("SET application_name = '{app}'")).unwrap();
+        assert_eq!(try_sql(c, "INSERT INTO payouts (table_id, fencing_token) VALUES (1, 4)"), "LF001");
+    };
+    refuse(&mut c, "poison");
+    refuse(&mut c, "after-1");
+    wait_for("the refusal after the poison", Duration::from_secs(10), || {
+        one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes WHERE application_name = 'after-1'") == 1
+    });
+    let a = accounting(&mut c);
+    assert_eq!((a.refused, a.recorded, a.dropped, a.queued), (2, 1, 1, 0), "{a:?}");
+    // One LOG line says which record was dropped and why.
+    let log = cluster.server_log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("pg_lease audit worker: dropped")).collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(lines[0].contains("no_poison") && lines[0].contains("public.payouts"), "{}", lines[0]);
+    let s = status(&mut c);
+    assert!(s.starts_with("recording") && s.contains("no_poison"), "{s}");
+
+    // The worker goes on recording, also in batches that hold a bad record.
+    refuse(&mut c, "after-2");
+    refuse(&mut c, "poison");
+    refuse(&mut c, "after-3");
+    wait_for("the later refusals", Duration::from_secs(10), || {
+        one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes WHERE application_name LIKE 'after-%'") == 3
+    });
+    wait_for("the queue to drain", Duration::from_secs(10), || accounting(&mut c).queued == 0);
+    let a = accounting(&mut c);
+    assert_eq!((a.refused, a.recorded, a.dropped), (5, 3, 2), "{a:?}");
+}
+
+#[test]
+fn invalid_utf8_from_a_sql_ascii_database_is_recorded() {
+    let db =
+        TestDb::with_options("audit_sqlascii", "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0");
+    let mut c = db.connect();
+    // Key, text and json values, and the role, in bytes that are not UTF-8.
+    // (Only through EXECUTE: the client speaks UTF-8. Identifiers stay ASCII:
+    // a fence on a non-UTF-8 column name is another matter than the audit.)
+    let role = format!("r{}", std::process::id());
+    c.batch_execute(&format!(
+        r#"CREATE TABLE rooms (id text PRIMARY KEY, owner_fencing_token bigint);
+           CREATE TABLE bets (id bigserial, room text NOT NULL, memo text, doc json, fencing_token bigint);
+           SELECT lease.protect('bets', '{{room}}', 'fencing_token', 'rooms');
+           INSERT INTO rooms VALUES (E'\xff\xfe', 5);
+           DO $$ BEGIN
+             EXECUTE format('CREATE ROLE %I', '{role}' || E'\xfc');
+             EXECUTE format('GRANT INSERT, SELECT ON bets, rooms TO %I', '{role}' || E'\xfc');
+             EXECUTE format('GRANT USAGE ON SEQUENCE bets_id_seq TO %I', '{role}' || E'\xfc');
+           END $$;
+           SET pg_lease.audit_row = on; SET pg_lease.audit_statement = on;
+           DO $$ BEGIN EXECUTE format('SET ROLE %I', '{role}' || E'\xfc'); END $$;"#
+    ))
+    .unwrap();
+    let refused = try_sql(
+        &mut c,
+        r#"INSERT INTO bets (room, memo, doc, fencing_token)
+           VALUES (E'\xff\xfe', E'caf\xe9', ('{"k": "' || E'\xe9' || '"}')::json, 4)"#,
+    );
+    assert_eq!(refused, "LF001");
+    c.batch_execute(&format!(
+        "RESET ROLE; DO $$ BEGIN EXECUTE format('DROP OWNED BY %I', '{role}' || E'\\xfc');
+                               EXECUTE format('DROP ROLE %I', '{role}' || E'\\xfc'); END $$"
+    ))
+    .unwrap();
+    let mut audit = audit_db();
+    wait_for("the audit row", Duration::from_secs(10), || {
+        one_i64(&mut audit, &format!("SELECT count(*) FROM lease.rejected_writes WHERE database = '{}'", db.name)) == 1
+    });
+    let r = audit
+        .query_one(
+            "SELECT role, resource_key, row_data->>'memo', row_data->'doc'->>'k', statement
+               FROM lease.rejected_writes WHERE database = $1",
+            &[&db.name],
+        )
+        .unwrap();
+    assert_eq!(r.get::<_, String>(0), format!("{role}\u{FFFD}"));
+    assert_eq!(r.get::<_, String>(1), "(room)=(\u{FFFD}\u{FFFD})");
+    assert_eq!(r.get::<_, String>(2), "caf\u{FFFD}");
+    assert_eq!(r.get::<_, String>(3), "\u{FFFD}");
+    assert!(r.get::<_, String>(4).contains("INSERT INTO bets"));
+}
+
+#[test]
+fn oversized_values_are_cut_to_their_documented_limits() {
+    let db = TestDb::new("audit_oversized");
+    let mut c = db.connect();
+    c.batch_execute(
+        "CREATE TABLE rooms (id text PRIMARY KEY, owner_fencing_token bigint);
+         CREATE TABLE docs (id bigserial, room text NOT NULL, body text, fencing_token bigint);
+         SELECT lease.protect('docs', '{room}', 'fencing_token', 'rooms');
+         INSERT INTO rooms VALUES (repeat('k', 2000), 5);
+         SET pg_lease.audit_row = on; SET pg_lease.audit_statement = on;",
+    )
+    .unwrap();
+    // A 1 MB statement writing a 6 MB row with a 2 kB key.
+    let literal = "s".repeat(1_000_000);
+    let sql = format!(
+        "INSERT INTO docs (room, body, fencing_token) VALUES (repeat('k', 2000), '{literal}' || repeat('x', 5000000), 4)"
+    );
+    assert_eq!(try_sql(&mut c, &sql), "LF001");
+    let mut audit = audit_db();
+    wait_for("the audit row", Duration::from_secs(10), || {
+        one_i64(&mut audit, &format!("SELECT count(*) FROM lease.rejected_writes WHERE database = '{}'", db.name)) == 1
+    });
+    let r = audit
+        .query_one(
+            "SELECT row_data->>'truncated', (row_data->>'bytes')::bigint, octet_length(statement),
+                    octet_length(resource_key), resource_key
+               FROM lease.rejected_writes WHERE database = $1",
+            &[&db.name],
+        )
+        .unwrap();
+    assert_eq!(r.get::<_, String>(0), "true");
+    assert!(r.get::<_, i64>(1) >= 6_000_000, "bytes: {}", r.get::<_, i64>(1));
+    assert!(r.get::<_, i32>(2) <= 512 && r.get::<_, i32>(2) > 400, "statement: {} bytes", r.get::<_, i32>(2));
+    assert!(r.get::<_, i32>(3) <= 256, "resource key: {} bytes", r.get::<_, i32>(3));
+    assert!(r.get::<_, String>(4).starts_with("(room)=(kkkk"));
+}
+
+#[test]
+fn audit_status_says_when_the_worker_fails_and_when_it_recovers() {
+    let cluster = Cluster::start("audit_failing", 54437);
+    let mut c = cluster.connect();
+    c.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER}")).unwrap();
+    c.batch_execute("CREATE DATABASE doomed").unwrap();
+    wait_for_status(&mut c, "recording", Duration::from_secs(10), |s| s.starts_with("recording"));
+    let mut doomed = cluster.connect_db("doomed");
+    doomed.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER}")).unwrap();
+
+    // Every insert into the audit table now fails.
+    c.batch_execute("ALTER TABLE lease.rejected_writes ADD CONSTRAINT audit_blocked CHECK (false) NOT VALID").unwrap();
+    assert_eq!(try_sql(&mut doomed, "INSERT INTO payouts (table_id, fencing_token) VALUES (1, 4)"), "LF001");
+    assert_eq!(try_sql(&mut c, "INSERT INTO payouts (table_id, fencing_token) VALUES (2, 4)"), "LF001");
+    // The refusing database goes away while its record waits in the queue.
+    drop(doomed);
+    c.batch_execute("DROP DATABASE doomed WITH (FORCE)").unwrap();
+
+    let s = wait_for_status(&mut c, "failing", Duration::from_secs(10), |s| s.starts_with("failing"));
+    assert!(s.contains("audit_blocked"), "the status carries the error: {s}");
+    let a = accounting(&mut c);
+    assert_eq!((a.queued, a.recorded, a.dropped), (2, 0, 0), "nothing is lost while failing: {a:?}");
+    assert!(c
+        .query_one("SELECT worker_pid FROM lease.audit_status()", &[])
+        .unwrap()
+        .get::<_, Option<i32>>(0)
+        .is_some());
+
+    c.batch_execute("ALTER TABLE lease.rejected_writes DROP CONSTRAINT audit_blocked").unwrap();
+    wait_for_status(&mut c, "recording again", Duration::from_secs(10), |s| s.starts_with("recording"));
+    wait_for("the queue to drain", Duration::from_secs(10), || accounting(&mut c).queued == 0);
+    let a = accounting(&mut c);
+    assert_eq!((a.refused, a.recorded, a.dropped), (2, 2, 0), "{a:?}");
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes WHERE database = 'doomed'"), 1);
+    // A worker terminated by an administrator comes back.
+    let old_pid: i32 = c.query_one("SELECT worker_pid FROM lease.audit_status()", &[]).unwrap().get(0);
+    c.batch_execute("SELECT pg_terminate_backend(worker_pid) FROM lease.audit_status()").unwrap();
+    wait_for("the worker to come back", Duration::from_secs(15), || {
+        let r = c.query_one("SELECT worker_pid, status FROM lease.audit_status()", &[]).unwrap();
+        r.get::<_, Option<i32>>(0).is_some_and(|p| p != old_pid) && r.get::<_, String>(1).starts_with("recording")
+    });
+    assert_eq!(try_sql(&mut c, "INSERT INTO payouts (table_id, fencing_token) VALUES (2, 4)"), "LF001");
+    wait_for("a refusal after the restart", Duration::from_secs(10), || {
+        one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes WHERE resource_key = '(table_id)=(2)'") == 2
+    });
+
+    // The worker said so in the log, once, not at every retry. (The ALTER
+    // TABLEs can hold their lock for seconds on a busy machine: the worker
+    // may also have logged its lock timeout, once.)
+    let log = cluster.server_log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("pg_lease audit worker: cannot write") && l.contains("audit_blocked"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{log}");
+}
+
+#[test]
+fn audit_status_says_what_the_worker_waits_for() {
+    let cluster = Cluster::start_with("audit_waiting", 54438, &["pg_lease.database = 'audit_home'"]);
+    let mut c = cluster.connect();
+    c.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER} {NOTES}")).unwrap();
+    let s = wait_for_status(&mut c, "waiting for the database", Duration::from_secs(10), |s| {
+        s.starts_with("waiting") && s.contains("database \"audit_home\"")
+    });
+    assert!(!s.contains("CREATE EXTENSION pg_lease in database"), "{s}");
+    assert_eq!(try_sql(&mut c, "INSERT INTO payouts (table_id, fencing_token) VALUES (1, 4)"), "LF001");
+
+    // The database appears; the worker connects (it retries every 5 s) and
+    // waits for the extension.
+    // A SQL_ASCII audit database: its jsonb takes no \u escape beyond ASCII.
+    c.batch_execute("CREATE DATABASE audit_home ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+        .unwrap();
+    wait_for_status(&mut c, "waiting for the extension", Duration::from_secs(20), |s| {
+        s.starts_with("waiting") && s.contains("CREATE EXTENSION pg_lease") && s.contains("\"audit_home\"")
+    });
+    assert_eq!(accounting(&mut c).queued, 1);
+
+    let mut home = cluster.connect_db("audit_home");
+    home.batch_execute("CREATE EXTENSION pg_lease").unwrap();
+    wait_for_status(&mut c, "recording", Duration::from_secs(10), |s| s.starts_with("recording"));
+    wait_for("the waiting record", Duration::from_secs(10), || {
+        one_i64(&mut home, "SELECT count(*) FROM lease.rejected_writes") == 1
+    });
+    c.batch_execute("SET pg_lease.audit_row = on").unwrap();
+    refuse_note(&mut c, "escaped", r#"{"k": "caf\u00e9 \ud83d\ude00"}"#);
+    refuse_note(&mut c, "after", "{}");
+    wait_for("the json refusals", Duration::from_secs(10), || {
+        one_i64(&mut home, "SELECT count(*) FROM lease.rejected_writes") == 3
+    });
+    let k: String = home
+        .query_one("SELECT row_data->'doc'->>'k' FROM lease.rejected_writes WHERE row_data->>'memo' = 'escaped'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(k, "café 😀");
+    assert_eq!(accounting(&mut c).dropped, 0);
+
+    // The worker cannot connect: failing, with the server's reason.
+    c.batch_execute("ALTER DATABASE audit_home ALLOW_CONNECTIONS false").unwrap();
+    drop(home);
+    drop(c);
+    cluster.stop();
+    cluster.restart();
+    let mut c = cluster.connect();
+    let s = wait_for_status(&mut c, "failing to connect", Duration::from_secs(20), |s| s.starts_with("failing"));
+    assert!(s.contains("not currently accepting connections"), "{s}");
+    assert!(c
+        .query_one("SELECT worker_pid FROM lease.audit_status()", &[])
+        .unwrap()
+        .get::<_, Option<i32>>(0)
+        .is_none());
+    c.batch_execute("ALTER DATABASE audit_home ALLOW_CONNECTIONS true").unwrap();
+    wait_for_status(&mut c, "recording after reconnecting", Duration::from_secs(20), |s| s.starts_with("recording"));
+
+    // Off is off.
+    c.batch_execute("ALTER SYSTEM SET pg_lease.audit = off").unwrap();
+    c.batch_execute("SELECT pg_reload_conf()").unwrap();
+    wait_for_status(&mut c, "off", Duration::from_secs(10), |s| s.contains("pg_lease.audit is off"));
+}

@@ -1,5 +1,5 @@
 # pg_lease — every target installs what it needs (scripts/setup.sh).
-.PHONY: setup build install package test demo bench chaos fmt clean
+.PHONY: setup build install package test demo bench chaos fuzz fmt clean
 
 setup:
 	scripts/setup.sh
@@ -30,6 +30,11 @@ CHAOS_SECONDS ?= 600
 chaos: install
 	cargo run --release --manifest-path tests/sessions/Cargo.toml --bin chaos -- \
 		run --seconds $(CHAOS_SECONDS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+
+# Long run of the model-based test tests/sessions/tests/model.rs (make test runs
+# 64 cases per family): make fuzz [PG_LEASE_MODEL_CASES=2000] [PG_LEASE_MODEL_SEED=n]
+fuzz: install
+	scripts/fuzz.sh
 
 fmt:
 	cargo fmt

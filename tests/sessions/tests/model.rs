@@ -1,0 +1,2478 @@
+//! Model-based property test of pg_lease's promise: *no committed write
+//! carries a token older than a token bump that committed before it, whatever
+//! the client does.*
+//!
+//! proptest generates a case (a key type and up to 30 steps); an executor runs
+//! the steps over three long-lived sessions and an admin connection of a real
+//! cluster, expanding each step into single SQL statements ("primitives"). A
+//! small pure model (`Model`) predicts every statement's outcome: accepted, or
+//! the SQLSTATEs it may be refused with. It knows MVCC visibility, the row
+//! locks the fence takes (blocking shows up as `55P03` because every session
+//! runs with a short `lock_timeout`) and `40001` at REPEATABLE READ and
+//! SERIALIZABLE. After every step the committed data of the cluster must equal
+//! the model's, and every committed fenced row must carry a token at least the
+//! resource's highest token committed before it (the invariant, checked on the
+//! cluster's data). A failing case shrinks to a minimal step list, printed as a
+//! replayable SQL script (psql + dblink for several sessions).
+//!
+//! One test per family, so that a hole in one family does not hide the others:
+//! owner mode (bumps, stale/future/missing tokens, savepoints, isolation
+//! levels, owner key moves and owner re-inserts, roles), high-water mode
+//! (equal keys written in different forms), session reuse (session-level
+//! `pg_lease.token`), catalog drift (renames and look-alike owner tables while
+//! sessions keep warm caches).
+//!
+//! Environment: `PG_LEASE_TEST_PORT` (required), `PG_LEASE_MODEL_CASES` (64
+//! per family), `PG_LEASE_MODEL_STEPS` (30), `PG_LEASE_MODEL_SEED` (fixed
+//! default), `PG_LEASE_MODEL_SHRINK_SECS` (60, time allowed to shrink a
+//! failure). `make test` runs it with the defaults; `make fuzz` runs 2000 cases
+//! per family on a scratch cluster of its own.
+
+use pg_lease_sessions::postgres::{Client, SimpleQueryMessage};
+use pg_lease_sessions::{connect_to, port, TestDb};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::time::Instant;
+
+// ---------------------------------------------------------------------------
+// Shape of a case
+// ---------------------------------------------------------------------------
+
+/// Sessions a case runs on (plus the admin connection for setup and DDL).
+const SESSIONS: usize = 3;
+/// Resource slots; slots 0..3 start with an owner row, slot 3 without.
+const NRES: usize = 4;
+/// The key value only swaps use, as the temporary parking place.
+const TEMP: usize = NRES;
+/// Spellings of each key value (see `KeyType::literals`).
+const FORMS: u8 = 4;
+/// Owner tokens of slots 0, 1, 2 at the start of a case.
+const INITIAL_TOKENS: [i64; 3] = [10, 20, 30];
+/// A resource's token when it has none yet (high-water without a mark).
+const BASE_TOKEN: i64 = 10;
+/// Every session waits at most this long for a lock: a blocked statement
+/// fails with 55P03 instead of hanging the sequential executor.
+const LOCK_TIMEOUT: &str = "80ms";
+const DEFAULT_SEED: u64 = 0x05ee_d0f1_ea5e;
+
+const OK: &str = "";
+const STALE: &str = "LF001";
+const AHEAD: &str = "LF002";
+const MISSING: &str = "LF003";
+const REGRESSION: &str = "LF004";
+const NO_OWNER: &str = "LF007";
+const TAMPERING: &str = "LF008";
+const SERIALIZATION: &str = "40001";
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+const UNIQUE: &str = "23505";
+const PRIVILEGE: &str = "42501";
+/// A fence verdict: a refusal with one of these is a judgement of the token.
+const VERDICTS: [&str; 4] = [STALE, AHEAD, MISSING, NO_OWNER];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Iso {
+    ReadCommitted,
+    RepeatableRead,
+    Serializable,
+}
+
+impl Iso {
+    fn sql(self) -> &'static str {
+        match self {
+            Iso::ReadCommitted => "READ COMMITTED",
+            Iso::RepeatableRead => "REPEATABLE READ",
+            Iso::Serializable => "SERIALIZABLE",
+        }
+    }
+}
+
+/// The four fenced tables of a case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Tab {
+    /// Owner mode, token in column `tok`.
+    Fenced,
+    /// Owner mode, token bound to the transaction (recorded in `seen`).
+    FencedBound,
+    /// High-water mode, token in column `tok`.
+    Hw,
+    /// High-water mode, bound token.
+    HwBound,
+}
+
+const ALL_TABS: [Tab; 4] = [Tab::Fenced, Tab::FencedBound, Tab::Hw, Tab::HwBound];
+
+impl Tab {
+    fn high_water(self) -> bool {
+        matches!(self, Tab::Hw | Tab::HwBound)
+    }
+    fn bound(self) -> bool {
+        matches!(self, Tab::FencedBound | Tab::HwBound)
+    }
+    fn base_name(self) -> &'static str {
+        match self {
+            Tab::Fenced => "fenced",
+            Tab::FencedBound => "fenced_b",
+            Tab::Hw => "hw",
+            Tab::HwBound => "hw_b",
+        }
+    }
+    fn token_column(self) -> &'static str {
+        if self.bound() {
+            "seen"
+        } else {
+            "tok"
+        }
+    }
+    fn scope(self) -> Scope {
+        if self.high_water() {
+            Scope::Mark(self)
+        } else {
+            Scope::Owner
+        }
+    }
+}
+
+/// Relations whose locks the model tracks (DDL and TRUNCATE wait for them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Rel {
+    Owners,
+    T(Tab),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// The connecting superuser (owner of every table).
+    Me,
+    /// An application role: INSERT/UPDATE/DELETE/SELECT on the fenced tables,
+    /// SELECT on the owner table.
+    App,
+}
+
+/// The resource key's type. Each key value has several spellings (forms) that
+/// are equal under the type's own equality: they must be one resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KeyType {
+    Int,
+    BigInt,
+    /// 1.0, 1.00, 1, 1.000: one value, four scales.
+    Numeric,
+    /// text under a nondeterministic ICU collation: 'alpha' = 'ALPHA'.
+    TextCi,
+    /// One instant written with four offsets, under four `TimeZone`s.
+    Timestamptz,
+    /// Lower case, upper case, braces, no hyphens.
+    Uuid,
+    /// (int, numeric).
+    Composite,
+}
+
+const TIMEZONES: [&str; 4] = ["UTC", "Asia/Tokyo", "America/New_York", "Asia/Kolkata"];
+
+impl KeyType {
+    fn columns(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            KeyType::Int => &[("k", "int")],
+            KeyType::BigInt => &[("k", "bigint")],
+            KeyType::Numeric => &[("k", "numeric")],
+            KeyType::TextCi => &[("k", "text COLLATE public.ci")],
+            KeyType::Timestamptz => &[("k", "timestamptz")],
+            KeyType::Uuid => &[("k", "uuid")],
+            KeyType::Composite => &[("ka", "int"), ("kb", "numeric")],
+        }
+    }
+
+    fn column_names(self) -> Vec<&'static str> {
+        self.columns().iter().map(|(n, _)| *n).collect()
+    }
+
+    fn column_defs(self) -> String {
+        self.columns().iter().map(|(n, t)| format!("{n} {t}")).collect::<Vec<_>>().join(", ")
+    }
+
+    /// `'{k}'` or `'{ka,kb}'`, the key list lease.protect takes.
+    fn key_array(self) -> String {
+        format!("'{{{}}}'", self.column_names().join(","))
+    }
+
+    /// The session `TimeZone` a form is written under (timestamptz only).
+    fn timezone(self, form: u8) -> Option<&'static str> {
+        (self == KeyType::Timestamptz).then(|| TIMEZONES[form as usize % TIMEZONES.len()])
+    }
+
+    /// SQL literals (one per key column) for key value `slot` in spelling `form`.
+    fn literals(self, slot: usize, form: u8) -> Vec<String> {
+        let form = form % FORMS;
+        let n = if slot == TEMP { -1 } else { slot as i64 + 1 };
+        let numeric = |v: i64| match form {
+            0 => format!("{v}.0"),
+            1 => format!("{v}.00"),
+            2 => format!("{v}"),
+            _ => format!("{v}.000"),
+        };
+        match self {
+            KeyType::Int => vec![match form {
+                0 => format!("{n}"),
+                1 => format!("'{n}'"),
+                2 => format!("({n})::int"),
+                _ => format!("({n})::bigint"),
+            }],
+            KeyType::BigInt => {
+                let v = if slot == TEMP { -5_000_000_000 } else { 5_000_000_000 + slot as i64 };
+                vec![match form {
+                    0 => format!("{v}"),
+                    1 => format!("'{v}'"),
+                    2 => format!("'{v}'::bigint"),
+                    _ => format!("({v})::numeric"),
+                }]
+            }
+            KeyType::Numeric => vec![numeric(n)],
+            KeyType::TextCi => {
+                let base = ["alpha", "bravo", "charlie", "delta", "swap-tmp"][slot];
+                let spelled: String = match form {
+                    0 => base.to_owned(),
+                    1 => base.to_uppercase(),
+                    2 => base[..1].to_uppercase() + &base[1..],
+                    _ => base
+                        .chars()
+                        .enumerate()
+                        .map(|(i, c)| if i % 2 == 1 { c.to_ascii_uppercase() } else { c })
+                        .collect(),
+                };
+                vec![format!("'{spelled}'")]
+            }
+            KeyType::Timestamptz => {
+                if slot == TEMP {
+                    return vec!["'1999-12-31 00:00:00+00'".to_owned()];
+                }
+                let month = slot + 1;
+                vec![match form {
+                    0 => format!("'2024-0{month}-15 12:00:00+00'"),
+                    1 => format!("'2024-0{month}-15 21:00:00+09'"),
+                    2 => format!("'2024-0{month}-15 07:00:00-05'"),
+                    _ => format!("'2024-0{month}-15 17:30:00+05:30'"),
+                }]
+            }
+            KeyType::Uuid => {
+                let hex = if slot == TEMP {
+                    "ffffffff-ffff-4fff-bfff-fffffffffff0".to_owned()
+                } else {
+                    format!("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a1{slot}")
+                };
+                vec![match form {
+                    0 => format!("'{hex}'"),
+                    1 => format!("'{}'", hex.to_uppercase()),
+                    2 => format!("'{{{hex}}}'"),
+                    _ => format!("'{}'", hex.replace('-', "")),
+                }]
+            }
+            KeyType::Composite => {
+                let (a, b) = if slot == TEMP { (-1, -1) } else { ([1, 1, 2, 2][slot], [1, 2, 1, 2][slot]) };
+                vec![if form == 1 { format!("'{a}'") } else { format!("{a}") }, numeric(b)]
+            }
+        }
+    }
+
+    /// `k = <literal>` (AND-ed for a composite key).
+    fn predicate(self, slot: usize, form: u8) -> String {
+        self.column_names()
+            .iter()
+            .zip(self.literals(slot, form))
+            .map(|(c, l)| format!("{c} = {l}"))
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    }
+
+    /// `k = <literal>` for an UPDATE's SET list.
+    fn assignment(self, slot: usize, form: u8) -> String {
+        self.column_names()
+            .iter()
+            .zip(self.literals(slot, form))
+            .map(|(c, l)| format!("{c} = {l}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// A CTE `s(slot, <key columns>)` naming every key value by its slot,
+    /// typed like the key columns, so that `x.k = s.k` is the type's equality.
+    fn slot_cte(self) -> String {
+        let typed = |slot: usize| -> String {
+            self.columns()
+                .iter()
+                .zip(self.literals(slot, 0))
+                .map(|((_, t), l)| match *t {
+                    "text COLLATE public.ci" => format!("{l}::text COLLATE public.ci"),
+                    t => format!("({l})::{t}"),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let rows: Vec<String> = (0..=TEMP).map(|slot| format!("({slot}, {})", typed(slot))).collect();
+        format!("s(slot, {}) AS (VALUES {})", self.column_names().join(", "), rows.join(", "))
+    }
+
+    fn join_on(self, x: &str) -> String {
+        self.column_names().iter().map(|c| format!("{x}.{c} = s.{c}")).collect::<Vec<_>>().join(" AND ")
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Steps and their generators
+// ---------------------------------------------------------------------------
+
+/// A presented token, relative to what the writer's transaction sees as the
+/// resource's current token (owner row or high-water mark).
+#[derive(Clone, Copy, Debug)]
+enum Tok {
+    Current,
+    Stale(u8),
+    Future(u8),
+    /// NULL token column / nothing bound.
+    Missing,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Insert,
+    /// Rewrites the key (in the step's spelling), optionally to another resource.
+    Update {
+        to: Option<usize>,
+    },
+    Delete,
+}
+
+/// How a bound token (for DELETE and the bound-token tables) is bound.
+#[derive(Clone, Copy, Debug)]
+enum BindVia {
+    BindToken,
+    SetLocal,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    Raise(u8),
+    Same,
+    Lower(u8),
+    Null,
+}
+
+/// How a session-level (not LOCAL) pg_lease.token is set.
+#[derive(Clone, Copy, Debug)]
+enum SessionVia {
+    Set,
+    SetConfig,
+    /// `BEGIN; SET ...; COMMIT`: set in one transaction, for the session.
+    SetInTxn,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Rename {
+    /// `ALTER TABLE owners RENAME`, optionally recreating a same-named owner
+    /// table whose rows carry token 1.
+    OwnerTable {
+        lookalike: bool,
+    },
+    Target(Tab),
+    /// `ALTER SCHEMA RENAME`, optionally recreating the schema with a
+    /// look-alike owner table (token 1) under the old name.
+    Schema {
+        lookalike: bool,
+    },
+}
+
+/// One generated step. Steps only name sessions, resource slots and token
+/// kinds; the executor resolves them against the model when they run, so any
+/// sub-sequence of a case is a valid case (what shrinking needs). A step whose
+/// precondition does not hold (COMMIT without a transaction) is skipped.
+#[derive(Clone, Debug)]
+enum Step {
+    Begin {
+        s: usize,
+        iso: Iso,
+    },
+    Commit {
+        s: usize,
+    },
+    Rollback {
+        s: usize,
+    },
+    Savepoint {
+        s: usize,
+    },
+    Release {
+        s: usize,
+    },
+    RollbackTo {
+        s: usize,
+    },
+    Write {
+        s: usize,
+        tab: Tab,
+        op: Op,
+        slot: usize,
+        form: u8,
+        tok: Tok,
+        bind: BindVia,
+    },
+    Bump {
+        s: usize,
+        slot: usize,
+        form: u8,
+        change: Change,
+    },
+    MoveKey {
+        s: usize,
+        from: usize,
+        to: usize,
+        form: u8,
+    },
+    /// Three key moves through the temporary key value, in one transaction.
+    SwapKeys {
+        s: usize,
+        a: usize,
+        b: usize,
+    },
+    DeleteOwner {
+        s: usize,
+        slot: usize,
+    },
+    /// DELETE of the owner row and INSERT with a lower token, in one transaction.
+    ReplaceOwner {
+        s: usize,
+        slot: usize,
+        lower_by: u8,
+    },
+    InsertOwner {
+        s: usize,
+        slot: usize,
+        below: u8,
+    },
+    Truncate {
+        s: usize,
+        rel: Rel,
+    },
+    SessionToken {
+        s: usize,
+        tab: Tab,
+        slot: usize,
+        tok: Tok,
+        via: SessionVia,
+    },
+    ResetToken {
+        s: usize,
+    },
+    SetRole {
+        s: usize,
+        role: Role,
+        local: bool,
+    },
+    Rename(Rename),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    Owner,
+    HighWater,
+    SessionReuse,
+    CatalogDrift,
+}
+
+impl Family {
+    fn tag(self) -> &'static str {
+        match self {
+            Family::Owner => "own",
+            Family::HighWater => "hw",
+            Family::SessionReuse => "ses",
+            Family::CatalogDrift => "drf",
+        }
+    }
+    fn salt(self) -> u64 {
+        match self {
+            Family::Owner => 0,
+            Family::HighWater => 1,
+            Family::SessionReuse => 2,
+            Family::CatalogDrift => 3,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    key: KeyType,
+    steps: Vec<Step>,
+}
+
+fn session() -> impl Strategy<Value = usize> {
+    0..SESSIONS
+}
+
+fn slot() -> impl Strategy<Value = usize> {
+    0..NRES
+}
+
+fn form() -> impl Strategy<Value = u8> {
+    0..FORMS
+}
+
+fn tok() -> impl Strategy<Value = Tok> {
+    prop_oneof![
+        4 => Just(Tok::Current),
+        2 => (1u8..=3).prop_map(Tok::Stale),
+        1 => (1u8..=2).prop_map(Tok::Future),
+        1 => Just(Tok::Missing),
+    ]
+}
+
+fn key_type() -> impl Strategy<Value = KeyType> {
+    prop_oneof![
+        Just(KeyType::Int),
+        Just(KeyType::BigInt),
+        Just(KeyType::Numeric),
+        Just(KeyType::TextCi),
+        Just(KeyType::Timestamptz),
+        Just(KeyType::Uuid),
+        Just(KeyType::Composite),
+    ]
+}
+
+type Arms = Vec<(u32, BoxedStrategy<Step>)>;
+
+fn txn_control() -> Arms {
+    let iso = prop_oneof![Just(Iso::ReadCommitted), Just(Iso::RepeatableRead), Just(Iso::Serializable)];
+    vec![
+        (3, (session(), iso).prop_map(|(s, iso)| Step::Begin { s, iso }).boxed()),
+        (3, session().prop_map(|s| Step::Commit { s }).boxed()),
+        (1, session().prop_map(|s| Step::Rollback { s }).boxed()),
+        (1, session().prop_map(|s| Step::Savepoint { s }).boxed()),
+        (1, session().prop_map(|s| Step::Release { s }).boxed()),
+        (1, session().prop_map(|s| Step::RollbackTo { s }).boxed()),
+    ]
+}
+
+/// A fenced write to one of `tabs`; `spellings` false writes every key in its
+/// first spelling only (families that hunt other holes than key identity).
+fn write(tabs: &'static [Tab], spellings: bool) -> BoxedStrategy<Step> {
+    let op = prop_oneof![
+        3 => Just(Op::Insert),
+        2 => prop::option::weighted(0.3, slot()).prop_map(|to| Op::Update { to }),
+        1 => Just(Op::Delete),
+    ];
+    let bind = prop_oneof![Just(BindVia::BindToken), Just(BindVia::SetLocal)];
+    let form = if spellings { form().boxed() } else { Just(0).boxed() };
+    (session(), prop::sample::select(tabs), op, slot(), form, tok(), bind)
+        .prop_map(|(s, tab, op, slot, form, tok, bind)| Step::Write { s, tab, op, slot, form, tok, bind })
+        .boxed()
+}
+
+fn bump() -> BoxedStrategy<Step> {
+    let change = prop_oneof![
+        6 => (1u8..=3).prop_map(Change::Raise),
+        1 => Just(Change::Same),
+        1 => (1u8..=3).prop_map(Change::Lower),
+        1 => Just(Change::Null),
+    ];
+    (session(), slot(), form(), change).prop_map(|(s, slot, form, change)| Step::Bump { s, slot, form, change }).boxed()
+}
+
+fn role() -> BoxedStrategy<Step> {
+    let role = prop_oneof![Just(Role::App), Just(Role::Me)];
+    (session(), role, any::<bool>()).prop_map(|(s, role, local)| Step::SetRole { s, role, local }).boxed()
+}
+
+fn truncate(rels: &'static [Rel]) -> BoxedStrategy<Step> {
+    (session(), prop::sample::select(rels)).prop_map(|(s, rel)| Step::Truncate { s, rel }).boxed()
+}
+
+fn owner_structure() -> Arms {
+    vec![
+        (
+            1,
+            (session(), slot(), slot(), form())
+                .prop_map(|(s, from, to, form)| Step::MoveKey { s, from, to, form })
+                .boxed(),
+        ),
+        (2, (session(), slot(), slot()).prop_map(|(s, a, b)| Step::SwapKeys { s, a, b }).boxed()),
+        (1, (session(), slot()).prop_map(|(s, slot)| Step::DeleteOwner { s, slot }).boxed()),
+        (
+            2,
+            (session(), slot(), 0u8..=3)
+                .prop_map(|(s, slot, lower_by)| Step::ReplaceOwner { s, slot, lower_by })
+                .boxed(),
+        ),
+        (1, (session(), slot(), 0u8..=3).prop_map(|(s, slot, below)| Step::InsertOwner { s, slot, below }).boxed()),
+    ]
+}
+
+fn session_token() -> BoxedStrategy<Step> {
+    let via = prop_oneof![Just(SessionVia::Set), Just(SessionVia::SetConfig), Just(SessionVia::SetInTxn)];
+    let tab = prop::sample::select(&[Tab::FencedBound, Tab::HwBound][..]);
+    (session(), tab, slot(), tok(), via)
+        .prop_map(|(s, tab, slot, tok, via)| Step::SessionToken { s, tab, slot, tok, via })
+        .boxed()
+}
+
+fn renames() -> BoxedStrategy<Step> {
+    let lookalike = prop::bool::weighted(0.75);
+    prop_oneof![
+        2 => lookalike.prop_map(|lookalike| Step::Rename(Rename::OwnerTable { lookalike })),
+        1 => prop::sample::select(&ALL_TABS[..]).prop_map(|t| Step::Rename(Rename::Target(t))),
+        3 => lookalike.prop_map(|lookalike| Step::Rename(Rename::Schema { lookalike })),
+    ]
+    .boxed()
+}
+
+/// The steps a family draws from, with weights. Add a step kind here.
+fn family_steps(family: Family) -> BoxedStrategy<Step> {
+    const OWNER_TABS: &[Tab] = &[Tab::Fenced, Tab::FencedBound];
+    const HW_TABS: &[Tab] = &[Tab::Hw, Tab::HwBound];
+    let mut arms = txn_control();
+    match family {
+        Family::Owner => {
+            arms.push((9, write(OWNER_TABS, true)));
+            arms.push((3, bump()));
+            arms.extend(owner_structure());
+            arms.push((1, role()));
+            arms.push((1, truncate(&[Rel::Owners, Rel::T(Tab::Fenced)])));
+        }
+        Family::HighWater => {
+            arms.push((12, write(HW_TABS, true)));
+            arms.push((1, role()));
+            arms.push((1, truncate(&[Rel::T(Tab::Hw), Rel::T(Tab::HwBound)])));
+        }
+        Family::SessionReuse => {
+            arms.push((4, session_token()));
+            arms.push((1, session().prop_map(|s| Step::ResetToken { s }).boxed()));
+            arms.push((8, write(&ALL_TABS, false)));
+            arms.push((2, bump()));
+            arms.push((1, role()));
+        }
+        Family::CatalogDrift => {
+            arms.push((3, renames()));
+            arms.push((8, write(OWNER_TABS, false)));
+            arms.push((2, write(HW_TABS, false)));
+            arms.push((2, bump()));
+            arms.push((1, role()));
+        }
+    }
+    prop::strategy::Union::new_weighted(arms).boxed()
+}
+
+fn case_strategy(family: Family, max_steps: usize) -> impl Strategy<Value = Case> {
+    (key_type(), prop::collection::vec(family_steps(family), 1..=max_steps))
+        .prop_map(|(key, steps)| Case { key, steps })
+}
+
+// ---------------------------------------------------------------------------
+// Primitives: the single statements steps expand into
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+enum Prim {
+    Begin(Iso),
+    Commit,
+    Rollback,
+    Savepoint(usize),
+    Release(usize),
+    RollbackTo(usize),
+    SetTimeZone(&'static str),
+    Bind {
+        token: i64,
+        set_local: bool,
+    },
+    Insert {
+        tab: Tab,
+        id: i64,
+        slot: usize,
+        form: u8,
+        token: Option<i64>,
+    },
+    Update {
+        tab: Tab,
+        ids: Vec<i64>,
+        slot: usize,
+        form: u8,
+        token: Option<i64>,
+    },
+    Delete {
+        tab: Tab,
+        ids: Vec<i64>,
+    },
+    Bump {
+        slot: usize,
+        form: u8,
+        new: Option<i64>,
+    },
+    MoveKey {
+        from: usize,
+        to: usize,
+        form: u8,
+    },
+    DeleteOwner {
+        slot: usize,
+        form: u8,
+    },
+    InsertOwner {
+        slot: usize,
+        form: u8,
+        token: i64,
+    },
+    /// Reads the owner rows as the session sees them (after owner key moves).
+    Resync,
+    Truncate(Rel),
+    SessionToken {
+        token: Option<i64>,
+        set_config: bool,
+    },
+    ResetToken,
+    SetRole {
+        role: Role,
+        local: bool,
+    },
+    /// Admin DDL; `blocked_by` is the relation whose locks it waits for.
+    Ddl {
+        sql: String,
+        blocked_by: Option<Rel>,
+    },
+}
+
+impl Prim {
+    /// Columns of the rows the statement returns (for the dblink replay).
+    fn result_columns(&self) -> usize {
+        match self {
+            Prim::Bind { set_local: false, .. } | Prim::SessionToken { set_config: true, .. } => 1,
+            Prim::Resync => 2,
+            _ => 0,
+        }
+    }
+
+    /// Whether the statement takes the transaction's snapshot (the first such
+    /// statement fixes it at REPEATABLE READ and SERIALIZABLE).
+    fn takes_snapshot(&self) -> bool {
+        match self {
+            Prim::Bind { set_local, .. } => !set_local,
+            Prim::Insert { .. }
+            | Prim::Update { .. }
+            | Prim::Delete { .. }
+            | Prim::Bump { .. }
+            | Prim::MoveKey { .. }
+            | Prim::DeleteOwner { .. }
+            | Prim::InsertOwner { .. }
+            | Prim::Resync
+            | Prim::Truncate(_) => true,
+            Prim::SessionToken { set_config, .. } => *set_config,
+            _ => false,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Who {
+    S(usize),
+    Admin,
+}
+
+// ---------------------------------------------------------------------------
+// The model
+// ---------------------------------------------------------------------------
+
+/// Committed versions of one row: (commit sequence number, state; None = gone).
+#[derive(Clone, Debug)]
+struct Versions<T>(Vec<(u64, Option<T>)>);
+
+impl<T> Default for Versions<T> {
+    fn default() -> Self {
+        Versions(Vec::new())
+    }
+}
+
+impl<T: Clone> Versions<T> {
+    fn latest(&self) -> Option<T> {
+        self.0.last().and_then(|(_, v)| v.clone())
+    }
+    fn at(&self, snap: u64) -> Option<T> {
+        self.0.iter().rev().find(|(s, _)| *s <= snap).and_then(|(_, v)| v.clone())
+    }
+    fn seen(&self, view: View) -> Option<T> {
+        match view {
+            View::Latest => self.latest(),
+            View::At(snap) => self.at(snap),
+        }
+    }
+    fn changed_after(&self, snap: u64) -> bool {
+        self.0.iter().any(|(s, _)| *s > snap)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum View {
+    Latest,
+    At(u64),
+}
+
+/// Where a resource's current token lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Scope {
+    Owner,
+    Mark(Tab),
+}
+
+/// A fenced row: its table, resource and the token it was written with.
+#[derive(Clone, Debug, PartialEq)]
+struct FRow {
+    tab: Tab,
+    slot: usize,
+    tok: Option<i64>,
+}
+
+/// An owner row: (key slot, token).
+type OwnerRow = (usize, i64);
+
+/// What an open (sub)transaction holds and has written. Savepoints keep a
+/// copy; ROLLBACK TO restores it (row locks, writes, SET LOCAL and SET all
+/// roll back with the subtransaction).
+#[derive(Clone, Debug)]
+struct Frame {
+    /// Uncommitted owner rows (by row id; None = deleted), exclusively locked.
+    owners: BTreeMap<usize, Option<OwnerRow>>,
+    /// Owner rows share-locked by the fence.
+    owner_share: BTreeSet<usize>,
+    /// Every owner key this transaction gave a row version, even one it
+    /// changed again: the unique index keeps those entries, and another
+    /// transaction inserting the same key waits for this one.
+    owner_keys: BTreeSet<usize>,
+    /// Raised (uncommitted) high-water marks, exclusively locked.
+    marks: BTreeMap<(Tab, usize), i64>,
+    /// Marks share-locked by the fence.
+    mark_share: BTreeSet<(Tab, usize)>,
+    /// Uncommitted fenced rows (None = deleted), exclusively locked.
+    rows: BTreeMap<i64, Option<FRow>>,
+    /// Relations locked by statements that succeeded.
+    rels: BTreeSet<Rel>,
+    /// The transaction-bound token.
+    bound: Option<i64>,
+    session_role: Role,
+    local_role: Option<Role>,
+    /// Accepted fence checks: (scope, slot, token), for the commit-time invariant.
+    writes: Vec<(Scope, usize, i64)>,
+}
+
+impl Frame {
+    fn new(role: Role) -> Frame {
+        Frame {
+            owners: BTreeMap::new(),
+            owner_share: BTreeSet::new(),
+            owner_keys: BTreeSet::new(),
+            marks: BTreeMap::new(),
+            mark_share: BTreeSet::new(),
+            rows: BTreeMap::new(),
+            rels: BTreeSet::new(),
+            bound: None,
+            session_role: role,
+            local_role: None,
+            writes: Vec::new(),
+        }
+    }
+    fn role(&self) -> Role {
+        self.local_role.unwrap_or(self.session_role)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Txn {
+    iso: Iso,
+    snapshot: Option<u64>,
+    /// Open at the same time as another SERIALIZABLE transaction: SSI may
+    /// refuse any of its statements or its commit with 40001.
+    ser_overlap: bool,
+    frame: Frame,
+    saved: Vec<Frame>,
+}
+
+#[derive(Clone, Debug)]
+struct Sess {
+    role: Role,
+    txn: Option<Txn>,
+}
+
+/// The reference model: committed state in commit order, plus each session's
+/// open transaction. Pure Rust, no database.
+#[derive(Clone, Debug)]
+struct Model {
+    seq: u64,
+    owners: BTreeMap<usize, Versions<OwnerRow>>,
+    next_rid: usize,
+    /// Highest owner token ever committed per key slot: the bump log's maximum.
+    floor: [i64; NRES + 1],
+    marks: BTreeMap<(Tab, usize), Versions<i64>>,
+    rows: BTreeMap<i64, Versions<FRow>>,
+    /// Per committed fenced row: its resource's highest token committed before it.
+    row_floor: BTreeMap<i64, i64>,
+    sessions: Vec<Sess>,
+    /// Token bumps in commit order: (commit seq, slot, token), for reports.
+    bump_log: Vec<(u64, usize, i64)>,
+    /// The owner table or its schema was renamed: owner-mode writes must still
+    /// be judged against the original owner rows, or refused with an error
+    /// that is no verdict (a verdict would come from some other table).
+    drifted: bool,
+}
+
+/// The model's verdict on one statement.
+#[derive(Debug)]
+struct Eval {
+    ok: bool,
+    errs: BTreeSet<&'static str>,
+    /// Any error is acceptable (e.g. a session-level SET of pg_lease.token).
+    any_err: bool,
+    /// Any error but a verdict (LF001/2/3/7) is acceptable.
+    other_err: bool,
+    effect: Effect,
+    why: String,
+}
+
+#[derive(Debug)]
+enum Effect {
+    None,
+    Frame(Box<Frame>),
+    Begin(Iso),
+    Commit,
+    Rollback,
+    Savepoint,
+    Release,
+    RollbackTo,
+    SessionRole(Role),
+    /// An owner INSERT: the frame, and a new row id was used.
+    NewOwner(Box<Frame>),
+}
+
+impl Eval {
+    fn ok(effect: Effect) -> Eval {
+        Eval { ok: true, errs: BTreeSet::new(), any_err: false, other_err: false, effect, why: String::new() }
+    }
+    fn fail(codes: &[&'static str], why: impl Into<String>) -> Eval {
+        Eval {
+            ok: false,
+            errs: codes.iter().copied().collect(),
+            any_err: false,
+            other_err: false,
+            effect: Effect::None,
+            why: why.into(),
+        }
+    }
+    fn also(mut self, codes: &[&'static str]) -> Eval {
+        self.errs.extend(codes.iter().copied());
+        self
+    }
+    fn why(mut self, why: impl Into<String>) -> Eval {
+        self.why = why.into();
+        self
+    }
+    fn allows(&self, code: &str) -> bool {
+        if code == OK {
+            self.ok
+        } else {
+            self.any_err || self.errs.contains(code) || (self.other_err && !VERDICTS.contains(&code))
+        }
+    }
+    fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.ok {
+            parts.push("ok".to_owned());
+        }
+        parts.extend(self.errs.iter().map(|e| e.to_string()));
+        if self.any_err {
+            parts.push("any error".to_owned());
+        }
+        if self.other_err {
+            parts.push("any non-verdict error (owner table renamed)".to_owned());
+        }
+        parts.join(" | ")
+    }
+}
+
+/// Result of one fence check.
+enum Check {
+    /// Accepted; a refusal with these codes would also be acceptable.
+    Pass(Vec<&'static str>),
+    Fail(Vec<&'static str>, String),
+}
+
+impl Model {
+    fn new() -> Model {
+        let mut owners = BTreeMap::new();
+        let mut floor = [0; NRES + 1];
+        for (slot, tok) in INITIAL_TOKENS.iter().enumerate() {
+            owners.insert(slot, Versions(vec![(0, Some((slot, *tok)))]));
+            floor[slot] = *tok;
+        }
+        Model {
+            seq: 0,
+            owners,
+            next_rid: INITIAL_TOKENS.len(),
+            floor,
+            marks: BTreeMap::new(),
+            rows: BTreeMap::new(),
+            row_floor: BTreeMap::new(),
+            sessions: (0..SESSIONS).map(|_| Sess { role: Role::Me, txn: None }).collect(),
+            bump_log: Vec::new(),
+            drifted: false,
+        }
+    }
+
+    fn txn(&self, s: usize) -> &Txn {
+        self.sessions[s].txn.as_ref().expect("statement runs in a transaction")
+    }
+
+    fn in_txn(&self, s: usize) -> bool {
+        self.sessions[s].txn.is_some()
+    }
+
+    fn depth(&self, s: usize) -> usize {
+        self.sessions[s].txn.as_ref().map_or(0, |t| t.saved.len())
+    }
+
+    /// The session's frame, or an empty one outside a transaction.
+    fn frame(&self, s: usize) -> Frame {
+        match &self.sessions[s].txn {
+            Some(t) => t.frame.clone(),
+            None => Frame::new(self.sessions[s].role),
+        }
+    }
+
+    fn view(&self, s: usize) -> View {
+        match &self.sessions[s].txn {
+            Some(t) if t.iso != Iso::ReadCommitted => t.snapshot.map_or(View::Latest, View::At),
+            _ => View::Latest,
+        }
+    }
+
+    fn take_snapshot(&mut self, s: usize) {
+        let seq = self.seq;
+        if let Some(t) = &mut self.sessions[s].txn {
+            t.snapshot.get_or_insert(seq);
+        }
+    }
+
+    fn others(&self, s: Option<usize>) -> impl Iterator<Item = &Txn> {
+        self.sessions.iter().enumerate().filter(move |(i, _)| Some(*i) != s).filter_map(|(_, x)| x.txn.as_ref())
+    }
+
+    // -- owner rows --
+
+    fn owner_visible(&self, s: usize, f: &Frame, rid: usize) -> Option<OwnerRow> {
+        match f.owners.get(&rid) {
+            Some(st) => *st,
+            None => self.owners.get(&rid).and_then(|v| v.seen(self.view(s))),
+        }
+    }
+
+    fn owner_rid_at(&self, s: usize, f: &Frame, slot: usize) -> Option<usize> {
+        let rids: BTreeSet<usize> = self.owners.keys().chain(f.owners.keys()).copied().collect();
+        rids.into_iter().find(|rid| self.owner_visible(s, f, *rid).is_some_and(|(sl, _)| sl == slot))
+    }
+
+    fn owner_view(&self, s: usize, f: &Frame) -> BTreeSet<(usize, i64)> {
+        let rids: BTreeSet<usize> = self.owners.keys().chain(f.owners.keys()).copied().collect();
+        rids.into_iter().filter_map(|rid| self.owner_visible(s, f, rid)).collect()
+    }
+
+    fn others_owner_pending(&self, s: usize, rid: usize) -> bool {
+        self.others(Some(s)).any(|t| t.frame.owners.contains_key(&rid))
+    }
+
+    fn others_owner_share(&self, s: usize, rid: usize) -> bool {
+        self.others(Some(s)).any(|t| t.frame.owner_share.contains(&rid))
+    }
+
+    // -- high-water marks --
+
+    fn mark_visible(&self, s: usize, f: &Frame, key: (Tab, usize)) -> Option<i64> {
+        f.marks.get(&key).copied().or_else(|| self.marks.get(&key).and_then(|v| v.seen(self.view(s))))
+    }
+
+    fn floor_of(&self, scope: Scope, slot: usize) -> i64 {
+        match scope {
+            Scope::Owner => self.floor[slot],
+            Scope::Mark(tab) => self.marks.get(&(tab, slot)).and_then(|v| v.latest()).unwrap_or(i64::MIN),
+        }
+    }
+
+    /// The resource's current token as session `s` sees it now.
+    fn current_token(&self, s: usize, tab: Tab, slot: usize) -> i64 {
+        let f = self.frame(s);
+        if tab.high_water() {
+            self.mark_visible(s, &f, (tab, slot)).unwrap_or(BASE_TOKEN)
+        } else {
+            self.owner_rid_at(s, &f, slot).and_then(|rid| self.owner_visible(s, &f, rid)).map_or(BASE_TOKEN, |(_, t)| t)
+        }
+    }
+
+    // -- fenced rows --
+
+    fn row_visible(&self, s: usize, f: &Frame, id: i64) -> Option<FRow> {
+        match f.rows.get(&id) {
+            Some(st) => st.clone(),
+            None => self.rows.get(&id).and_then(|v| v.seen(self.view(s))),
+        }
+    }
+
+    /// Up to three rows of (tab, slot) that session `s` can update without
+    /// waiting for another transaction or failing to serialize on the row
+    /// itself (the fence is what is under test, not heap row locks).
+    fn pick_rows(&self, s: usize, tab: Tab, slot: usize) -> Vec<i64> {
+        let f = self.frame(s);
+        let ids: BTreeSet<i64> = self.rows.keys().chain(f.rows.keys()).copied().collect();
+        ids.into_iter()
+            .filter(|id| self.row_visible(s, &f, *id).is_some_and(|r| r.tab == tab && r.slot == slot))
+            .filter(|id| {
+                f.rows.contains_key(id)
+                    || (!self.others(Some(s)).any(|t| t.frame.rows.contains_key(id))
+                        && match self.view(s) {
+                            View::At(snap) => !self.rows[id].changed_after(snap),
+                            View::Latest => true,
+                        })
+            })
+            .take(3)
+            .collect()
+    }
+
+    // -- verdicts --
+
+    fn eval(&self, who: Who, p: &Prim) -> Eval {
+        let s = match who {
+            Who::Admin => return self.eval_admin(p),
+            Who::S(s) => s,
+        };
+        let mut e = match p {
+            Prim::Begin(iso) => Eval::ok(Effect::Begin(*iso)),
+            Prim::Commit => Eval::ok(Effect::Commit),
+            Prim::Rollback => Eval::ok(Effect::Rollback),
+            Prim::Savepoint(_) => Eval::ok(Effect::Savepoint),
+            Prim::Release(_) => Eval::ok(Effect::Release),
+            Prim::RollbackTo(_) => Eval::ok(Effect::RollbackTo),
+            Prim::SetTimeZone(_) => Eval::ok(Effect::None),
+            Prim::Bind { token, .. } => {
+                let mut f = self.txn(s).frame.clone();
+                f.bound = Some(*token);
+                Eval::ok(Effect::Frame(Box::new(f)))
+            }
+            Prim::Insert { .. } | Prim::Update { .. } | Prim::Delete { .. } => self.eval_write(s, p),
+            Prim::Bump { .. } | Prim::MoveKey { .. } | Prim::DeleteOwner { .. } | Prim::InsertOwner { .. } => {
+                self.eval_owner_dml(s, p)
+            }
+            Prim::Resync => Eval::ok(Effect::None),
+            Prim::Truncate(rel) => self.eval_truncate(s, *rel),
+            // A session-level token may be refused outright; if accepted it
+            // must bind nothing beyond its transaction (checked by later writes).
+            Prim::SessionToken { .. } | Prim::ResetToken => {
+                let mut e = Eval::ok(Effect::None);
+                e.any_err = true;
+                e
+            }
+            Prim::SetRole { role, local } => match &self.sessions[s].txn {
+                Some(t) => {
+                    let mut f = t.frame.clone();
+                    if *local {
+                        f.local_role = Some(*role);
+                    } else {
+                        f.session_role = *role;
+                        f.local_role = None;
+                    }
+                    Eval::ok(Effect::Frame(Box::new(f)))
+                }
+                None => Eval::ok(Effect::SessionRole(*role)),
+            },
+            Prim::Ddl { .. } => unreachable!("DDL runs on the admin connection"),
+        };
+        if let Some(t) = &self.sessions[s].txn {
+            if t.iso == Iso::Serializable && t.ser_overlap && (p.takes_snapshot() || matches!(p, Prim::Commit)) {
+                e.errs.insert(SERIALIZATION);
+            }
+        }
+        e
+    }
+
+    fn eval_admin(&self, p: &Prim) -> Eval {
+        match p {
+            Prim::Ddl { blocked_by: Some(rel), .. } if self.others(None).any(|t| t.frame.rels.contains(rel)) => {
+                Eval::fail(&[LOCK_NOT_AVAILABLE], format!("an open transaction holds a lock on {rel:?}"))
+            }
+            Prim::Ddl { .. } => Eval::ok(Effect::None),
+            _ => unreachable!("only DDL runs on the admin connection"),
+        }
+    }
+
+    fn eval_truncate(&self, s: usize, rel: Rel) -> Eval {
+        let f = &self.txn(s).frame;
+        if f.role() == Role::App {
+            return Eval::fail(&[PRIVILEGE], "the app role may not TRUNCATE");
+        }
+        if self.others(Some(s)).any(|t| t.frame.rels.contains(&rel)) {
+            return Eval::fail(&[LOCK_NOT_AVAILABLE], "another transaction holds a lock on the table");
+        }
+        match rel {
+            Rel::Owners => Eval::fail(&[REGRESSION], "TRUNCATE of an owner table"),
+            Rel::T(_) => Eval::fail(&[TAMPERING], "TRUNCATE of a fenced table"),
+        }
+    }
+
+    /// INSERT, UPDATE or DELETE of fenced rows.
+    fn eval_write(&self, s: usize, p: &Prim) -> Eval {
+        let txn = self.txn(s);
+        let f = &txn.frame;
+        let (tab, order, presented) = match p {
+            Prim::Insert { tab, slot, token, .. } => (*tab, vec![*slot], if tab.bound() { f.bound } else { *token }),
+            Prim::Update { tab, ids, slot, token, .. } => {
+                let old = self.row_visible(s, f, ids[0]).expect("picked rows are visible").slot;
+                let order = if old == *slot { vec![*slot] } else { vec![*slot, old] };
+                (*tab, order, if tab.bound() { f.bound } else { *token })
+            }
+            Prim::Delete { tab, ids } => {
+                let old = self.row_visible(s, f, ids[0]).expect("picked rows are visible").slot;
+                (*tab, vec![old], f.bound)
+            }
+            _ => unreachable!(),
+        };
+        let scope = tab.scope();
+        let mut e = self.judge_write(s, p, tab, &order, presented);
+        e.other_err = self.drifted && scope == Scope::Owner;
+        e
+    }
+
+    fn judge_write(&self, s: usize, p: &Prim, tab: Tab, order: &[usize], presented: Option<i64>) -> Eval {
+        let f = &self.txn(s).frame;
+        let scope = tab.scope();
+        let mut fa = f.clone();
+        match self.run_checks(s, &mut fa, scope, order, presented) {
+            Check::Pass(soft) => {
+                match p {
+                    Prim::Insert { id, slot, .. } => {
+                        fa.rows.insert(*id, Some(FRow { tab, slot: *slot, tok: presented }));
+                    }
+                    Prim::Update { ids, slot, .. } => {
+                        for id in ids {
+                            fa.rows.insert(*id, Some(FRow { tab, slot: *slot, tok: presented }));
+                        }
+                    }
+                    Prim::Delete { ids, .. } => {
+                        for id in ids {
+                            fa.rows.insert(*id, None);
+                        }
+                    }
+                    _ => unreachable!(),
+                }
+                fa.rels.insert(Rel::T(tab));
+                let why = format!("token {} is current for slot(s) {order:?}", show(presented));
+                Eval::ok(Effect::Frame(Box::new(fa))).also(&soft).why(why)
+            }
+            Check::Fail(codes, why) => {
+                let mut e = Eval::fail(&codes, why);
+                // A row moved between resources is checked against both; the
+                // order is the fence's business, so either refusal is fine.
+                if order.len() > 1 {
+                    let reversed: Vec<usize> = order.iter().rev().copied().collect();
+                    let mut fb = f.clone();
+                    if let Check::Fail(more, _) = self.run_checks(s, &mut fb, scope, &reversed, presented) {
+                        e.errs.extend(more);
+                    }
+                }
+                e
+            }
+        }
+    }
+
+    fn run_checks(&self, s: usize, f: &mut Frame, scope: Scope, slots: &[usize], token: Option<i64>) -> Check {
+        let Some(t) = token else {
+            let mut codes = vec![MISSING];
+            if scope == Scope::Owner && slots.iter().any(|sl| self.owner_rid_at(s, f, *sl).is_none()) {
+                codes.push(NO_OWNER);
+            }
+            return Check::Fail(codes, "no token presented".to_owned());
+        };
+        let mut soft = Vec::new();
+        for &slot in slots {
+            let check = match scope {
+                Scope::Owner => self.check_owner(s, f, slot, t),
+                Scope::Mark(tab) => self.check_mark(s, f, tab, slot, t),
+            };
+            match check {
+                Check::Pass(more) => soft.extend(more),
+                Check::Fail(mut codes, why) => {
+                    codes.extend(soft);
+                    return Check::Fail(codes, why);
+                }
+            }
+        }
+        Check::Pass(soft)
+    }
+
+    /// Owner mode: the owner row is read and share-locked; the token must
+    /// equal its token. If an owner key move or re-insert left the row below
+    /// the highest token ever committed for this key (the floor), nothing
+    /// below the floor may be accepted.
+    fn check_owner(&self, s: usize, f: &mut Frame, slot: usize, t: i64) -> Check {
+        let Some(rid) = self.owner_rid_at(s, f, slot) else {
+            return Check::Fail(vec![NO_OWNER], format!("no owner row for slot {slot}"));
+        };
+        if !f.owner_share.contains(&rid) && !f.owners.contains_key(&rid) {
+            if let View::At(snap) = self.view(s) {
+                if self.owners.get(&rid).is_some_and(|v| v.changed_after(snap)) {
+                    return Check::Fail(vec![SERIALIZATION], "owner row changed after the snapshot".to_owned());
+                }
+            }
+            if self.others_owner_pending(s, rid) {
+                return Check::Fail(vec![LOCK_NOT_AVAILABLE], "owner row locked by another writer".to_owned());
+            }
+            f.owner_share.insert(rid);
+        }
+        f.rels.insert(Rel::Owners);
+        let (_, v) = self.owner_visible(s, f, rid).expect("visible owner row");
+        let floor = self.floor[slot];
+        let verdict = if v >= floor {
+            if t == v {
+                Check::Pass(Vec::new())
+            } else if t < v {
+                Check::Fail(vec![STALE], format!("token {t} < current {v}"))
+            } else {
+                Check::Fail(vec![AHEAD], format!("token {t} > current {v}"))
+            }
+        } else if t >= floor {
+            // The owner row was moved below its key's floor and the fence
+            // may or may not know better: only the invariant matters here.
+            Check::Pass(vec![STALE, AHEAD])
+        } else {
+            Check::Fail(
+                vec![STALE, AHEAD],
+                format!("token {t} is below {floor}, committed for this key before (owner row now says {v})"),
+            )
+        };
+        if matches!(verdict, Check::Pass(_)) {
+            f.writes.push((Scope::Owner, slot, t));
+        }
+        verdict
+    }
+
+    /// High-water mode: a token below the mark is stale; equal is accepted
+    /// under a share lock; higher raises the mark under an exclusive lock.
+    fn check_mark(&self, s: usize, f: &mut Frame, tab: Tab, slot: usize, t: i64) -> Check {
+        let key = (tab, slot);
+        let held = f.mark_share.contains(&key) || f.marks.contains_key(&key);
+        let others_pending = self.others(Some(s)).any(|x| x.frame.marks.contains_key(&key));
+        if !held {
+            if let View::At(snap) = self.view(s) {
+                if self.marks.get(&key).is_some_and(|v| v.changed_after(snap)) {
+                    return Check::Fail(vec![SERIALIZATION], "mark changed after the snapshot".to_owned());
+                }
+            }
+            if others_pending {
+                return Check::Fail(vec![LOCK_NOT_AVAILABLE], "mark being raised by another writer".to_owned());
+            }
+        }
+        let verdict = match self.mark_visible(s, f, key) {
+            Some(m) if t <= m => {
+                f.mark_share.insert(key);
+                if t == m {
+                    Check::Pass(Vec::new())
+                } else {
+                    Check::Fail(vec![STALE], format!("token {t} < mark {m}"))
+                }
+            }
+            _ => {
+                let others_share = self.others(Some(s)).any(|x| x.frame.mark_share.contains(&key));
+                if others_share || others_pending {
+                    Check::Fail(vec![LOCK_NOT_AVAILABLE], "raising a mark another writer holds".to_owned())
+                } else {
+                    f.marks.insert(key, t);
+                    Check::Pass(Vec::new())
+                }
+            }
+        };
+        if matches!(verdict, Check::Pass(_)) {
+            f.writes.push((Scope::Mark(tab), slot, t));
+        }
+        verdict
+    }
+
+    /// Row lock for an UPDATE or DELETE of owner row `rid`.
+    fn lock_owner_row(&self, s: usize, f: &Frame, rid: usize) -> Result<(), Eval> {
+        if f.owners.contains_key(&rid) {
+            return Ok(());
+        }
+        if let View::At(snap) = self.view(s) {
+            if self.owners.get(&rid).is_some_and(|v| v.changed_after(snap)) {
+                return Err(Eval::fail(&[SERIALIZATION], "owner row changed after the snapshot"));
+            }
+        }
+        if self.others_owner_pending(s, rid) || self.others_owner_share(s, rid) {
+            return Err(Eval::fail(&[LOCK_NOT_AVAILABLE], "owner row locked by another transaction"));
+        }
+        Ok(())
+    }
+
+    /// The unique index on the owner key: conflicts with key `slot` (except row `except`).
+    fn unique_conflict(&self, s: usize, f: &Frame, slot: usize, except: Option<usize>) -> Vec<&'static str> {
+        let mut rids: BTreeSet<usize> = self.owners.keys().chain(f.owners.keys()).copied().collect();
+        for t in self.others(Some(s)) {
+            rids.extend(t.frame.owners.keys());
+        }
+        let mut codes = BTreeSet::new();
+        for rid in rids.into_iter().filter(|r| Some(*r) != except) {
+            if let Some(own) = f.owners.get(&rid) {
+                if own.is_some_and(|(sl, _)| sl == slot) {
+                    return vec![UNIQUE];
+                }
+                continue;
+            }
+            let others_touch = self.others_owner_pending(s, rid);
+            if self.owners.get(&rid).and_then(|v| v.latest()).is_some_and(|(sl, _)| sl == slot) {
+                codes.insert(if others_touch { LOCK_NOT_AVAILABLE } else { UNIQUE });
+            }
+        }
+        if self.others(Some(s)).any(|t| t.frame.owner_keys.contains(&slot)) {
+            codes.insert(LOCK_NOT_AVAILABLE);
+        }
+        codes.into_iter().collect()
+    }
+
+    fn eval_owner_dml(&self, s: usize, p: &Prim) -> Eval {
+        let mut f = self.txn(s).frame.clone();
+        if f.role() == Role::App {
+            return Eval::fail(&[PRIVILEGE], "the app role has no write rights on the owner table");
+        }
+        f.rels.insert(Rel::Owners);
+        // Key moves, owner deletes and re-inserts may be refused by a fence
+        // that forbids them; if accepted, later writes must still not go stale.
+        let refusable = [REGRESSION, TAMPERING];
+        match p {
+            Prim::Bump { slot, new, .. } => {
+                let Some(rid) = self.owner_rid_at(s, &f, *slot) else {
+                    return Eval::ok(Effect::Frame(Box::new(f))).why("no owner row: 0 rows");
+                };
+                if let Err(e) = self.lock_owner_row(s, &f, rid) {
+                    return e;
+                }
+                let (_, old) = self.owner_visible(s, &f, rid).expect("visible");
+                match new {
+                    Some(n) if *n >= old => {
+                        f.owners.insert(rid, Some((*slot, *n)));
+                        Eval::ok(Effect::Frame(Box::new(f)))
+                    }
+                    _ => Eval::fail(&[REGRESSION], format!("owner token would go from {old} to {}", show(*new))),
+                }
+            }
+            Prim::MoveKey { from, to, .. } => {
+                let Some(rid) = self.owner_rid_at(s, &f, *from) else {
+                    return Eval::ok(Effect::Frame(Box::new(f))).why("no owner row: 0 rows");
+                };
+                if let Err(e) = self.lock_owner_row(s, &f, rid) {
+                    return e;
+                }
+                let conflict = self.unique_conflict(s, &f, *to, Some(rid));
+                if !conflict.is_empty() {
+                    return Eval::fail(&conflict, "key taken").also(&refusable);
+                }
+                let (_, tok) = self.owner_visible(s, &f, rid).expect("visible");
+                f.owners.insert(rid, Some((*to, tok)));
+                f.owner_keys.insert(*to);
+                Eval::ok(Effect::Frame(Box::new(f))).also(&refusable).why("owner key moved")
+            }
+            Prim::DeleteOwner { slot, .. } => {
+                let Some(rid) = self.owner_rid_at(s, &f, *slot) else {
+                    return Eval::ok(Effect::Frame(Box::new(f))).why("no owner row: 0 rows");
+                };
+                if let Err(e) = self.lock_owner_row(s, &f, rid) {
+                    return e;
+                }
+                f.owners.insert(rid, None);
+                Eval::ok(Effect::Frame(Box::new(f))).also(&refusable).why("owner row deleted")
+            }
+            Prim::InsertOwner { slot, token, .. } => {
+                let conflict = self.unique_conflict(s, &f, *slot, None);
+                if !conflict.is_empty() {
+                    return Eval::fail(&conflict, "key taken").also(&refusable);
+                }
+                f.owners.insert(self.next_rid, Some((*slot, *token)));
+                f.owner_keys.insert(*slot);
+                Eval::ok(Effect::NewOwner(Box::new(f))).also(&refusable).why("owner row inserted")
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    // -- effects --
+
+    fn apply(&mut self, who: Who, effect: Effect, succeeded: bool, p: &Prim) -> Result<(), String> {
+        let Who::S(s) = who else { return Ok(()) };
+        if !succeeded {
+            // A failed COMMIT ends the transaction; any other failure is
+            // followed by the executor's ROLLBACK (TO SAVEPOINT).
+            if matches!(p, Prim::Commit) {
+                self.sessions[s].txn = None;
+            }
+            return Ok(());
+        }
+        match effect {
+            Effect::None => {}
+            Effect::Frame(f) => self.sessions[s].txn.as_mut().expect("txn").frame = *f,
+            Effect::NewOwner(f) => {
+                self.sessions[s].txn.as_mut().expect("txn").frame = *f;
+                self.next_rid += 1;
+            }
+            Effect::Begin(iso) => {
+                let mut txn = Txn {
+                    iso,
+                    snapshot: None,
+                    ser_overlap: false,
+                    frame: Frame::new(self.sessions[s].role),
+                    saved: Vec::new(),
+                };
+                if iso == Iso::Serializable {
+                    for (i, other) in self.sessions.iter_mut().enumerate() {
+                        if let Some(t) = other.txn.as_mut().filter(|t| i != s && t.iso == Iso::Serializable) {
+                            t.ser_overlap = true;
+                            txn.ser_overlap = true;
+                        }
+                    }
+                }
+                self.sessions[s].txn = Some(txn);
+            }
+            Effect::Commit => return self.commit(s),
+            Effect::Rollback => self.sessions[s].txn = None,
+            Effect::Savepoint => {
+                let t = self.sessions[s].txn.as_mut().expect("txn");
+                t.saved.push(t.frame.clone());
+            }
+            Effect::Release => {
+                self.sessions[s].txn.as_mut().expect("txn").saved.pop();
+            }
+            Effect::RollbackTo => {
+                let t = self.sessions[s].txn.as_mut().expect("txn");
+                t.frame = t.saved.last().expect("savepoint").clone();
+            }
+            Effect::SessionRole(role) => self.sessions[s].role = role,
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, s: usize) -> Result<(), String> {
+        let txn = self.sessions[s].txn.take().expect("txn");
+        let f = txn.frame;
+        // The invariant: no write commits below a token committed before it.
+        let mut violations = Vec::new();
+        for (scope, slot, t) in &f.writes {
+            let floor = self.floor_of(*scope, *slot);
+            if *t < floor {
+                violations.push(format!("{scope:?} slot {slot}: token {t} below {floor}"));
+            }
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        for (id, st) in &f.rows {
+            if let Some(r) = st {
+                self.row_floor.insert(*id, self.floor_of(r.tab.scope(), r.slot));
+            }
+            self.rows.entry(*id).or_default().0.push((seq, st.clone()));
+        }
+        for (rid, st) in &f.owners {
+            self.owners.entry(*rid).or_default().0.push((seq, *st));
+            if let Some((slot, tok)) = st {
+                self.floor[*slot] = self.floor[*slot].max(*tok);
+                self.bump_log.push((seq, *slot, *tok));
+            }
+        }
+        for (key, tok) in &f.marks {
+            self.marks.entry(*key).or_default().0.push((seq, Some(*tok)));
+        }
+        self.sessions[s].role = f.session_role;
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("INVARIANT: commit {seq} carries stale writes: {}", violations.join("; ")))
+        }
+    }
+
+    /// After an owner key move, delete or insert was accepted: the session's
+    /// own reading of the owner rows must be the model's. A fence may have
+    /// changed tokens on the way (e.g. raised a re-inserted row to its floor):
+    /// such token changes of rows this transaction wrote are adopted; the
+    /// invariant, not the mechanism, is what the model checks.
+    fn resync(&mut self, s: usize, db: &BTreeSet<(usize, i64)>) -> Result<Option<String>, String> {
+        let f = self.txn(s).frame.clone();
+        let mine = self.owner_view(s, &f);
+        if &mine == db {
+            return Ok(None);
+        }
+        let mut adopted = f.clone();
+        for (slot, tok) in db {
+            if let Some(rid) = self.owner_rid_at(s, &f, *slot) {
+                if f.owners.contains_key(&rid) {
+                    adopted.owners.insert(rid, Some((*slot, *tok)));
+                }
+            }
+        }
+        if &self.owner_view(s, &adopted) == db {
+            self.sessions[s].txn.as_mut().expect("txn").frame = adopted;
+            Ok(Some(format!("adopted owner rows {db:?} (model had {mine:?})")))
+        } else {
+            Err(format!("owner rows as the session sees them: {db:?}; model: {mine:?}"))
+        }
+    }
+
+    fn committed_owners(&self) -> BTreeSet<(usize, i64)> {
+        self.owners.values().filter_map(|v| v.latest()).collect()
+    }
+
+    fn committed_rows(&self) -> BTreeMap<(Tab, i64), (usize, Option<i64>)> {
+        self.rows.iter().filter_map(|(id, v)| v.latest().map(|r| ((r.tab, *id), (r.slot, r.tok)))).collect()
+    }
+}
+
+fn show(t: Option<i64>) -> String {
+    t.map_or_else(|| "none".to_owned(), |t| t.to_string())
+}
+
+fn resolve(tok: Tok, current: i64) -> Option<i64> {
+    match tok {
+        Tok::Current => Some(current),
+        Tok::Stale(d) => Some((current - d as i64).max(0)),
+        Tok::Future(d) => Some(current + d as i64),
+        Tok::Missing => None,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The executor
+// ---------------------------------------------------------------------------
+
+/// Current names of a case's objects (renames change them).
+#[derive(Clone, Debug)]
+struct Names {
+    base_schema: String,
+    schema: String,
+    owners: String,
+    tabs: BTreeMap<Tab, String>,
+    /// Schemas to drop at the end besides `schema` (look-alikes).
+    extra_schemas: Vec<String>,
+    renames: u32,
+}
+
+impl Names {
+    fn new(schema: &str) -> Names {
+        Names {
+            base_schema: schema.to_owned(),
+            schema: schema.to_owned(),
+            owners: "owners".to_owned(),
+            tabs: ALL_TABS.iter().map(|t| (*t, t.base_name().to_owned())).collect(),
+            extra_schemas: Vec::new(),
+            renames: 0,
+        }
+    }
+    fn owners(&self) -> String {
+        format!("{}.{}", self.schema, self.owners)
+    }
+    fn tab(&self, t: Tab) -> String {
+        format!("{}.{}", self.schema, self.tabs[&t])
+    }
+    fn rel(&self, r: Rel) -> String {
+        match r {
+            Rel::Owners => self.owners(),
+            Rel::T(t) => self.tab(t),
+        }
+    }
+}
+
+struct Line {
+    who: Who,
+    sql: String,
+    columns: usize,
+    expected: String,
+    got: String,
+    bad: bool,
+}
+
+struct Failure {
+    summary: String,
+    script: String,
+}
+
+/// Totals over a family's run, printed at the end (how much was exercised).
+#[derive(Default)]
+struct Stats {
+    cases: u64,
+    statements: u64,
+    outcomes: BTreeMap<String, u64>,
+}
+
+struct Runner<'a> {
+    key: KeyType,
+    role: &'a str,
+    names: Names,
+    admin: &'a mut Client,
+    sessions: Vec<Client>,
+    model: Model,
+    next_id: i64,
+    setup: Vec<String>,
+    lines: Vec<Line>,
+    stats: &'a mut Stats,
+}
+
+type StepResult = Result<(), String>;
+
+impl Runner<'_> {
+    fn conn(&mut self, who: Who) -> &mut Client {
+        match who {
+            Who::Admin => self.admin,
+            Who::S(s) => &mut self.sessions[s],
+        }
+    }
+
+    fn render(&self, p: &Prim) -> String {
+        let key = self.key;
+        let n = &self.names;
+        let ids = |ids: &[i64]| ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+        let num = |t: Option<i64>| t.map_or_else(|| "NULL".to_owned(), |t| t.to_string());
+        match p {
+            Prim::Begin(iso) => format!("BEGIN ISOLATION LEVEL {}", iso.sql()),
+            Prim::Commit => "COMMIT".to_owned(),
+            Prim::Rollback => "ROLLBACK".to_owned(),
+            Prim::Savepoint(d) => format!("SAVEPOINT sp{d}"),
+            Prim::Release(d) => format!("RELEASE SAVEPOINT sp{d}"),
+            Prim::RollbackTo(d) => format!("ROLLBACK TO SAVEPOINT sp{d}"),
+            Prim::SetTimeZone(tz) => format!("SET TimeZone = '{tz}'"),
+            Prim::Bind { token, set_local: false } => format!("SELECT lease.bind_token({token})"),
+            Prim::Bind { token, set_local: true } => format!("SET LOCAL pg_lease.token = '{token}'"),
+            Prim::Insert { tab, id, slot, form, token } => {
+                let cols = key.column_names().join(", ");
+                let lits = key.literals(*slot, *form).join(", ");
+                if tab.bound() {
+                    format!("INSERT INTO {} (id, {cols}) VALUES ({id}, {lits})", n.tab(*tab))
+                } else {
+                    format!("INSERT INTO {} (id, {cols}, tok) VALUES ({id}, {lits}, {})", n.tab(*tab), num(*token))
+                }
+            }
+            Prim::Update { tab, ids: list, slot, form, token } => {
+                let token = if tab.bound() {
+                    "seen = lease.bound_token()".to_owned()
+                } else {
+                    format!("tok = {}", num(*token))
+                };
+                format!(
+                    "UPDATE {} SET {}, {token}, v = v + 1 WHERE id IN ({})",
+                    n.tab(*tab),
+                    key.assignment(*slot, *form),
+                    ids(list)
+                )
+            }
+            Prim::Delete { tab, ids: list } => format!("DELETE FROM {} WHERE id IN ({})", n.tab(*tab), ids(list)),
+            Prim::Bump { slot, form, new } => {
+                format!("UPDATE {} SET tok = {} WHERE {}", n.owners(), num(*new), key.predicate(*slot, *form))
+            }
+            Prim::MoveKey { from, to, form } => format!(
+                "UPDATE {} SET {} WHERE {}",
+                n.owners(),
+                key.assignment(*to, *form),
+                key.predicate(*from, form.wrapping_add(1))
+            ),
+            Prim::DeleteOwner { slot, form } => {
+                format!("DELETE FROM {} WHERE {}", n.owners(), key.predicate(*slot, *form))
+            }
+            Prim::InsertOwner { slot, form, token } => format!(
+                "INSERT INTO {} ({}, tok) VALUES ({}, {token})",
+                n.owners(),
+                key.column_names().join(", "),
+                key.literals(*slot, *form).join(", ")
+            ),
+            Prim::Resync => format!(
+                "WITH {} SELECT s.slot, o.tok FROM {} o LEFT JOIN s ON {} ORDER BY 1",
+                key.slot_cte(),
+                n.owners(),
+                key.join_on("o")
+            ),
+            Prim::Truncate(rel) => format!("TRUNCATE {}", n.rel(*rel)),
+            Prim::SessionToken { token, set_config: false } => {
+                format!("SET pg_lease.token = '{}'", token.map_or_else(String::new, |t| t.to_string()))
+            }
+            Prim::SessionToken { token, set_config: true } => format!(
+                "SELECT set_config('pg_lease.token', '{}', false)",
+                token.map_or_else(String::new, |t| t.to_string())
+            ),
+            Prim::ResetToken => "RESET pg_lease.token".to_owned(),
+            Prim::SetRole { role: Role::App, local } => {
+                format!("SET {}ROLE {}", if *local { "LOCAL " } else { "" }, self.role)
+            }
+            Prim::SetRole { role: Role::Me, local: true } => "SET LOCAL ROLE NONE".to_owned(),
+            Prim::SetRole { role: Role::Me, local: false } => "RESET ROLE".to_owned(),
+            Prim::Ddl { sql, .. } => sql.clone(),
+        }
+    }
+
+    /// Runs one statement, checks its outcome against the model and applies
+    /// it. After a refusal inside a transaction, rolls back to the innermost
+    /// savepoint (or the whole transaction), as a client would.
+    fn prim(&mut self, who: Who, p: Prim) -> Result<bool, String> {
+        if let Who::S(s) = who {
+            if p.takes_snapshot() {
+                self.model.take_snapshot(s);
+            }
+        }
+        let eval = self.model.eval(who, &p);
+        let sql = self.render(&p);
+        let mut resync_rows = None;
+        let result = if matches!(p, Prim::Resync) {
+            self.conn(who).simple_query(&sql).map(|msgs| {
+                let rows: BTreeSet<(Option<usize>, Option<i64>)> = msgs
+                    .iter()
+                    .filter_map(|m| match m {
+                        SimpleQueryMessage::Row(r) => {
+                            Some((r.get(0).and_then(|v| v.parse().ok()), r.get(1).and_then(|v| v.parse().ok())))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                resync_rows = Some(rows);
+            })
+        } else {
+            self.conn(who).batch_execute(&sql)
+        };
+        let (code, message) = match &result {
+            Ok(()) => (OK.to_owned(), String::new()),
+            Err(e) => match e.as_db_error() {
+                Some(db) => (db.code().code().to_owned(), db.message().to_owned()),
+                None => return Err(format!("{who:?}: {sql}: connection error: {e}")),
+            },
+        };
+        self.stats.statements += 1;
+        *self.stats.outcomes.entry(if code.is_empty() { "ok".to_owned() } else { code.clone() }).or_default() += 1;
+        let allowed = eval.allows(&code);
+        let got = if code.is_empty() { "ok".to_owned() } else { format!("{code} {message}") };
+        let expected =
+            if eval.why.is_empty() { eval.describe() } else { format!("{} ({})", eval.describe(), eval.why) };
+        self.lines.push(Line {
+            who,
+            sql: sql.clone(),
+            columns: p.result_columns(),
+            expected: expected.clone(),
+            got: got.clone(),
+            bad: !allowed,
+        });
+        if !allowed {
+            let kind = match (code.as_str(), eval.errs.iter().next().copied()) {
+                (OK, _) if eval.errs.contains(STALE) => "STALE WRITE ACCEPTED",
+                (OK, Some(MISSING)) => "WRITE WITHOUT A TOKEN ACCEPTED",
+                (OK, Some(AHEAD)) => "WRITE WITH A FUTURE TOKEN ACCEPTED",
+                (OK, Some(NO_OWNER)) => "WRITE WITHOUT AN OWNER ROW ACCEPTED",
+                (OK, _) => "ACCEPTED WHAT THE MODEL REFUSES",
+                (_, _) if eval.ok => "VALID STATEMENT REFUSED",
+                _ => "WRONG REFUSAL",
+            };
+            return Err(format!("{kind}: {who:?} `{sql}`: expected {expected}, got {got}"));
+        }
+        let succeeded = result.is_ok();
+        self.model.apply(who, eval.effect, succeeded, &p)?;
+        if let (Who::S(s), Some(rows)) = (who, resync_rows) {
+            let mut db = BTreeSet::new();
+            for (slot, tok) in rows {
+                match (slot, tok) {
+                    (Some(slot), Some(tok)) => {
+                        db.insert((slot, tok));
+                    }
+                    other => return Err(format!("owner row with an unknown key or no token: {other:?}")),
+                }
+            }
+            if let Some(note) = self.model.resync(s, &db)? {
+                self.lines.last_mut().expect("line").got += &format!(" -- {note}");
+            }
+        }
+        if !succeeded {
+            if let Who::S(s) = who {
+                if self.model.in_txn(s) {
+                    let depth = self.model.depth(s);
+                    if depth > 0 {
+                        self.prim(who, Prim::RollbackTo(depth))?;
+                    } else {
+                        self.prim(who, Prim::Rollback)?;
+                    }
+                }
+            }
+        }
+        Ok(succeeded)
+    }
+
+    /// Runs `body` in the session's open transaction, or in one of its own
+    /// (BEGIN ... COMMIT) when none is open.
+    fn in_txn(&mut self, s: usize, body: impl FnOnce(&mut Self) -> StepResult) -> StepResult {
+        let own = !self.model.in_txn(s);
+        if own {
+            self.prim(Who::S(s), Prim::Begin(Iso::ReadCommitted))?;
+        }
+        body(self)?;
+        if own && self.model.in_txn(s) {
+            self.prim(Who::S(s), Prim::Commit)?;
+        }
+        Ok(())
+    }
+
+    fn set_timezone(&mut self, s: usize, form: u8) -> StepResult {
+        if let Some(tz) = self.key.timezone(form) {
+            self.prim(Who::S(s), Prim::SetTimeZone(tz))?;
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, step: &Step) -> StepResult {
+        match *step {
+            Step::Begin { s, iso } => {
+                if !self.model.in_txn(s) {
+                    self.prim(Who::S(s), Prim::Begin(iso))?;
+                }
+            }
+            Step::Commit { s } => {
+                if self.model.in_txn(s) {
+                    self.prim(Who::S(s), Prim::Commit)?;
+                }
+            }
+            Step::Rollback { s } => {
+                if self.model.in_txn(s) {
+                    self.prim(Who::S(s), Prim::Rollback)?;
+                }
+            }
+            Step::Savepoint { s } => {
+                if self.model.in_txn(s) {
+                    self.prim(Who::S(s), Prim::Savepoint(self.model.depth(s) + 1))?;
+                }
+            }
+            Step::Release { s } => {
+                if self.model.depth(s) > 0 {
+                    self.prim(Who::S(s), Prim::Release(self.model.depth(s)))?;
+                }
+            }
+            Step::RollbackTo { s } => {
+                if self.model.depth(s) > 0 {
+                    self.prim(Who::S(s), Prim::RollbackTo(self.model.depth(s)))?;
+                }
+            }
+            Step::Write { s, tab, op, slot, form, tok, bind } => self.write(s, tab, op, slot, form, tok, bind)?,
+            Step::Bump { s, slot, form, change } => self.in_txn(s, |r| {
+                let cur = r.model.current_token(s, Tab::Fenced, slot);
+                let new = match change {
+                    Change::Raise(d) => Some(cur + d as i64),
+                    Change::Same => Some(cur),
+                    Change::Lower(d) => Some(cur - d as i64),
+                    Change::Null => None,
+                };
+                r.prim(Who::S(s), Prim::Bump { slot, form, new })?;
+                Ok(())
+            })?,
+            Step::MoveKey { s, from, to, form } => {
+                if from != to {
+                    self.in_txn(s, |r| r.owner_change(s, Prim::MoveKey { from, to, form }).map(|_| ()))?;
+                }
+            }
+            Step::SwapKeys { s, a, b } => {
+                if a != b {
+                    self.in_txn(s, |r| {
+                        for (i, (from, to)) in [(a, TEMP), (b, a), (TEMP, b)].into_iter().enumerate() {
+                            if !r.owner_change(s, Prim::MoveKey { from, to, form: i as u8 })? {
+                                break;
+                            }
+                        }
+                        Ok(())
+                    })?;
+                }
+            }
+            Step::DeleteOwner { s, slot } => {
+                self.in_txn(s, |r| r.owner_change(s, Prim::DeleteOwner { slot, form: 1 }).map(|_| ()))?
+            }
+            Step::ReplaceOwner { s, slot, lower_by } => self.in_txn(s, |r| {
+                let token = (r.model.current_token(s, Tab::Fenced, slot) - 1 - lower_by as i64).max(0);
+                if r.owner_change(s, Prim::DeleteOwner { slot, form: 0 })? {
+                    r.owner_change(s, Prim::InsertOwner { slot, form: 2, token })?;
+                }
+                Ok(())
+            })?,
+            Step::InsertOwner { s, slot, below } => self.in_txn(s, |r| {
+                let token = (r.model.floor[slot].max(BASE_TOKEN) - below as i64).max(0);
+                r.owner_change(s, Prim::InsertOwner { slot, form: 3, token }).map(|_| ())
+            })?,
+            Step::Truncate { s, rel } => self.in_txn(s, |r| r.prim(Who::S(s), Prim::Truncate(rel)).map(|_| ()))?,
+            Step::SessionToken { s, tab, slot, tok, via } => {
+                if !self.model.in_txn(s) {
+                    let token = resolve(tok, self.model.current_token(s, tab, slot));
+                    match via {
+                        SessionVia::Set => {
+                            self.prim(Who::S(s), Prim::SessionToken { token, set_config: false })?;
+                        }
+                        SessionVia::SetConfig => {
+                            self.prim(Who::S(s), Prim::SessionToken { token, set_config: true })?;
+                        }
+                        SessionVia::SetInTxn => self.in_txn(s, |r| {
+                            r.prim(Who::S(s), Prim::SessionToken { token, set_config: false }).map(|_| ())
+                        })?,
+                    }
+                }
+            }
+            Step::ResetToken { s } => {
+                self.prim(Who::S(s), Prim::ResetToken)?;
+            }
+            Step::SetRole { s, role, local } => {
+                if !local || self.model.in_txn(s) {
+                    self.prim(Who::S(s), Prim::SetRole { role, local })?;
+                }
+            }
+            Step::Rename(ddl) => self.rename(ddl)?,
+        }
+        Ok(())
+    }
+
+    /// An accepted owner key move, delete or insert is followed by the
+    /// session reading the owner rows back (`Resync`).
+    fn owner_change(&mut self, s: usize, p: Prim) -> Result<bool, String> {
+        let ok = self.prim(Who::S(s), p)?;
+        if ok {
+            self.prim(Who::S(s), Prim::Resync)?;
+        }
+        Ok(ok)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write(&mut self, s: usize, tab: Tab, op: Op, slot: usize, form: u8, tok: Tok, bind: BindVia) -> StepResult {
+        let ids = match op {
+            Op::Insert => Vec::new(),
+            Op::Update { .. } | Op::Delete => {
+                let ids = self.model.pick_rows(s, tab, slot);
+                if ids.is_empty() {
+                    return Ok(());
+                }
+                ids
+            }
+        };
+        self.in_txn(s, |r| {
+            r.set_timezone(s, form)?;
+            let token = resolve(tok, r.model.current_token(s, tab, slot));
+            if tab.bound() || matches!(op, Op::Delete) {
+                if let Some(token) = token {
+                    let set_local = matches!(bind, BindVia::SetLocal);
+                    if !r.prim(Who::S(s), Prim::Bind { token, set_local })? {
+                        return Ok(());
+                    }
+                }
+            }
+            let p = match op {
+                Op::Insert => {
+                    r.next_id += 1;
+                    Prim::Insert { tab, id: r.next_id, slot, form, token }
+                }
+                Op::Update { to } => Prim::Update { tab, ids, slot: to.unwrap_or(slot), form, token },
+                Op::Delete => Prim::Delete { tab, ids },
+            };
+            r.prim(Who::S(s), p).map(|_| ())
+        })
+    }
+
+    fn lookalike_owners_sql(&self, schema: &str, table: &str) -> String {
+        let rows: Vec<String> =
+            (0..NRES).map(|slot| format!("({}, 1)", self.key.literals(slot, 0).join(", "))).collect();
+        format!(
+            "CREATE TABLE {schema}.{table} ({}, tok bigint, PRIMARY KEY ({})) WITH (autovacuum_enabled = off); \
+             INSERT INTO {schema}.{table} VALUES {}",
+            self.key.column_defs(),
+            self.key.column_names().join(", "),
+            rows.join(", ")
+        )
+    }
+
+    fn rename(&mut self, ddl: Rename) -> StepResult {
+        self.names.renames += 1;
+        let n = self.names.renames;
+        match ddl {
+            Rename::OwnerTable { lookalike } => {
+                let old = self.names.owners.clone();
+                let new = format!("owners_r{n}");
+                let sql = format!("ALTER TABLE {} RENAME TO {new}", self.names.owners());
+                if self.prim(Who::Admin, Prim::Ddl { sql, blocked_by: Some(Rel::Owners) })? {
+                    self.names.owners = new;
+                    self.model.drifted = true;
+                    if lookalike {
+                        let sql = self.lookalike_owners_sql(&self.names.schema, &old);
+                        self.prim(Who::Admin, Prim::Ddl { sql, blocked_by: None })?;
+                    }
+                }
+            }
+            Rename::Target(tab) => {
+                let new = format!("{}_r{n}", tab.base_name());
+                let sql = format!("ALTER TABLE {} RENAME TO {new}", self.names.tab(tab));
+                if self.prim(Who::Admin, Prim::Ddl { sql, blocked_by: Some(Rel::T(tab)) })? {
+                    self.names.tabs.insert(tab, new);
+                }
+            }
+            Rename::Schema { lookalike } => {
+                let old = self.names.schema.clone();
+                let new = format!("{}_r{n}", self.names.base_schema);
+                let sql = format!("ALTER SCHEMA {old} RENAME TO {new}");
+                if self.prim(Who::Admin, Prim::Ddl { sql, blocked_by: None })? {
+                    self.names.schema = new;
+                    self.model.drifted = true;
+                    if lookalike {
+                        let sql =
+                            format!("CREATE SCHEMA {old}; {}", self.lookalike_owners_sql(&old, &self.names.owners));
+                        self.prim(Who::Admin, Prim::Ddl { sql, blocked_by: None })?;
+                        self.names.extra_schemas.push(old);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The committed data in the cluster must be the model's, and every
+    /// committed fenced row's token must be at least its resource's highest
+    /// token committed before it.
+    fn check_committed(&mut self) -> StepResult {
+        let key = self.key;
+        let mut parts = vec![format!(
+            "SELECT 'owners'::text, s.slot, NULL::bigint, o.tok FROM {} o LEFT JOIN s ON {}",
+            self.names.owners(),
+            key.join_on("o")
+        )];
+        for tab in ALL_TABS {
+            parts.push(format!(
+                "SELECT '{}', s.slot, x.id, x.{} FROM {} x LEFT JOIN s ON {}",
+                tab.base_name(),
+                tab.token_column(),
+                self.names.tab(tab),
+                key.join_on("x")
+            ));
+        }
+        let sql = format!("WITH {} {}", key.slot_cte(), parts.join(" UNION ALL "));
+        let rows = self.admin.query(&sql, &[]).map_err(|e| format!("reading committed data: {e}\n{sql}"))?;
+        let mut owners = BTreeSet::new();
+        let mut fenced = BTreeMap::new();
+        for row in rows {
+            let tag: String = row.get(0);
+            let slot: Option<i32> = row.get(1);
+            let id: Option<i64> = row.get(2);
+            let tok: Option<i64> = row.get(3);
+            let Some(slot) = slot else {
+                return Err(format!("committed {tag} row {id:?} has a key no slot matches"));
+            };
+            if tag == "owners" {
+                owners.insert((slot as usize, tok.unwrap_or(i64::MIN)));
+            } else {
+                let tab = *ALL_TABS.iter().find(|t| t.base_name() == tag).expect("known table");
+                fenced.insert((tab, id.expect("id")), (slot as usize, tok));
+            }
+        }
+        let mut problems = Vec::new();
+        for ((tab, id), (slot, tok)) in &fenced {
+            let floor = self.model.row_floor.get(id).copied().unwrap_or(i64::MIN);
+            if tok.is_none_or(|t| t < floor) {
+                problems.push(format!(
+                    "INVARIANT: committed {tab:?} row {id} (slot {slot}) carries token {} below {floor}, \
+                     committed for its resource before it",
+                    show(*tok)
+                ));
+            }
+        }
+        if owners != self.model.committed_owners() {
+            problems.push(format!(
+                "committed owner rows (slot, token) are {owners:?}, model says {:?}",
+                self.model.committed_owners()
+            ));
+        }
+        let expected = self.model.committed_rows();
+        if fenced != expected {
+            let extra: Vec<_> = fenced.iter().filter(|(k, v)| expected.get(k) != Some(v)).collect();
+            let lost: Vec<_> = expected.iter().filter(|(k, v)| fenced.get(k) != Some(v)).collect();
+            problems.push(format!("committed fenced rows differ: cluster has {extra:?}, model has {lost:?}"));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("\n"))
+        }
+    }
+
+    fn script(&self, family: Family, case: &Case, failure: &str) -> String {
+        let whos: Vec<Who> = self.lines.iter().map(|l| l.who).collect();
+        let multi = whos.windows(2).any(|w| w[0] != w[1]) || whos.contains(&Who::Admin);
+        let mut out = String::new();
+        let _ = writeln!(out, "-- pg_lease model test: family {family:?}, key type {:?}", case.key);
+        let _ = writeln!(out, "-- failure: {}", failure.replace('\n', "\n--          "));
+        let _ = writeln!(out, "-- steps:");
+        for step in &case.steps {
+            let _ = writeln!(out, "--   {step:?}");
+        }
+        let _ = writeln!(out, "-- Replay with psql in a database where pg_lease is installed.");
+        let _ = writeln!(out, "\\set ON_ERROR_STOP off");
+        let _ = writeln!(
+            out,
+            "CREATE COLLATION IF NOT EXISTS public.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);"
+        );
+        let _ = writeln!(
+            out,
+            "DO $$ BEGIN CREATE ROLE {} NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;",
+            self.role
+        );
+        for s in &self.setup {
+            let _ = writeln!(out, "{s};");
+        }
+        let used: BTreeSet<usize> =
+            self.lines.iter().filter_map(|l| if let Who::S(s) = l.who { Some(s) } else { None }).collect();
+        if multi {
+            let _ = writeln!(out, "-- sessions s0..s2 are dblink connections; admin statements run here");
+            let _ = writeln!(out, "CREATE EXTENSION IF NOT EXISTS dblink;");
+            for s in &used {
+                let _ = writeln!(
+                    out,
+                    "SELECT dblink_connect('s{s}', format('host=127.0.0.1 port=%s dbname=%s user=postgres', \
+                     current_setting('port'), current_database()));"
+                );
+                let _ = writeln!(out, "SELECT dblink_exec('s{s}', $q$SET lock_timeout = '{LOCK_TIMEOUT}'$q$);");
+            }
+        } else {
+            let _ = writeln!(out, "SET lock_timeout = '{LOCK_TIMEOUT}';");
+        }
+        for l in &self.lines {
+            let mark = if l.bad { "!!! MISMATCH: " } else { "" };
+            let _ = writeln!(out, "-- {mark}expect {}; got {}", l.expected, l.got);
+            match (multi, l.who) {
+                (true, Who::S(s)) if l.columns > 0 => {
+                    let cols: Vec<String> = (0..l.columns).map(|i| format!("c{i} text")).collect();
+                    let _ = writeln!(out, "SELECT * FROM dblink('s{s}', $q${}$q$) AS t({});", l.sql, cols.join(", "));
+                }
+                (true, Who::S(s)) => {
+                    let _ = writeln!(out, "SELECT dblink_exec('s{s}', $q${}$q$);", l.sql);
+                }
+                _ => {
+                    let _ = writeln!(out, "{};", l.sql);
+                }
+            }
+        }
+        // An accepted statement the model refuses: commit it, as its client
+        // would, so that the replay leaves the bad row committed.
+        if let Some(Line { who: Who::S(s), bad: true, got, .. }) = self.lines.last() {
+            if got.starts_with("ok") && self.model.in_txn(*s) {
+                let _ = writeln!(out, "-- the client commits: the refused-by-the-model write is now committed");
+                if multi {
+                    let _ = writeln!(out, "SELECT dblink_exec('s{s}', 'COMMIT');");
+                } else {
+                    let _ = writeln!(out, "COMMIT;");
+                }
+            }
+        }
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Families
+// ---------------------------------------------------------------------------
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(default)
+}
+
+/// A database per family (with pg_lease, the ICU collation and an application
+/// role); each case gets a schema of its own, dropped after it.
+struct FamilyEnv {
+    family: Family,
+    db: Option<TestDb>,
+    role: String,
+    admin: RefCell<Client>,
+    case_no: Cell<u32>,
+    stats: RefCell<Stats>,
+}
+
+impl FamilyEnv {
+    fn new(family: Family) -> FamilyEnv {
+        let db = TestDb::new(&format!("model_{}", family.tag()));
+        let role = format!("model_app_{}_{}", family.tag(), std::process::id());
+        let mut admin = db.connect();
+        admin
+            .batch_execute(&format!(
+                "SET jit = off;
+                 CREATE COLLATION public.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+                 DROP ROLE IF EXISTS {role}; CREATE ROLE {role} NOLOGIN;"
+            ))
+            .expect("family setup (needs ICU)");
+        FamilyEnv {
+            family,
+            db: Some(db),
+            role,
+            admin: RefCell::new(admin),
+            case_no: Cell::new(0),
+            stats: RefCell::new(Stats::default()),
+        }
+    }
+
+    fn setup_sql(&self, schema: &str, key: KeyType) -> Vec<String> {
+        let cols = key.column_defs();
+        let keys = key.column_names().join(", ");
+        let arr = key.key_array();
+        let role = &self.role;
+        let opts = "WITH (autovacuum_enabled = off)";
+        let owners: Vec<String> = INITIAL_TOKENS
+            .iter()
+            .enumerate()
+            .map(|(slot, tok)| format!("({}, {tok})", key.literals(slot, 0).join(", ")))
+            .collect();
+        let mut sql = vec![
+            format!("CREATE SCHEMA {schema}"),
+            format!("CREATE TABLE {schema}.owners ({cols}, tok bigint, PRIMARY KEY ({keys})) {opts}"),
+        ];
+        for tab in ALL_TABS {
+            let token = if tab.bound() { "seen bigint DEFAULT lease.bound_token()" } else { "tok bigint" };
+            sql.push(format!(
+                "CREATE TABLE {schema}.{} (id bigint PRIMARY KEY, {cols}, {token}, v int NOT NULL DEFAULT 0) {opts}",
+                tab.base_name()
+            ));
+        }
+        sql.extend([
+            format!("INSERT INTO {schema}.owners ({keys}, tok) VALUES {}", owners.join(", ")),
+            format!("SELECT lease.protect('{schema}.fenced', {arr}, 'tok', '{schema}.owners', {arr}, 'tok')"),
+            format!("SELECT lease.protect('{schema}.fenced_b', {arr}, NULL, '{schema}.owners', {arr}, 'tok')"),
+            format!("SELECT lease.protect_high_water('{schema}.hw', {arr}, 'tok')"),
+            format!("SELECT lease.protect_high_water('{schema}.hw_b', {arr})"),
+            format!("GRANT USAGE ON SCHEMA {schema} TO {role}"),
+            format!(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.fenced, {schema}.fenced_b, {schema}.hw, {schema}.hw_b TO {role}"
+            ),
+            format!("GRANT SELECT ON {schema}.owners TO {role}"),
+        ]);
+        sql
+    }
+
+    /// Runs one case in a fresh schema over fresh sessions.
+    fn run_case(&self, case: &Case) -> Result<(), Failure> {
+        let n = self.case_no.get() + 1;
+        self.case_no.set(n);
+        let schema = format!("mdl_{}_{n}", self.family.tag());
+        let setup = self.setup_sql(&schema, case.key);
+        let db = self.db.as_ref().expect("db");
+        let mut admin = self.admin.borrow_mut();
+        let mut stats = self.stats.borrow_mut();
+        stats.cases += 1;
+        admin
+            .batch_execute(&format!("SET lock_timeout = 0; {}; SET lock_timeout = '{LOCK_TIMEOUT}'", setup.join("; ")))
+            .map_err(|e| Failure { summary: format!("case setup failed: {e}"), script: setup.join(";\n") })?;
+        let mut sessions = Vec::new();
+        for _ in 0..SESSIONS {
+            let mut c = db.connect();
+            c.batch_execute(&format!("SET lock_timeout = '{LOCK_TIMEOUT}'")).expect("session setup");
+            sessions.push(c);
+        }
+        let mut runner = Runner {
+            key: case.key,
+            role: &self.role,
+            names: Names::new(&schema),
+            admin: &mut admin,
+            sessions,
+            model: Model::new(),
+            next_id: 0,
+            setup,
+            lines: Vec::new(),
+            stats: &mut stats,
+        };
+        let mut outcome = Ok(());
+        for (i, step) in case.steps.iter().enumerate() {
+            if let Err(e) = runner.step(step).and_then(|_| runner.check_committed()) {
+                let summary =
+                    format!("step {i} {step:?}: {e}\nbump log (commit seq, slot, token): {:?}", runner.model.bump_log);
+                outcome = Err(Failure { script: runner.script(self.family, case, &summary), summary });
+                break;
+            }
+        }
+        let mut schemas = runner.names.extra_schemas.clone();
+        schemas.push(runner.names.schema.clone());
+        drop(runner.sessions.drain(..));
+        drop(runner);
+        let cleanup = format!(
+            "SET lock_timeout = 0; DROP SCHEMA IF EXISTS {} CASCADE; SET lock_timeout = '{LOCK_TIMEOUT}'",
+            schemas.join(", ")
+        );
+        if let Err(e) = admin.batch_execute(&cleanup) {
+            if outcome.is_ok() {
+                outcome = Err(Failure { summary: format!("case cleanup failed: {e}"), script: cleanup });
+            }
+        }
+        outcome
+    }
+}
+
+impl Drop for FamilyEnv {
+    fn drop(&mut self) {
+        drop(self.db.take());
+        if let Ok(mut c) = std::panic::catch_unwind(|| connect_to("postgres", "postgres")) {
+            let _ = c.batch_execute(&format!("DROP ROLE IF EXISTS {}", self.role));
+        }
+    }
+}
+
+fn run_family(family: Family) {
+    let _ = port();
+    let cases = env_u64("PG_LEASE_MODEL_CASES", 64) as u32;
+    let max_steps = env_u64("PG_LEASE_MODEL_STEPS", 30).max(1) as usize;
+    let seed = env_u64("PG_LEASE_MODEL_SEED", DEFAULT_SEED);
+    let shrink_secs = env_u64("PG_LEASE_MODEL_SHRINK_SECS", 60);
+    let mut seed_bytes = [0u8; 32];
+    for (i, chunk) in seed_bytes.chunks_mut(8).enumerate() {
+        let word =
+            seed ^ family.salt().wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        chunk.copy_from_slice(&word.to_le_bytes());
+    }
+    let config = Config {
+        cases,
+        max_shrink_time: (shrink_secs * 1000) as u32,
+        max_shrink_iters: 10_000,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes));
+    let env = FamilyEnv::new(family);
+    let started = Instant::now();
+    let result = runner
+        .run(&case_strategy(family, max_steps), |case| env.run_case(&case).map_err(|f| TestCaseError::fail(f.summary)));
+    let elapsed = started.elapsed();
+    let stats = env.stats.borrow();
+    eprintln!(
+        "model {family:?}: seed {seed:#x}, {} case runs (incl. shrinking), {} statements in {:.1}s; outcomes {:?}",
+        stats.cases,
+        stats.statements,
+        elapsed.as_secs_f64(),
+        stats.outcomes
+    );
+    drop(stats);
+    match result {
+        Ok(()) => {}
+        Err(TestError::Fail(why, minimal)) => {
+            let report = match env.run_case(&minimal) {
+                Err(f) => f.script,
+                Ok(()) => format!("(the minimal case passed when replayed: flaky?)\n{minimal:#?}"),
+            };
+            eprintln!("\n===== model {family:?}: minimal failing case =====\n{report}===== end {family:?} =====\n");
+            panic!("model {family:?} failed (seed {seed:#x}): {why}\n\n{report}");
+        }
+        Err(TestError::Abort(why)) => panic!("model {family:?} aborted: {why}"),
+    }
+}
+
+#[test]
+fn owner_mode_never_commits_a_stale_write() {
+    run_family(Family::Owner);
+}
+
+#[test]
+fn high_water_mode_treats_equal_keys_as_one_resource() {
+    run_family(Family::HighWater);
+}
+
+#[test]
+fn a_session_token_never_outlives_its_transaction() {
+    run_family(Family::SessionReuse);
+}
+
+#[test]
+fn catalog_drift_never_redirects_the_fence() {
+    run_family(Family::CatalogDrift);
+}

@@ -9,6 +9,11 @@ CREATE FUNCTION lease.owner_guard() RETURNS trigger
     LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_owner_guard';
 CREATE FUNCTION lease.truncate_guard() RETURNS trigger
     LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_truncate_guard';
+-- The columns an ALTER TABLE command retyped (src/fence/ddl.rs), for the DDL guard.
+CREATE FUNCTION lease._retyped_columns(command pg_ddl_command) RETURNS text[]
+    LANGUAGE C STRICT AS 'MODULE_PATHNAME', 'pg_lease_retyped_columns';
+REVOKE EXECUTE ON FUNCTION lease._retyped_columns(pg_ddl_command) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION lease._exists_as_owner(oid, text) FROM PUBLIC;
 
 -- Raises one of pg_lease's LF errors by name (src/errors.rs), for our PL/pgSQL.
 -- Internal: only pg_lease's own SECURITY DEFINER functions call it.
@@ -295,7 +300,8 @@ COMMENT ON FUNCTION lease.unprotect(regclass) IS 'Removes pg_lease''s fence from
 -- Every way in which a protected table's fence is not fully in force, with
 -- the tables it concerns (only those protected tables whose relid or owner
 -- table is in `only`, when given). kind: 'missing' (a trigger is absent),
--- 'disabled' (present but not ENABLE ALWAYS), 'renamed' (one of our trigger
+-- 'disabled' (present but not ENABLE ALWAYS), 'replaced' (our trigger's name
+-- on another function), 'renamed' (one of our trigger
 -- functions under another name), 'altered' (one of our triggers no longer
 -- fires on every row and event, or has other arguments), 'order' (another
 -- BEFORE row trigger runs after ours), 'column' (a fenced column is gone, retyped,
@@ -362,13 +368,15 @@ BEGIN
                              OFFSET 0) a ON true
     )
     SELECT e.relid::regclass, e.rel::regclass,
-           CASE WHEN t.oid IS NULL THEN 'missing' ELSE 'disabled' END,
-           format('trigger %s on %s is %s', e.tgname, e.rel::regclass,
-                  CASE WHEN t.oid IS NULL THEN 'missing' ELSE 'not ENABLE ALWAYS' END)
+           CASE WHEN t.oid IS NULL THEN 'missing' WHEN t.tgfoid <> e.func THEN 'replaced' ELSE 'disabled' END,
+           format('trigger %s on %s %s', e.tgname, e.rel::regclass,
+                  CASE WHEN t.oid IS NULL THEN 'is missing'
+                       WHEN t.tgfoid <> e.func THEN format('runs %s instead of %s', t.tgfoid::regproc, e.func)
+                       ELSE 'is not ENABLE ALWAYS' END)
       FROM expected_triggers e
-      LEFT JOIN LATERAL (SELECT x.oid, x.tgenabled FROM pg_trigger x
-                          WHERE x.tgrelid = e.rel AND x.tgname = e.tgname AND x.tgfoid = e.func OFFSET 0) t ON true
-     WHERE t.oid IS NULL OR t.tgenabled <> 'A'
+      LEFT JOIN LATERAL (SELECT x.oid, x.tgenabled, x.tgfoid FROM pg_trigger x
+                          WHERE x.tgrelid = e.rel AND x.tgname = e.tgname OFFSET 0) t ON true
+     WHERE t.oid IS NULL OR t.tgenabled <> 'A' OR t.tgfoid <> e.func
     UNION ALL
     SELECT e.relid::regclass, e.rel::regclass, 'altered',
            format('trigger %s on %s no longer fires on every %s', e.tgname, e.rel::regclass,
@@ -524,19 +532,39 @@ BEGIN
         RETURN;
     END IF;
 
+    -- ALTER COLUMN ... TYPE of a fenced column, even to its own type: with
+    -- USING it rewrites every row, and no row trigger sees it.
+    SELECT c.objid::regclass AS rel, x.col, p.relid INTO broken
+      FROM pg_event_trigger_ddl_commands() c
+     CROSS JOIN LATERAL unnest(lease._retyped_columns(c.command)) x(col)
+      JOIN lease.protected p ON p.relid::oid = ANY (concerned)
+     WHERE c.command_tag = 'ALTER TABLE'
+       AND ((coalesce(pg_partition_root(c.objid), c.objid) = p.relid::oid
+             AND (x.col = ANY (p.key_columns) OR x.col = p.token_column))
+         OR (coalesce(pg_partition_root(c.objid), c.objid) = p.owner_table::oid
+             AND (x.col = ANY (p.owner_key_columns) OR x.col = p.owner_token_column)))
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('ALTER COLUMN %s TYPE on %s would rewrite a fenced column', quote_ident(broken.col), broken.rel),
+            format('Table %s: column "%s" is fenced; ALTER COLUMN ... TYPE rewrites its values without passing the fence.',
+                   broken.relid, broken.col));
+    END IF;
+
     -- Partitions joined in this transaction (created, or attached). Not while
     -- the root's fence is itself being created in this transaction, as in a
     -- single-transaction pg_restore that will create the guards from the dump.
+    -- (A partitioned table attached brings its whole subtree: every member.)
     FOR part IN
-        SELECT p.relid, p.mode, p.token_column, p.key_columns, p.owner_table, p.owner_key_columns,
-               p.owner_token_column, t.relid AS child, (t.root = p.owner_table::oid) AS is_owner
+        SELECT DISTINCT p.relid, p.mode, p.token_column, p.key_columns, p.owner_table, p.owner_key_columns,
+               p.owner_token_column, m.relid AS child, (r.root = p.owner_table::oid) AS is_owner
           FROM lease.protected p
           CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
-          CROSS JOIN LATERAL (SELECT x.relid, r.root FROM pg_partition_tree(r.root) x) t
-          JOIN pg_inherits i ON i.inhrelid = t.relid
+          CROSS JOIN LATERAL pg_partition_tree(r.root) t
+          JOIN pg_inherits i ON i.inhrelid = t.relid AND i.xmin = xid(pg_current_xact_id())
+          CROSS JOIN LATERAL pg_partition_tree(t.relid) m
          WHERE p.relid::oid = ANY (concerned)
-           AND t.relid <> t.root
-           AND i.xmin = xid(pg_current_xact_id())
+           AND t.relid <> r.root
     LOOP
         IF part.is_owner THEN
             IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_owner_truncate')
@@ -554,15 +582,16 @@ BEGIN
         -- Rows brought in by ATTACH PARTITION passed no fence: each must carry
         -- its owner row's current token (without a token column, or in
         -- high-water mode, no row can be checked: the table must be empty).
+        -- (Run as the table's owner: the key type's operators are the user's.)
         IF part.mode = 'owner' AND part.token_column IS NOT NULL THEN
-            EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s t WHERE NOT EXISTS (SELECT 1 FROM %s o WHERE %s AND o.%I = t.%I))',
-                           part.child::regclass, part.owner_table,
-                           (SELECT string_agg(format('o.%I = t.%I', part.owner_key_columns[n], part.key_columns[n]), ' AND ')
-                              FROM generate_series(1, cardinality(part.key_columns)) n),
-                           part.owner_token_column, part.token_column)
-               INTO bad;
+            bad := lease._exists_as_owner(part.child, format(
+                'SELECT EXISTS (SELECT 1 FROM ONLY %s t WHERE NOT EXISTS (SELECT 1 FROM %s o WHERE %s AND o.%I = t.%I))',
+                part.child::regclass, part.owner_table,
+                (SELECT string_agg(format('o.%I = t.%I', part.owner_key_columns[n], part.key_columns[n]), ' AND ')
+                   FROM generate_series(1, cardinality(part.key_columns)) n),
+                part.owner_token_column, part.token_column));
         ELSE
-            EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', part.child::regclass) INTO bad;
+            bad := lease._exists_as_owner(part.child, format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', part.child::regclass));
         END IF;
         IF bad THEN
             PERFORM lease._raise('FenceTampering',
@@ -587,7 +616,7 @@ BEGIN
                    SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
     LOOP
         IF stray.tgname = 'pg_lease_owner_truncate' THEN
-            EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', stray.tgrelid::regclass) INTO bad;
+            bad := lease._exists_as_owner(stray.tgrelid, format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', stray.tgrelid::regclass));
             IF bad THEN
                 PERFORM lease._raise('FencingTokenRegression',
                     format('%s would take owner rows out of an owner table (%s)', tg_tag, stray.tgrelid::regclass),
@@ -630,6 +659,19 @@ BEGIN
     dropped_tables := ARRAY(SELECT d.objid FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'table');
     DELETE FROM lease.protected p WHERE p.relid::oid = ANY (dropped_tables);
     DELETE FROM lease.high_water h WHERE h.target::oid = ANY (dropped_tables);
+    -- Owner tables that no fenced table uses any more lose their guards (as
+    -- after lease.unprotect), so no guard outlives its fence.
+    FOR orphan IN
+        SELECT g.tgrelid::regclass AS rel, g.tgname FROM pg_trigger g
+         WHERE g.tgname IN ('pg_lease_owner_guard', 'pg_lease_owner_truncate') AND g.tgparentid = 0
+           AND g.tgfoid IN ('lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+           AND coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (owner_roots)
+           AND NOT (coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (ARRAY(
+                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
+           AND NOT (g.tgrelid = ANY (dropped_tables))
+    LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', orphan.tgname, orphan.rel);
+    END LOOP;
     SELECT p.relid, p.owner_table INTO orphan FROM lease.protected p WHERE p.owner_table::oid = ANY (dropped_tables) LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',

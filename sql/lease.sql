@@ -80,10 +80,9 @@ DECLARE
     now_ts timestamptz;
     live boolean;
     binding record;
-    key_match text;
+    owner_row bigint[];
     owner_token bigint;
     new_token bigint;
-    matched bigint;
 BEGIN
     IF p_name IS NULL OR p_owner IS NULL OR length(p_name) > 256 OR length(p_owner) > 256
        OR btrim(p_name) = '' OR btrim(p_owner) = '' THEN
@@ -126,15 +125,12 @@ BEGIN
     END IF;
 
     IF p_owner_table IS NOT NULL THEN
-        SELECT string_agg(format('%I OPERATOR(pg_catalog.=) ($1[%s])::%s', c, n,
-                                 lease._column_type(p_owner_table, c)), ' AND ')
-          INTO key_match
-          FROM unnest(binding.owner_key_columns) WITH ORDINALITY AS k(c, n);
-        -- FOR UPDATE waits for writers still fenced under the old token.
-        EXECUTE format('SELECT %I FROM %s WHERE %s FOR UPDATE', binding.owner_token_column, p_owner_table, key_match)
-           INTO owner_token USING p_owner_key;
-        GET DIAGNOSTICS matched = ROW_COUNT;
-        IF matched = 0 THEN
+        -- FOR UPDATE waits for writers still fenced under the old token. The
+        -- owner row is read and written as the owner table's owner, never as
+        -- this function's superuser owner (src/lease_owner.rs).
+        owner_row := lease._lock_owner_row(p_owner_table, p_owner_key);
+        owner_token := owner_row[1];
+        IF cardinality(owner_row) = 0 THEN
             PERFORM lease._raise('FenceOwnerMissing',
                 format('lease "%s" is bound to owner row %s of %s, which does not exist', p_name, p_owner_key, p_owner_table),
                 format('Lease %s, owner table %s, key %s = %s.', p_name, p_owner_table, binding.owner_key_columns, p_owner_key));
@@ -157,9 +153,14 @@ BEGIN
                   DETAIL = 'Fencing tokens are bigints; this resource''s token is at the top of their range.';
     END IF;
     new_token := greatest(stored, epoch << 40) + 1;
-    IF p_owner_table IS NOT NULL THEN
-        EXECUTE format('UPDATE %s SET %I = $2 WHERE %s', p_owner_table, binding.owner_token_column, key_match)
-          USING p_owner_key, new_token;
+    IF p_owner_table IS NOT NULL
+       AND lease._set_owner_token(p_owner_table, p_owner_key, new_token) IS DISTINCT FROM new_token THEN
+        -- A trigger or rule on the owner table swallowed or changed the bump:
+        -- the old holder's token would still be current.
+        PERFORM lease._raise('FenceTampering',
+            format('lease "%s": the token bump to %s did not reach owner row %s of %s', p_name, new_token, p_owner_key, p_owner_table),
+            format('Lease %s, owner table %s: a trigger or rule on it skipped or changed the UPDATE of its token column.',
+                   p_name, p_owner_table));
     END IF;
     UPDATE lease.lease_state l
        SET owner = p_owner, token = new_token, acquired_at = now_ts, renewed_at = now_ts,

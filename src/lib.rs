@@ -7,6 +7,7 @@ mod errors;
 mod fence;
 mod gucs;
 mod lease;
+mod lease_owner;
 
 use pgrx::pg_sys;
 
@@ -21,6 +22,7 @@ pgrx::extension_sql_file!(
         fence::identity::key_identity_problem,
         fence::register::register,
         fence::register::unregister,
+        fence::ddl::exists_as_owner,
         lease::bound_token
     ]
 );
@@ -32,7 +34,7 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../sql/lease.sql",
     name = "lease",
-    requires = ["fence", lease::token_floor, lease::check_ttl]
+    requires = ["fence", lease::token_floor, lease::check_ttl, lease_owner::lock_owner_row, lease_owner::set_owner_token]
 );
 
 #[pgrx::pg_guard]

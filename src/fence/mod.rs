@@ -2,6 +2,7 @@
 //! per-transaction verified-resource cache, and the guards around them.
 
 mod config;
+pub(crate) mod ddl;
 mod guards;
 mod high_water;
 pub(crate) mod identity;
@@ -45,6 +46,7 @@ pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 c_function!(pg_lease_fence_trigger, pg_finfo_pg_lease_fence_trigger, trigger::fence_trigger);
 c_function!(pg_lease_owner_guard, pg_finfo_pg_lease_owner_guard, guards::owner_guard);
 c_function!(pg_lease_truncate_guard, pg_finfo_pg_lease_truncate_guard, guards::truncate_guard);
+c_function!(pg_lease_retyped_columns, pg_finfo_pg_lease_retyped_columns, ddl::retyped_columns);
 
 /// Registers the cache callbacks; called once per backend from `_PG_init`.
 pub fn init() {

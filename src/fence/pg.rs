@@ -103,3 +103,28 @@ pub fn display(relid: pg_sys::Oid) -> String {
     let (schema, table) = relation_names(relid);
     qualified_name(&schema, &table)
 }
+
+/// Runs `f` as the owner of `relid` in a security-restricted operation (as
+/// VACUUM and REFRESH MATERIALIZED VIEW run user code): whatever that code is
+/// (triggers, constraints, casts, operators of the table's types), it runs
+/// with no more than the table owner's rights, and cannot SET ROLE or leave
+/// state behind. pg_lease's SECURITY DEFINER code touches users' tables only
+/// through this.
+pub fn as_table_owner<R>(relid: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
+    let owner = rel_owner(relid);
+    // SAFETY: saves and restores the user and security context around `f`; on
+    // error, (sub)transaction abort restores them.
+    unsafe {
+        let (mut saved_user, mut saved_ctx) = (pg_sys::InvalidOid, 0);
+        pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_ctx);
+        pg_sys::SetUserIdAndSecContext(
+            owner,
+            saved_ctx | (pg_sys::SECURITY_LOCAL_USERID_CHANGE | pg_sys::SECURITY_RESTRICTED_OPERATION) as i32,
+        );
+        let nest = pg_sys::NewGUCNestLevel();
+        let r = f();
+        pg_sys::AtEOXact_GUC(true, nest);
+        pg_sys::SetUserIdAndSecContext(saved_user, saved_ctx);
+        r
+    }
+}

@@ -1,0 +1,132 @@
+//! The owner-row half of `lease.acquire`: lock an owner row and read its
+//! token, then write the new token. `lease.acquire` runs as the extension
+//! owner (a superuser); these run the statements as the owner table's owner in
+//! a security-restricted operation ([`as_table_owner`]), so triggers, rules,
+//! constraints and casts on a user's owner table never run with more than that
+//! user's rights.
+
+use crate::fence::pg::{as_table_owner, display, quote_ident};
+use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
+use std::ffi::CString;
+
+/// The owner key columns (name, type) and token column of `owner`, from
+/// lease.protected (every table fenced against one owner table agrees).
+fn binding(owner: pg_sys::Oid) -> (Vec<(String, pg_sys::Oid)>, String) {
+    let (keys, token) = Spi::get_two_with_args::<Vec<String>, String>(
+        "SELECT p.owner_key_columns, p.owner_token_column::pg_catalog.text FROM lease.protected p
+          WHERE p.owner_table::pg_catalog.oid OPERATOR(pg_catalog.=) $1 LIMIT 1",
+        &[owner.into()],
+    )
+    .unwrap_or_else(|e| error!("pg_lease: reading the owner binding: {e}"));
+    let (Some(keys), Some(token)) = (keys, token) else {
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("pg_lease: {} is not the owner table of any table protected with lease.protect", display(owner))
+        );
+    };
+    let keys = keys
+        .into_iter()
+        .map(|name| {
+            let cname = CString::new(name.clone()).expect("no NUL in column names");
+            // SAFETY: syscache lookups of an existing relation's column.
+            let typid = unsafe {
+                let attnum = pg_sys::get_attnum(owner, cname.as_ptr());
+                if attnum <= 0 {
+                    error!("pg_lease: owner key column \"{name}\" of {} does not exist", display(owner));
+                }
+                pg_sys::get_atttype(owner, attnum)
+            };
+            (name, typid)
+        })
+        .collect();
+    (keys, token)
+}
+
+/// The key values (text, as `lease.acquire` receives them) as datums of the
+/// key columns' types, through each type's input function.
+fn key_args(keys: &[(String, pg_sys::Oid)], key: &[Option<String>]) -> Vec<DatumWithOid<'static>> {
+    if key.len() != keys.len() || key.iter().any(Option::is_none) {
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("pg_lease: owner_key needs {} non-NULL values", keys.len())
+        );
+    }
+    keys.iter()
+        .zip(key)
+        .map(|((_, typid), value)| {
+            // Text from SQL never holds NUL.
+            let text = CString::new(value.as_deref().unwrap_or_default()).expect("SQL text has no NUL");
+            // SAFETY: the type's own input function, on a NUL-terminated string.
+            unsafe {
+                let (mut input, mut ioparam) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
+                pg_sys::getTypeInputInfo(*typid, &mut input, &mut ioparam);
+                let datum = pg_sys::OidInputFunctionCall(input, text.as_ptr() as *mut _, ioparam, -1);
+                DatumWithOid::new(datum, *typid)
+            }
+        })
+        .collect()
+}
+
+fn key_match(keys: &[(String, pg_sys::Oid)]) -> String {
+    keys.iter()
+        .enumerate()
+        .map(|(i, (name, _))| format!("o.{} OPERATOR(pg_catalog.=) ${}", quote_ident(name), i + 1))
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+/// `lease._lock_owner_row(owner_table, owner_key)`: `SELECT token ... FOR
+/// UPDATE` on the owner row (waiting for writers still fenced under the old
+/// token). An empty array: no such row; else its token (maybe NULL).
+#[pg_extern(name = "_lock_owner_row", volatile, parallel_unsafe)]
+pub fn lock_owner_row(owner_table: pg_sys::Oid, owner_key: Vec<Option<String>>) -> Vec<Option<i64>> {
+    let (keys, token) = binding(owner_table);
+    as_table_owner(owner_table, || {
+        let args = key_args(&keys, &owner_key);
+        let sql = format!(
+            "SELECT o.{}::pg_catalog.int8 FROM {} o WHERE {} FOR UPDATE OF o",
+            quote_ident(&token),
+            display(owner_table),
+            key_match(&keys)
+        );
+        Spi::connect_mut(|client| {
+            let rows = client.update(sql.as_str(), Some(1), &args).unwrap_or_else(|e| error!("pg_lease: {e}"));
+            if rows.is_empty() {
+                vec![]
+            } else {
+                vec![rows.first().get_one::<i64>().unwrap_or_else(|e| error!("pg_lease: {e}"))]
+            }
+        })
+    })
+}
+
+/// `lease._set_owner_token(owner_table, owner_key, token)`: writes the new
+/// token into the owner row; returns the token the row holds afterwards, or
+/// NULL if no row was written (a trigger or rule swallowed the UPDATE).
+#[pg_extern(name = "_set_owner_token", volatile, parallel_unsafe)]
+pub fn set_owner_token(owner_table: pg_sys::Oid, owner_key: Vec<Option<String>>, token: i64) -> Option<i64> {
+    let (keys, column) = binding(owner_table);
+    as_table_owner(owner_table, || {
+        let mut args = key_args(&keys, &owner_key);
+        args.push(token.into());
+        let sql = format!(
+            "UPDATE {} o SET {} = ${} WHERE {} RETURNING o.{}::pg_catalog.int8",
+            display(owner_table),
+            quote_ident(&column),
+            keys.len() + 1,
+            key_match(&keys),
+            quote_ident(&column)
+        );
+        Spi::connect_mut(|client| {
+            let rows = client.update(sql.as_str(), None, &args).unwrap_or_else(|e| error!("pg_lease: {e}"));
+            if rows.len() != 1 {
+                None
+            } else {
+                rows.first().get_one::<i64>().unwrap_or_else(|e| error!("pg_lease: {e}"))
+            }
+        })
+    })
+}

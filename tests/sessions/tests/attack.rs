@@ -362,3 +362,39 @@ fn owner_leaf_of_an_attached_partitioned_table_cannot_be_truncated() {
     cleanup(&mut su, &[&app]);
     assert_eq!(truncate, "LF004", "TRUNCATE of an owner leaf partition was not refused; token is now {t:?}");
 }
+
+// ---------------------------------------------------------------------------
+// 7. CREATE OR REPLACE TRIGGER pg_lease_fence ... EXECUTE FUNCTION <other>:
+//    the replaced trigger counts as 'missing' (same name, other function),
+//    which the DDL guard ignores, and nothing is dropped, so the sql_drop
+//    guard never runs. The fence, the owner guard and the TRUNCATE guards can
+//    all be swapped for no-ops by the tables' owner.
+// ---------------------------------------------------------------------------
+#[test]
+fn pg_lease_triggers_cannot_be_replaced_by_other_functions() {
+    let db = TestDb::new("atk_replace_trigger");
+    let app = role("app_rt");
+    let mut a = app_owned(&db, &app);
+    a.batch_execute("CREATE FUNCTION noop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$").unwrap();
+    let fence = try_sql(
+        &mut a,
+        "CREATE OR REPLACE TRIGGER pg_lease_fence BEFORE INSERT OR UPDATE OR DELETE ON payouts
+             FOR EACH ROW EXECUTE FUNCTION noop()",
+    );
+    let stale_insert = try_sql(&mut a, "INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 5, 1)");
+    let guard = try_sql(
+        &mut a,
+        "CREATE OR REPLACE TRIGGER pg_lease_owner_guard BEFORE INSERT OR UPDATE OR DELETE ON tables
+             FOR EACH ROW EXECUTE FUNCTION noop()",
+    );
+    let lower = try_sql(&mut a, "UPDATE tables SET owner_fencing_token = 0 WHERE id = 2");
+    let token = owner_token(&mut a, 2);
+    let stale = stale_rows(&mut a);
+    let mut su = db.connect();
+    drop(a);
+    cleanup(&mut su, &[&app]);
+    assert_eq!(fence, "LF008", "pg_lease_fence replaced by a no-op (then a stale insert gave {stale_insert:?})");
+    assert_eq!(guard, "LF008", "pg_lease_owner_guard replaced by a no-op (then lowering gave {lower:?})");
+    assert_eq!(token, Some(100), "owner token went down");
+    assert_eq!(stale, 0, "a stale payout committed");
+}

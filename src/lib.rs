@@ -34,7 +34,8 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../sql/lease.sql",
     name = "lease",
-    requires = ["fence", lease::token_floor, lease::check_ttl, lease_owner::lock_owner_row, lease_owner::set_owner_token]
+    requires =
+        ["fence", lease::token_floor, lease::check_ttl, lease_owner::lock_owner_row, lease_owner::set_owner_token]
 );
 
 #[pgrx::pg_guard]

@@ -7,7 +7,7 @@ The ordering of items is not stable, it is driven by a dependency graph.
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:15
+-- src/lib.rs:16
 -- bootstrap
 -- pg_lease state. Everything lives in schema "lease" (the control file's schema).
 
@@ -78,6 +78,18 @@ AS 'MODULE_PATHNAME', 'check_ttl_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
+-- src/fence/ddl.rs:53
+-- pg_lease::fence::ddl::_exists_as_owner
+CREATE  FUNCTION "_exists_as_owner"(
+	"rel" oid, /* pg_sys :: Oid */
+	"query" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'exists_as_owner_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
 -- src/fence/identity.rs:155
 -- pg_lease::fence::identity::_key_identity_problem
 CREATE  FUNCTION "_key_identity_problem"(
@@ -87,6 +99,18 @@ CREATE  FUNCTION "_key_identity_problem"(
 STRICT STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'key_identity_problem_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/lease_owner.rs:84
+-- pg_lease::lease_owner::_lock_owner_row
+CREATE  FUNCTION "_lock_owner_row"(
+	"owner_table" oid, /* pg_sys :: Oid */
+	"owner_key" TEXT[] /* Vec < Option < String > > */
+) RETURNS bigint[] /* Vec < Option < i64 > > */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'lock_owner_row_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -104,6 +128,19 @@ CREATE  FUNCTION "_register"(
 VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'register_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/lease_owner.rs:109
+-- pg_lease::lease_owner::_set_owner_token
+CREATE  FUNCTION "_set_owner_token"(
+	"owner_table" oid, /* pg_sys :: Oid */
+	"owner_key" TEXT[], /* Vec < Option < String > > */
+	"token" bigint /* i64 */
+) RETURNS bigint /* Option < i64 > */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'set_owner_token_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -143,12 +180,13 @@ AS 'MODULE_PATHNAME', 'unregister_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:16
+-- src/lib.rs:17
 -- requires:
 --   schema
 --   fence::identity::key_identity_problem
 --   fence::register::register
 --   fence::register::unregister
+--   fence::ddl::exists_as_owner
 --   lease::bound_token
 
 -- Fencing: protect/unprotect, the trigger functions, fenced_boundary_write,
@@ -162,6 +200,11 @@ CREATE FUNCTION lease.owner_guard() RETURNS trigger
     LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_owner_guard';
 CREATE FUNCTION lease.truncate_guard() RETURNS trigger
     LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_truncate_guard';
+-- The columns an ALTER TABLE command retyped (src/fence/ddl.rs), for the DDL guard.
+CREATE FUNCTION lease._retyped_columns(command pg_ddl_command) RETURNS text[]
+    LANGUAGE C STRICT AS 'MODULE_PATHNAME', 'pg_lease_retyped_columns';
+REVOKE EXECUTE ON FUNCTION lease._retyped_columns(pg_ddl_command) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION lease._exists_as_owner(oid, text) FROM PUBLIC;
 
 -- Raises one of pg_lease's LF errors by name (src/errors.rs), for our PL/pgSQL.
 -- Internal: only pg_lease's own SECURITY DEFINER functions call it.
@@ -448,9 +491,11 @@ COMMENT ON FUNCTION lease.unprotect(regclass) IS 'Removes pg_lease''s fence from
 -- Every way in which a protected table's fence is not fully in force, with
 -- the tables it concerns (only those protected tables whose relid or owner
 -- table is in `only`, when given). kind: 'missing' (a trigger is absent),
--- 'disabled' (present but not ENABLE ALWAYS), 'renamed' (one of our trigger
+-- 'disabled' (present but not ENABLE ALWAYS), 'replaced' (our trigger's name
+-- on another function), 'renamed' (one of our trigger
 -- functions under another name), 'altered' (one of our triggers no longer
--- fires on every row and event, or has other arguments), 'column' (a fenced column is gone, retyped,
+-- fires on every row and event, or has other arguments), 'order' (another
+-- BEFORE row trigger runs after ours), 'column' (a fenced column is gone, retyped,
 -- generated, or of a type or collation that cannot identify a resource),
 -- 'constraint' (no unique constraint on the owner key), 'inherits' (an
 -- inheritance child of a fenced or owner table, unguarded), 'relation' (a
@@ -514,13 +559,15 @@ BEGIN
                              OFFSET 0) a ON true
     )
     SELECT e.relid::regclass, e.rel::regclass,
-           CASE WHEN t.oid IS NULL THEN 'missing' ELSE 'disabled' END,
-           format('trigger %s on %s is %s', e.tgname, e.rel::regclass,
-                  CASE WHEN t.oid IS NULL THEN 'missing' ELSE 'not ENABLE ALWAYS' END)
+           CASE WHEN t.oid IS NULL THEN 'missing' WHEN t.tgfoid <> e.func THEN 'replaced' ELSE 'disabled' END,
+           format('trigger %s on %s %s', e.tgname, e.rel::regclass,
+                  CASE WHEN t.oid IS NULL THEN 'is missing'
+                       WHEN t.tgfoid <> e.func THEN format('runs %s instead of %s', t.tgfoid::regproc, e.func)
+                       ELSE 'is not ENABLE ALWAYS' END)
       FROM expected_triggers e
-      LEFT JOIN LATERAL (SELECT x.oid, x.tgenabled FROM pg_trigger x
-                          WHERE x.tgrelid = e.rel AND x.tgname = e.tgname AND x.tgfoid = e.func OFFSET 0) t ON true
-     WHERE t.oid IS NULL OR t.tgenabled <> 'A'
+      LEFT JOIN LATERAL (SELECT x.oid, x.tgenabled, x.tgfoid FROM pg_trigger x
+                          WHERE x.tgrelid = e.rel AND x.tgname = e.tgname OFFSET 0) t ON true
+     WHERE t.oid IS NULL OR t.tgenabled <> 'A' OR t.tgfoid <> e.func
     UNION ALL
     SELECT e.relid::regclass, e.rel::regclass, 'altered',
            format('trigger %s on %s no longer fires on every %s', e.tgname, e.rel::regclass,
@@ -530,6 +577,21 @@ BEGIN
                            WHERE x.tgrelid = e.rel AND x.tgname = e.tgname AND x.tgfoid = e.func OFFSET 0) t
      WHERE t.tgtype <> e.tgtype OR t.tgqual IS NOT NULL OR cardinality(t.tgattr::int2[]) > 0
         OR left(encode(t.tgargs, 'escape'), -4) IS DISTINCT FROM e.args AND NOT (e.args = '' AND t.tgnargs = 0)
+    UNION ALL
+    -- Row triggers fire in name order: a BEFORE INSERT/UPDATE row trigger
+    -- named after ours runs after the fence or owner guard has judged the
+    -- row, and could change the row it judged.
+    SELECT DISTINCT ON (e.rel, t.tgname) e.relid::regclass, e.rel::regclass, 'order',
+           format('trigger %s on %s runs after %s and could change the row it checked (name it to sort before %s)',
+                  quote_ident(t.tgname), e.rel::regclass, e.tgname, e.tgname)
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.tgname FROM pg_trigger x
+                           WHERE x.tgrelid = e.rel AND x.tgtype & 3 = 3 AND x.tgtype & 20 <> 0
+                             AND x.tgenabled <> 'D' AND NOT x.tgisinternal
+                             AND x.tgname COLLATE "C" > e.tgname COLLATE "C"
+                             AND x.tgfoid NOT IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+                          OFFSET 0) t
+     WHERE e.tgtype = 31
     UNION ALL
     SELECT DISTINCT e.relid::regclass, t.tgrelid::regclass, 'renamed',
            format('trigger %s on %s runs %s under another name', t.tgname, t.tgrelid::regclass, t.tgfoid::regproc)
@@ -661,19 +723,39 @@ BEGIN
         RETURN;
     END IF;
 
+    -- ALTER COLUMN ... TYPE of a fenced column, even to its own type: with
+    -- USING it rewrites every row, and no row trigger sees it.
+    SELECT c.objid::regclass AS rel, x.col, p.relid INTO broken
+      FROM pg_event_trigger_ddl_commands() c
+     CROSS JOIN LATERAL unnest(lease._retyped_columns(c.command)) x(col)
+      JOIN lease.protected p ON p.relid::oid = ANY (concerned)
+     WHERE c.command_tag = 'ALTER TABLE'
+       AND ((coalesce(pg_partition_root(c.objid), c.objid) = p.relid::oid
+             AND (x.col = ANY (p.key_columns) OR x.col = p.token_column))
+         OR (coalesce(pg_partition_root(c.objid), c.objid) = p.owner_table::oid
+             AND (x.col = ANY (p.owner_key_columns) OR x.col = p.owner_token_column)))
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('ALTER COLUMN %s TYPE on %s would rewrite a fenced column', quote_ident(broken.col), broken.rel),
+            format('Table %s: column "%s" is fenced; ALTER COLUMN ... TYPE rewrites its values without passing the fence.',
+                   broken.relid, broken.col));
+    END IF;
+
     -- Partitions joined in this transaction (created, or attached). Not while
     -- the root's fence is itself being created in this transaction, as in a
     -- single-transaction pg_restore that will create the guards from the dump.
+    -- (A partitioned table attached brings its whole subtree: every member.)
     FOR part IN
-        SELECT p.relid, p.mode, p.token_column, p.key_columns, p.owner_table, p.owner_key_columns,
-               p.owner_token_column, t.relid AS child, (t.root = p.owner_table::oid) AS is_owner
+        SELECT DISTINCT p.relid, p.mode, p.token_column, p.key_columns, p.owner_table, p.owner_key_columns,
+               p.owner_token_column, m.relid AS child, (r.root = p.owner_table::oid) AS is_owner
           FROM lease.protected p
           CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
-          CROSS JOIN LATERAL (SELECT x.relid, r.root FROM pg_partition_tree(r.root) x) t
-          JOIN pg_inherits i ON i.inhrelid = t.relid
+          CROSS JOIN LATERAL pg_partition_tree(r.root) t
+          JOIN pg_inherits i ON i.inhrelid = t.relid AND i.xmin = xid(pg_current_xact_id())
+          CROSS JOIN LATERAL pg_partition_tree(t.relid) m
          WHERE p.relid::oid = ANY (concerned)
-           AND t.relid <> t.root
-           AND i.xmin = xid(pg_current_xact_id())
+           AND t.relid <> r.root
     LOOP
         IF part.is_owner THEN
             IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_owner_truncate')
@@ -691,15 +773,16 @@ BEGIN
         -- Rows brought in by ATTACH PARTITION passed no fence: each must carry
         -- its owner row's current token (without a token column, or in
         -- high-water mode, no row can be checked: the table must be empty).
+        -- (Run as the table's owner: the key type's operators are the user's.)
         IF part.mode = 'owner' AND part.token_column IS NOT NULL THEN
-            EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s t WHERE NOT EXISTS (SELECT 1 FROM %s o WHERE %s AND o.%I = t.%I))',
-                           part.child::regclass, part.owner_table,
-                           (SELECT string_agg(format('o.%I = t.%I', part.owner_key_columns[n], part.key_columns[n]), ' AND ')
-                              FROM generate_series(1, cardinality(part.key_columns)) n),
-                           part.owner_token_column, part.token_column)
-               INTO bad;
+            bad := lease._exists_as_owner(part.child, format(
+                'SELECT EXISTS (SELECT 1 FROM ONLY %s t WHERE NOT EXISTS (SELECT 1 FROM %s o WHERE %s AND o.%I = t.%I))',
+                part.child::regclass, part.owner_table,
+                (SELECT string_agg(format('o.%I = t.%I', part.owner_key_columns[n], part.key_columns[n]), ' AND ')
+                   FROM generate_series(1, cardinality(part.key_columns)) n),
+                part.owner_token_column, part.token_column));
         ELSE
-            EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', part.child::regclass) INTO bad;
+            bad := lease._exists_as_owner(part.child, format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', part.child::regclass));
         END IF;
         IF bad THEN
             PERFORM lease._raise('FenceTampering',
@@ -724,7 +807,7 @@ BEGIN
                    SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
     LOOP
         IF stray.tgname = 'pg_lease_owner_truncate' THEN
-            EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', stray.tgrelid::regclass) INTO bad;
+            bad := lease._exists_as_owner(stray.tgrelid, format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', stray.tgrelid::regclass));
             IF bad THEN
                 PERFORM lease._raise('FencingTokenRegression',
                     format('%s would take owner rows out of an owner table (%s)', tg_tag, stray.tgrelid::regclass),
@@ -767,6 +850,19 @@ BEGIN
     dropped_tables := ARRAY(SELECT d.objid FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'table');
     DELETE FROM lease.protected p WHERE p.relid::oid = ANY (dropped_tables);
     DELETE FROM lease.high_water h WHERE h.target::oid = ANY (dropped_tables);
+    -- Owner tables that no fenced table uses any more lose their guards (as
+    -- after lease.unprotect), so no guard outlives its fence.
+    FOR orphan IN
+        SELECT g.tgrelid::regclass AS rel, g.tgname FROM pg_trigger g
+         WHERE g.tgname IN ('pg_lease_owner_guard', 'pg_lease_owner_truncate') AND g.tgparentid = 0
+           AND g.tgfoid IN ('lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+           AND coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (owner_roots)
+           AND NOT (coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (ARRAY(
+                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
+           AND NOT (g.tgrelid = ANY (dropped_tables))
+    LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', orphan.tgname, orphan.rel);
+    END LOOP;
     SELECT p.relid, p.owner_table INTO orphan FROM lease.protected p WHERE p.owner_table::oid = ANY (dropped_tables) LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',
@@ -923,11 +1019,13 @@ REVOKE EXECUTE ON FUNCTION lease.protect(regclass, text[], name, regclass, text[
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:32
+-- src/lib.rs:34
 -- requires:
 --   fence
 --   lease::token_floor
 --   lease::check_ttl
+--   lease_owner::lock_owner_row
+--   lease_owner::set_owner_token
 
 -- The lease service: acquire / renew / renew_all / release with durable,
 -- failover-safe fencing tokens, judged on the database clock.
@@ -1011,10 +1109,9 @@ DECLARE
     now_ts timestamptz;
     live boolean;
     binding record;
-    key_match text;
+    owner_row bigint[];
     owner_token bigint;
     new_token bigint;
-    matched bigint;
 BEGIN
     IF p_name IS NULL OR p_owner IS NULL OR length(p_name) > 256 OR length(p_owner) > 256
        OR btrim(p_name) = '' OR btrim(p_owner) = '' THEN
@@ -1057,15 +1154,12 @@ BEGIN
     END IF;
 
     IF p_owner_table IS NOT NULL THEN
-        SELECT string_agg(format('%I OPERATOR(pg_catalog.=) ($1[%s])::%s', c, n,
-                                 lease._column_type(p_owner_table, c)), ' AND ')
-          INTO key_match
-          FROM unnest(binding.owner_key_columns) WITH ORDINALITY AS k(c, n);
-        -- FOR UPDATE waits for writers still fenced under the old token.
-        EXECUTE format('SELECT %I FROM %s WHERE %s FOR UPDATE', binding.owner_token_column, p_owner_table, key_match)
-           INTO owner_token USING p_owner_key;
-        GET DIAGNOSTICS matched = ROW_COUNT;
-        IF matched = 0 THEN
+        -- FOR UPDATE waits for writers still fenced under the old token. The
+        -- owner row is read and written as the owner table's owner, never as
+        -- this function's superuser owner (src/lease_owner.rs).
+        owner_row := lease._lock_owner_row(p_owner_table, p_owner_key);
+        owner_token := owner_row[1];
+        IF cardinality(owner_row) = 0 THEN
             PERFORM lease._raise('FenceOwnerMissing',
                 format('lease "%s" is bound to owner row %s of %s, which does not exist', p_name, p_owner_key, p_owner_table),
                 format('Lease %s, owner table %s, key %s = %s.', p_name, p_owner_table, binding.owner_key_columns, p_owner_key));
@@ -1088,9 +1182,14 @@ BEGIN
                   DETAIL = 'Fencing tokens are bigints; this resource''s token is at the top of their range.';
     END IF;
     new_token := greatest(stored, epoch << 40) + 1;
-    IF p_owner_table IS NOT NULL THEN
-        EXECUTE format('UPDATE %s SET %I = $2 WHERE %s', p_owner_table, binding.owner_token_column, key_match)
-          USING p_owner_key, new_token;
+    IF p_owner_table IS NOT NULL
+       AND lease._set_owner_token(p_owner_table, p_owner_key, new_token) IS DISTINCT FROM new_token THEN
+        -- A trigger or rule on the owner table swallowed or changed the bump:
+        -- the old holder's token would still be current.
+        PERFORM lease._raise('FenceTampering',
+            format('lease "%s": the token bump to %s did not reach owner row %s of %s', p_name, new_token, p_owner_key, p_owner_table),
+            format('Lease %s, owner table %s: a trigger or rule on it skipped or changed the UPDATE of its token column.',
+                   p_name, p_owner_table));
     END IF;
     UPDATE lease.lease_state l
        SET owner = p_owner, token = new_token, acquired_at = now_ts, renewed_at = now_ts,
@@ -1274,7 +1373,7 @@ AS 'MODULE_PATHNAME', 'audit_status_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:114
+-- src/audit/status.rs:172
 -- pg_lease::audit::status::stats_reset
 CREATE  FUNCTION "stats_reset"() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE
@@ -1283,7 +1382,7 @@ AS 'MODULE_PATHNAME', 'stats_reset_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:27
+-- src/lib.rs:29
 -- requires:
 --   schema
 --   lease

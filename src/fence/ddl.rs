@@ -53,8 +53,6 @@ pub unsafe fn retyped_columns(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
 #[pgrx::pg_extern(name = "_exists_as_owner", volatile, parallel_unsafe)]
 pub fn exists_as_owner(rel: pg_sys::Oid, query: &str) -> bool {
     crate::fence::pg::as_table_owner(rel, || {
-        pgrx::spi::Spi::get_one::<bool>(query)
-            .unwrap_or_else(|e| pgrx::error!("pg_lease: {e}"))
-            .unwrap_or(false)
+        pgrx::spi::Spi::get_one::<bool>(query).unwrap_or_else(|e| pgrx::error!("pg_lease: {e}")).unwrap_or(false)
     })
 }

@@ -112,9 +112,15 @@ fn acquire_does_not_run_owner_table_triggers_as_superuser() {
              END;
              RETURN NEW;
          END $$;
-         CREATE TRIGGER zz_plant BEFORE UPDATE ON tables FOR EACH ROW EXECUTE FUNCTION plant();"
+         CREATE TRIGGER a_plant BEFORE UPDATE ON tables FOR EACH ROW EXECUTE FUNCTION plant();"
     ))
     .unwrap();
+    // (Named to run before the owner guard: one named after it is refused.)
+    expect_error(
+        &mut m,
+        "CREATE TRIGGER zz_plant BEFORE UPDATE ON tables FOR EACH ROW EXECUTE FUNCTION plant()",
+        "LF008",
+    );
     let mut g = db.connect_as(&game);
     // The game server's ordinary acquire (it may also refuse: that is fine).
     let _ = g.batch_execute("SELECT lease.acquire('table:1', 'host-a', 10000, 'tables', '{1}')");
@@ -205,7 +211,7 @@ fn bump_swallowed_by(label: &str, plant: &str) {
         }
         // Whatever happened, the old holder's write must not commit after a
         // committed acquire.
-        if a.query_one("SELECT count(*) FROM lease.leases WHERE name = 'table:1'", &[]).unwrap().get::<_, i64>(0) > 0 {
+        if one_i64(&mut db.connect(), "SELECT count(*) FROM lease.leases WHERE name = 'table:1'") > 0 {
             expect_error(&mut a, "INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 5, 100)", "LF001");
         }
     }

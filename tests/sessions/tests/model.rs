@@ -22,7 +22,7 @@
 //! `pg_lease.token`), catalog drift (renames and look-alike owner tables while
 //! sessions keep warm caches).
 //!
-//! Environment: `PG_LEASE_TEST_PORT` (required), `PG_LEASE_MODEL_CASES` (64
+//! Environment: `PG_LEASE_TEST_PORT` (required), `PG_LEASE_MODEL_CASES` (200
 //! per family), `PG_LEASE_MODEL_STEPS` (30), `PG_LEASE_MODEL_SEED` (fixed
 //! default), `PG_LEASE_MODEL_SHRINK_SECS` (60, time allowed to shrink a
 //! failure). `make test` runs it with the defaults; `make fuzz` runs 2000 cases
@@ -182,6 +182,12 @@ impl KeyType {
             KeyType::Uuid => &[("k", "uuid")],
             KeyType::Composite => &[("ka", "int"), ("kb", "numeric")],
         }
+    }
+
+    /// Whether pg_lease accepts this key for high-water fencing (it needs a
+    /// canonical form equal exactly when the values are).
+    fn high_water_capable(self) -> bool {
+        self != KeyType::TextCi
     }
 
     fn column_names(self) -> Vec<&'static str> {
@@ -660,8 +666,25 @@ fn family_steps(family: Family) -> BoxedStrategy<Step> {
 }
 
 fn case_strategy(family: Family, max_steps: usize) -> impl Strategy<Value = Case> {
-    (key_type(), prop::collection::vec(family_steps(family), 1..=max_steps))
-        .prop_map(|(key, steps)| Case { key, steps })
+    (key_type(), prop::collection::vec(family_steps(family), 1..=max_steps)).prop_map(|(key, mut steps)| {
+        // A nondeterministic collation has no canonical form: pg_lease refuses
+        // it as a high-water key (checked in setup), so those tables stay out.
+        if !key.high_water_capable() {
+            steps.retain(|s| !s.touches_high_water());
+        }
+        Case { key, steps }
+    })
+}
+
+impl Step {
+    fn touches_high_water(&self) -> bool {
+        match self {
+            Step::Write { tab, .. } | Step::SessionToken { tab, .. } => tab.high_water(),
+            Step::Truncate { rel: Rel::T(tab), .. } => tab.high_water(),
+            Step::Rename(Rename::Target(tab)) => tab.high_water(),
+            _ => false,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -2332,8 +2355,21 @@ impl FamilyEnv {
             format!("INSERT INTO {schema}.owners ({keys}, tok) VALUES {}", owners.join(", ")),
             format!("SELECT lease.protect('{schema}.fenced', {arr}, 'tok', '{schema}.owners', {arr}, 'tok')"),
             format!("SELECT lease.protect('{schema}.fenced_b', {arr}, NULL, '{schema}.owners', {arr}, 'tok')"),
-            format!("SELECT lease.protect_high_water('{schema}.hw', {arr}, 'tok')"),
-            format!("SELECT lease.protect_high_water('{schema}.hw_b', {arr})"),
+            if key.high_water_capable() {
+                format!("SELECT lease.protect_high_water('{schema}.hw', {arr}, 'tok')")
+            } else {
+                // Refused with 0A000, or the setup fails here.
+                format!(
+                    "DO $$ BEGIN PERFORM lease.protect_high_water('{schema}.hw', {arr}, 'tok');
+                     RAISE EXCEPTION 'protect_high_water accepted a nondeterministic collation';
+                     EXCEPTION WHEN feature_not_supported THEN NULL; END $$"
+                )
+            },
+            if key.high_water_capable() {
+                format!("SELECT lease.protect_high_water('{schema}.hw_b', {arr})")
+            } else {
+                "SELECT 1".to_owned()
+            },
             format!("GRANT USAGE ON SCHEMA {schema} TO {role}"),
             format!(
                 "GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.fenced, {schema}.fenced_b, {schema}.hw, {schema}.hw_b TO {role}"
@@ -2411,7 +2447,7 @@ impl Drop for FamilyEnv {
 
 fn run_family(family: Family) {
     let _ = port();
-    let cases = env_u64("PG_LEASE_MODEL_CASES", 64) as u32;
+    let cases = env_u64("PG_LEASE_MODEL_CASES", 200) as u32;
     let max_steps = env_u64("PG_LEASE_MODEL_STEPS", 30).max(1) as usize;
     let seed = env_u64("PG_LEASE_MODEL_SEED", DEFAULT_SEED);
     let shrink_secs = env_u64("PG_LEASE_MODEL_SHRINK_SECS", 60);

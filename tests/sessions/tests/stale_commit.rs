@@ -200,6 +200,14 @@ fn ddl_that_would_change_what_a_resource_is_is_refused() {
         "CREATE TABLE child () INHERITS (payouts)",
         "CREATE TABLE owner_child () INHERITS (tables)",
         "ALTER TABLE tables DROP CONSTRAINT tables_pkey",
+        // Narrowing one of pg_lease's triggers in place.
+        "CREATE OR REPLACE TRIGGER pg_lease_fence BEFORE INSERT OR UPDATE OR DELETE ON payouts FOR EACH ROW
+             WHEN (false) EXECUTE FUNCTION lease.fence_trigger()",
+        "CREATE OR REPLACE TRIGGER pg_lease_fence BEFORE INSERT OR UPDATE OF amount OR DELETE ON payouts FOR EACH ROW
+             EXECUTE FUNCTION lease.fence_trigger()",
+        "CREATE OR REPLACE TRIGGER pg_lease_fence BEFORE INSERT ON payouts FOR EACH ROW EXECUTE FUNCTION lease.fence_trigger()",
+        "CREATE OR REPLACE TRIGGER pg_lease_owner_guard BEFORE INSERT OR UPDATE OR DELETE ON tables FOR EACH ROW
+             EXECUTE FUNCTION lease.owner_guard('owner_fencing_token')",
     ] {
         expect_error(&mut c, sql, "LF008");
     }

@@ -25,6 +25,10 @@
 //!    partition truncated or detached, so owner tokens start over.
 //! 5. ATTACH PARTITION of an owner partition brings owner tokens above the
 //!    2^62 - 1 cap, so lease.acquire can no longer issue a token.
+//! 6. DETACH PARTITION ... CONCURRENTLY of an owner partition is refused only
+//!    after its first transaction committed: the partition stays detach
+//!    pending, its owner rows leave the owner table, and all later DDL on
+//!    protected tables fails.
 
 use pg_lease_sessions::*;
 use postgres::Client;
@@ -101,10 +105,14 @@ fn setup(db: &TestDb, r: &Roles, migration: &str, owner_table: &str, fenced: &st
     su
 }
 
-fn cleanup(c: &mut Client, r: &Roles) {
+/// Drops the test database (whose guards may refuse to drop what a break
+/// left behind), then the roles.
+fn cleanup(db: TestDb, r: &Roles) {
+    drop(db);
+    let mut admin = connect_to("postgres", "postgres");
     for name in r.all() {
-        let _ = c.batch_execute(&format!("DROP OWNED BY {name}"));
-        let _ = c.batch_execute(&format!("DROP ROLE {name}"));
+        let _ = admin.batch_execute(&format!("DROP OWNED BY {name}"));
+        let _ = admin.batch_execute(&format!("DROP ROLE {name}"));
     }
 }
 
@@ -167,7 +175,8 @@ fn attach_check_holds_against_a_bump_committed_before_the_attach() {
     let commit = try_sql(&mut app, "COMMIT");
     let stale = stale_payouts(&mut su);
     drop((app, game));
-    cleanup(&mut su, &r);
+    drop(su);
+    cleanup(db, &r);
     assert_eq!(
         stale, 0,
         "ATTACH ({attach:?}) committed ({commit:?}) rows whose token a bump ({bump:?}) had superseded before"
@@ -211,7 +220,8 @@ fn detach_of_an_owner_partition_sees_owner_rows_committed_after_its_snapshot() {
         String::new()
     };
     drop((app, ownerw));
-    cleanup(&mut su, &r);
+    drop(su);
+    cleanup(db, &r);
     assert_eq!(
         kept, 1,
         "DETACH ({detach:?}, commit {commit:?}) took owner row 250 (token 7000) out of the owner table; \
@@ -261,7 +271,8 @@ fn replacing_the_fence_trigger_does_not_exempt_new_partitions_from_the_truncate_
     let truncate = try_sql(&mut app, "TRUNCATE payouts_9");
     let left = one_i64(&mut su, "SELECT count(*) FROM payouts WHERE table_id = 9");
     drop(app);
-    cleanup(&mut su, &r);
+    drop(su);
+    cleanup(db, &r);
     assert_eq!(
         truncate, "LF008",
         "TRUNCATE of a fenced partition created after CREATE OR REPLACE TRIGGER pg_lease_fence \
@@ -320,7 +331,8 @@ fn replacing_the_owner_guard_does_not_exempt_new_owner_partitions() {
     let _ = app.batch_execute("INSERT INTO payouts (table_id, fencing_token) VALUES (450, 1)");
     let low = one_i64(&mut su, "SELECT count(*) FROM payouts WHERE fencing_token = 1");
     drop(app);
-    cleanup(&mut su, &r);
+    drop(su);
+    cleanup(db, &r);
     assert_eq!(truncate, "LF004", "TRUNCATE of an owner partition was not refused (replace: {replaced:?})");
     assert_eq!(detach, "LF004", "DETACH of an owner partition holding owner rows was not refused");
     assert_eq!(low, 0, "writes with token 1 committed after owner tokens 9000 had committed");
@@ -341,7 +353,7 @@ fn replacing_the_owner_guard_does_not_exempt_new_owner_partitions() {
 fn attached_owner_rows_respect_the_token_cap() {
     let db = TestDb::new("atk2_attach_cap");
     let r = Roles::new("ac");
-    let mut su = setup(&db, &r, PARTITIONED_OWNER, "tables", "payouts");
+    let su = setup(&db, &r, PARTITIONED_OWNER, "tables", "payouts");
     let mut app = db.connect_as(&r.app);
     // The direct way is refused.
     expect_error(&mut app, "INSERT INTO tables VALUES (50, 9223372036854775807)", "22003");
@@ -358,9 +370,50 @@ fn attached_owner_rows_respect_the_token_cap() {
         String::new()
     };
     drop((app, game));
-    cleanup(&mut su, &r);
+    drop(su);
+    cleanup(db, &r);
     assert!(
         !attach.is_empty() || acquire.is_empty(),
         "ATTACH brought in an owner token above the cap; lease.acquire then failed with {acquire}"
     );
+}
+
+// ---------------------------------------------------------------------------
+// 6. DETACH PARTITION ... CONCURRENTLY of an owner partition runs in two
+//    transactions; the DDL guard's LF004 comes in the second, after the
+//    first committed. The partition is left "detach pending": its owner rows
+//    (and their tokens) are gone from the owner table (fenced writes get
+//    LF007, acquire cannot find the row), and every later DDL that concerns
+//    a protected table, FINALIZE included, fails with LF004.
+//
+//    ownerw: INSERT INTO tables VALUES (150, 7000);
+//    app:    ALTER TABLE tables DETACH PARTITION tables_b CONCURRENTLY;   -- LF004, but half done
+//    game:   INSERT INTO payouts (table_id, fencing_token) VALUES (150, 7000);  -- LF007
+// ---------------------------------------------------------------------------
+#[test]
+fn a_refused_concurrent_detach_leaves_the_owner_table_whole() {
+    let db = TestDb::new("atk2_detach_conc");
+    let r = Roles::new("dc");
+    let mut su = setup(&db, &r, PARTITIONED_OWNER, "tables", "payouts");
+    let mut ownerw = db.connect_as(&r.ownerw);
+    ownerw.batch_execute("INSERT INTO tables VALUES (150, 7000)").unwrap();
+    let mut app = db.connect_as(&r.app);
+    let detach = try_sql(&mut app, "ALTER TABLE tables DETACH PARTITION tables_b CONCURRENTLY");
+    let visible = one_i64(&mut su, "SELECT count(*) FROM tables WHERE id = 150 AND owner_fencing_token = 7000");
+    let pending = one_i64(&mut su, "SELECT count(*) FROM pg_inherits WHERE inhdetachpending");
+    let mut game = db.connect_as(&r.game);
+    let write = try_sql(&mut game, "INSERT INTO payouts (table_id, fencing_token) VALUES (150, 7000)");
+    let later_ddl = try_sql(&mut app, "ALTER TABLE payouts ADD COLUMN note text");
+    drop((app, game, ownerw));
+    drop(su);
+    cleanup(db, &r);
+    assert_eq!(detach, "LF004", "DETACH CONCURRENTLY of an owner partition holding owner rows");
+    assert_eq!(
+        (visible, pending),
+        (1, 0),
+        "the refused DETACH CONCURRENTLY left the owner partition detach-pending and its owner row out of the \
+         owner table (fenced write: {write:?}, later DDL on a protected table: {later_ddl:?})"
+    );
+    assert_eq!(write, "", "a write with the current token of an owner row was refused");
+    assert_eq!(later_ddl, "", "DDL on a protected table fails after the refused DETACH CONCURRENTLY");
 }

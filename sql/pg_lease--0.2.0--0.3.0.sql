@@ -100,6 +100,47 @@ REVOKE EXECUTE ON FUNCTION lease._retyped_columns(pg_ddl_command) FROM PUBLIC;
 
 REVOKE EXECUTE ON FUNCTION lease._exists_as_owner(oid, text) FROM PUBLIC;
 
+-- DDL guard for what must be refused before a command commits anything (src/fence/ddl.rs).
+CREATE FUNCTION lease._guard_ddl_start() RETURNS event_trigger
+    LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_guard_ddl_start';
+
+-- Partitions that joined a fenced or owner table in a transaction that also
+-- (re)created the root's pg_lease trigger get their guards from the commands
+-- that follow (a single-transaction pg_restore creates them from the dump).
+-- Whether they did is checked at commit by a deferred constraint trigger:
+-- a transaction cannot end with such a partition unguarded.
+CREATE TABLE lease.deferred_checks (
+    rel  regclass NOT NULL,
+    root regclass NOT NULL
+);
+
+COMMENT ON TABLE lease.deferred_checks IS 'Partitions whose pg_lease guards are checked when the transaction commits (empty between transactions).';
+
+REVOKE ALL ON lease.deferred_checks FROM PUBLIC;
+
+CREATE FUNCTION lease._check_at_commit() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+DECLARE
+    gap record;
+BEGIN
+    DELETE FROM lease.deferred_checks d WHERE d.rel = NEW.rel AND d.root = NEW.root;
+    SELECT f.relid, f.problem INTO gap
+      FROM lease._fence_problems(ARRAY[NEW.root::oid]) f
+     WHERE f.rel = NEW.rel AND f.kind IN ('missing', 'disabled')
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('the transaction would commit partition %s of %s without its pg_lease guards', NEW.rel, NEW.root),
+            format('Table %s: %s.', gap.relid, gap.problem));
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE CONSTRAINT TRIGGER pg_lease_check_at_commit AFTER INSERT ON lease.deferred_checks
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION lease._check_at_commit();
+
+ALTER TABLE lease.deferred_checks ENABLE ALWAYS TRIGGER pg_lease_check_at_commit;
+
 -- The token bound to the current transaction, or NULL (since 0.2.0).
 CREATE OR REPLACE FUNCTION lease.bound_token() RETURNS bigint
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
@@ -457,29 +498,51 @@ BEGIN
            AND t.relid <> r.root
     LOOP
         IF part.is_owner THEN
-            IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_owner_truncate')
-               AND EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.owner_table AND g.tgname = 'pg_lease_owner_guard'
+            IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_owner_truncate') THEN
+                IF EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.owner_table AND g.tgname = 'pg_lease_owner_guard'
                               AND g.xmin <> xid(pg_current_xact_id())) THEN
-                PERFORM lease._install_owner_truncate_guard(part.child);
+                    PERFORM lease._install_owner_truncate_guard(part.child);
+                ELSE
+                    INSERT INTO lease.deferred_checks VALUES (part.child, part.relid);
+                END IF;
+            END IF;
+            -- Owner rows brought in passed no owner guard: no token above
+            -- what a non-superuser may write (lease.acquire must stay able to
+            -- go higher).
+            IF lease._exists_as_owner(part.child, format('SELECT EXISTS (SELECT 1 FROM ONLY %s WHERE %I > 4611686018427387903)',
+                                                          part.child::regclass, part.owner_token_column)) THEN
+                RAISE EXCEPTION 'pg_lease: % would bring owner rows with fencing tokens above 4611686018427387903 into %',
+                        tg_tag, part.owner_table
+                    USING ERRCODE = 'numeric_value_out_of_range',
+                          DETAIL = format('Table %s holds such tokens; lease.acquire could issue no higher one.', part.child::regclass);
             END IF;
             CONTINUE;
         END IF;
-        IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_truncate')
-           AND EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.relid AND g.tgname = 'pg_lease_fence'
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_truncate') THEN
+            IF EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.relid AND g.tgname = 'pg_lease_fence'
                           AND g.xmin <> xid(pg_current_xact_id())) THEN
-            PERFORM lease._install_truncate_guard(part.child);
+                PERFORM lease._install_truncate_guard(part.child);
+            ELSE
+                INSERT INTO lease.deferred_checks VALUES (part.child, part.relid);
+            END IF;
         END IF;
         -- Rows brought in by ATTACH PARTITION passed no fence: each must carry
         -- its owner row's current token (without a token column, or in
         -- high-water mode, no row can be checked: the table must be empty).
-        -- (Run as the table's owner: the key type's operators are the user's.)
+        -- Keys are compared by their text (no user operator runs with this
+        -- function's rights; text equal means value equal, and a mismatch
+        -- only refuses), and the owner rows are locked FOR SHARE as the fence
+        -- locks them: a token bump then waits for this transaction, or (at
+        -- REPEATABLE READ and above) this one fails if a bump already committed.
         IF part.mode = 'owner' AND part.token_column IS NOT NULL THEN
-            bad := lease._exists_as_owner(part.child, format(
-                'SELECT EXISTS (SELECT 1 FROM ONLY %s t WHERE NOT EXISTS (SELECT 1 FROM %s o WHERE %s AND o.%I = t.%I))',
-                part.child::regclass, part.owner_table,
-                (SELECT string_agg(format('o.%I = t.%I', part.owner_key_columns[n], part.key_columns[n]), ' AND ')
+            EXECUTE format(
+                'SELECT (SELECT count(*) FROM ONLY %s) <> (SELECT count(*) FROM (SELECT 1 FROM ONLY %s t JOIN %s o ON %s AND o.%I = t.%I FOR SHARE OF o) s)',
+                part.child::regclass, part.child::regclass, part.owner_table,
+                (SELECT string_agg(format('o.%I::pg_catalog.text OPERATOR(pg_catalog.=) t.%I::pg_catalog.text',
+                                          part.owner_key_columns[n], part.key_columns[n]), ' AND ')
                    FROM generate_series(1, cardinality(part.key_columns)) n),
-                part.owner_token_column, part.token_column));
+                part.owner_token_column, part.token_column)
+               INTO bad;
         ELSE
             bad := lease._exists_as_owner(part.child, format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', part.child::regclass));
         END IF;
@@ -505,14 +568,13 @@ BEGIN
                    SELECT p.relid::oid FROM lease.protected p UNION ALL
                    SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
     LOOP
+        -- (Whatever rows it holds, by any snapshot: a partition of an owner
+        -- table never leaves it while a fence uses it.)
         IF stray.tgname = 'pg_lease_owner_truncate' THEN
-            bad := lease._exists_as_owner(stray.tgrelid, format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', stray.tgrelid::regclass));
-            IF bad THEN
-                PERFORM lease._raise('FencingTokenRegression',
-                    format('%s would take owner rows out of an owner table (%s)', tg_tag, stray.tgrelid::regclass),
-                    format('Table %s holds owner rows whose fencing tokens would leave the fence; tokens could then start over.',
-                           stray.tgrelid::regclass));
-            END IF;
+            PERFORM lease._raise('FencingTokenRegression',
+                format('%s would take a partition out of an owner table (%s)', tg_tag, stray.tgrelid::regclass),
+                format('Table %s holds owner rows whose fencing tokens would leave the fence; tokens could then start over. Unprotect the tables fenced against it first.',
+                       stray.tgrelid::regclass));
         END IF;
         EXECUTE format('DROP TRIGGER %I ON %s', stray.tgname, stray.tgrelid::regclass);
     END LOOP;
@@ -1049,3 +1111,7 @@ CREATE EVENT TRIGGER pg_lease_guard_ddl ON ddl_command_end
 
 CREATE EVENT TRIGGER pg_lease_guard_drop ON sql_drop
     EXECUTE FUNCTION lease._guard_drop();
+
+CREATE EVENT TRIGGER pg_lease_guard_ddl_start ON ddl_command_start
+    WHEN TAG IN ('ALTER TABLE')
+    EXECUTE FUNCTION lease._guard_ddl_start();

@@ -56,3 +56,56 @@ pub fn exists_as_owner(rel: pg_sys::Oid, query: &str) -> bool {
         pgrx::spi::Spi::get_one::<bool>(query).unwrap_or_else(|e| pgrx::error!("pg_lease: {e}")).unwrap_or(false)
     })
 }
+
+/// `lease._guard_ddl_start()`: event trigger on `ddl_command_start`, for what
+/// must be refused before a command commits anything. `ALTER TABLE ... DETACH
+/// PARTITION ... CONCURRENTLY` commits its first phase before
+/// `ddl_command_end` could refuse it: on an owner table (whose partitions hold
+/// owner rows and their tokens) it is refused here (LF004).
+///
+/// # Safety
+/// Called by Postgres as a version-1 C event trigger function.
+pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Refusal> {
+    let ctx = (*fcinfo).context;
+    if ctx.is_null() || (*ctx).type_ != pg_sys::NodeTag::T_EventTriggerData {
+        pgrx::error!("lease._guard_ddl_start() may only be called as an event trigger");
+    }
+    let data = &*(ctx as *const pg_sys::EventTriggerData);
+    let tree = data.parsetree;
+    if tree.is_null() || (*tree).type_ != pg_sys::NodeTag::T_AlterTableStmt {
+        return Ok(pg_sys::Datum::from(0));
+    }
+    let stmt = &*(tree as *const pg_sys::AlterTableStmt);
+    let cmds = stmt.cmds;
+    let len = if cmds.is_null() { 0 } else { (*cmds).length as usize };
+    for i in 0..len {
+        let node = (*(*cmds).elements.add(i)).ptr_value as *const pg_sys::Node;
+        if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_AlterTableCmd {
+            continue;
+        }
+        let cmd = &*(node as *const pg_sys::AlterTableCmd);
+        if cmd.subtype != pg_sys::AlterTableType::AT_DetachPartition || cmd.def.is_null() {
+            continue;
+        }
+        let part = &*(cmd.def as *const pg_sys::PartitionCmd);
+        if !part.concurrent {
+            continue;
+        }
+        let relid = pg_sys::RangeVarGetRelidExtended(
+            stmt.relation,
+            pg_sys::NoLock as i32,
+            pg_sys::RVROption::RVR_MISSING_OK,
+            None,
+            std::ptr::null_mut(),
+        );
+        if relid != pg_sys::InvalidOid && crate::fence::config::is_owner_table(relid) {
+            let display = crate::fence::pg::display(relid);
+            return Err(Refusal::new(
+                crate::errors::LeaseError::FencingTokenRegression,
+                format!("DETACH PARTITION of owner table {display} would take owner rows out of it"),
+                format!("Table {display} holds the current fencing tokens of fenced resources; a detached partition's tokens could start over."),
+            ));
+        }
+    }
+    Ok(pg_sys::Datum::from(0))
+}

@@ -47,6 +47,7 @@ c_function!(pg_lease_fence_trigger, pg_finfo_pg_lease_fence_trigger, trigger::fe
 c_function!(pg_lease_owner_guard, pg_finfo_pg_lease_owner_guard, guards::owner_guard);
 c_function!(pg_lease_truncate_guard, pg_finfo_pg_lease_truncate_guard, guards::truncate_guard);
 c_function!(pg_lease_retyped_columns, pg_finfo_pg_lease_retyped_columns, ddl::retyped_columns);
+c_function!(pg_lease_guard_ddl_start, pg_finfo_pg_lease_guard_ddl_start, ddl::guard_ddl_start);
 
 /// Registers the cache callbacks; called once per backend from `_PG_init`.
 pub fn init() {

@@ -322,9 +322,8 @@ fn replacing_the_owner_guard_does_not_exempt_new_owner_partitions() {
     let truncate = try_sql(&mut app, "TRUNCATE tables_d");
     let detach = try_sql(&mut app, "ALTER TABLE tables DETACH PARTITION tables_e");
     // Whatever got through: can the tokens start over?
-    let _ = app.batch_execute(
-        "CREATE TABLE IF NOT EXISTS tables_e2 PARTITION OF tables FOR VALUES FROM (400) TO (500)",
-    );
+    let _ =
+        app.batch_execute("CREATE TABLE IF NOT EXISTS tables_e2 PARTITION OF tables FOR VALUES FROM (400) TO (500)");
     let _ = app.batch_execute("INSERT INTO tables VALUES (350, 1)");
     let _ = app.batch_execute("INSERT INTO tables VALUES (450, 1)");
     let _ = app.batch_execute("INSERT INTO payouts (table_id, fencing_token) VALUES (350, 1)");

@@ -16,7 +16,10 @@ summary() {
 }
 trap summary EXIT
 SCRATCH=${PG_LEASE_SCRATCH:-/var/tmp/pg_lease}
-PORT=${PG_LEASE_TEST_PORT:-54401}
+# Ports above Linux's ephemeral range (32768-60999), so that no client
+# socket of this busy run can hold one when a test (re)starts a server.
+PORT=${PG_LEASE_TEST_PORT:-61001}
+export PG_LEASE_PORT_OFFSET=${PG_LEASE_PORT_OFFSET:-6600}
 
 scripts/setup.sh
 

@@ -26,8 +26,8 @@ const HOSTS: i32 = 3;
 const PLAYERS: i32 = 12;
 const CHIPS: i64 = 1_000_000;
 const TTL_MS: i32 = 1_500;
-const PRIMARY_PORT: u16 = 54470;
-const STANDBY_PORT: u16 = 54471;
+const PRIMARY_PORT: u16 = 61070;
+const STANDBY_PORT: u16 = 61071;
 
 fn now_us() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64

@@ -20,13 +20,26 @@
 //! levels, owner key moves and owner re-inserts, roles), high-water mode
 //! (equal keys written in different forms), session reuse (session-level
 //! `pg_lease.token`), catalog drift (renames and look-alike owner tables while
-//! sessions keep warm caches).
+//! sessions keep warm caches), tampering (admin DDL between steps while the
+//! sessions keep warm caches: same-type `ALTER COLUMN ... TYPE ... USING` of
+//! fenced columns, `ALTER COLUMN` of other columns, BEFORE row triggers named
+//! before or after pg_lease's, `CREATE OR REPLACE TRIGGER` of its triggers,
+//! ATTACH/DETACH PARTITION of plain and partitioned tables with current or
+//! stale rows; owner rows on a hash-partitioned owner table written by the
+//! application role: extreme tokens, deletes, key moves through partition
+//! routing). `lease.acquire` (the real bump path) runs in the owner and
+//! tampering families: its token must be above every token issued or stored
+//! for the resource, and the owner row must then hold exactly that token.
 //!
 //! Environment: `PG_LEASE_TEST_PORT` (required), `PG_LEASE_MODEL_CASES` (200
 //! per family), `PG_LEASE_MODEL_STEPS` (30), `PG_LEASE_MODEL_SEED` (fixed
 //! default), `PG_LEASE_MODEL_SHRINK_SECS` (60, time allowed to shrink a
 //! failure). `make test` runs it with the defaults; `make fuzz` runs 2000 cases
-//! per family on a scratch cluster of its own.
+//! per family on a scratch cluster of its own. `PG_LEASE_MODEL_EXPERIMENTAL=1`
+//! adds generators the current build fails (see `tamper` and `owner_mod`): a
+//! `DO INSTEAD NOTHING` rule on the owner table (lease.acquire then fails with
+//! 0A000, not LF008), and an owner-table trigger lowering acquire's bump
+//! (refused, but with XX000 instead of LF004).
 
 use pg_lease_sessions::postgres::{Client, SimpleQueryMessage};
 use pg_lease_sessions::{connect_to, port, TestDb};
@@ -69,6 +82,14 @@ const SERIALIZATION: &str = "40001";
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 const UNIQUE: &str = "23505";
 const PRIVILEGE: &str = "42501";
+const OWNED_ELSEWHERE: &str = "LF005";
+const OUT_OF_RANGE: &str = "22003";
+/// The highest owner token a role other than a superuser may write.
+const APP_TOKEN_CAP: i64 = (1 << 62) - 1;
+/// Extreme owner tokens an INSERT may carry (`InsertOwnerExtreme`).
+const EXTREME_TOKENS: [i64; 3] = [APP_TOKEN_CAP, APP_TOKEN_CAP + 1, i64::MAX];
+/// Lease TTL for `lease.acquire`: no lease expires within a case.
+const LEASE_TTL_MS: i64 = 600_000;
 /// A fence verdict: a refusal with one of these is a judgement of the token.
 const VERDICTS: [&str; 4] = [STALE, AHEAD, MISSING, NO_OWNER];
 
@@ -335,6 +356,8 @@ enum Tok {
     Current,
     Stale(u8),
     Future(u8),
+    /// The resource's previous owner token (the old holder's), or current - 1.
+    Previous,
     /// NULL token column / nothing bound.
     Missing,
 }
@@ -475,6 +498,83 @@ enum Step {
         local: bool,
     },
     Rename(Rename),
+    /// `lease.acquire` for the slot's lease, bound to its owner row, by host
+    /// `h0` or `h1` (a live lease of the other host: LF005).
+    Acquire {
+        s: usize,
+        slot: usize,
+        form: u8,
+        host: u8,
+    },
+    /// INSERT of an owner row with one of `EXTREME_TOKENS`.
+    InsertOwnerExtreme {
+        s: usize,
+        slot: usize,
+        which: u8,
+    },
+    /// Admin DDL on the fenced and owner tables between steps.
+    Tamper(Tamper),
+}
+
+/// A fenced-table BEFORE row trigger's change to NEW.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FenceMod {
+    /// `NEW.tok := NEW.tok - d`
+    TokMinus(u8),
+    /// `NEW.<key> := <key value of slot>`
+    Rekey(usize),
+}
+
+/// An owner-table BEFORE UPDATE row trigger's change to NEW.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OwnerMod {
+    /// `NEW.tok := NEW.tok + 1`
+    Plus,
+    /// `NEW.tok := OLD.tok` (swallows the bump)
+    KeepOld,
+    /// `NEW.tok := NEW.tok - 2`
+    Minus,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Tamper {
+    /// `ALTER COLUMN <fenced key or token column> TYPE <same> USING <expr>`: LF008.
+    Retype {
+        owners: bool,
+        key: bool,
+    },
+    /// `ALTER COLUMN` of a column pg_lease does not fence: accepted.
+    AlterOther {
+        owners: bool,
+    },
+    /// A BEFORE row trigger changing NEW, named to run before pg_lease's
+    /// (accepted; the fence judges the changed row) or after (LF008).
+    FenceTrigger {
+        late: bool,
+        change: FenceMod,
+    },
+    OwnerTrigger {
+        late: bool,
+        change: OwnerMod,
+    },
+    /// `CREATE OR REPLACE TRIGGER pg_lease_fence/pg_lease_owner_guard ...
+    /// EXECUTE FUNCTION <no-op>`: LF008.
+    ReplaceGuard {
+        owners: bool,
+    },
+    /// `CREATE RULE ... ON UPDATE TO owners DO INSTEAD NOTHING` (experimental).
+    Rule,
+    /// ATTACH PARTITION into the partitioned fenced table: of a new table
+    /// (plain or partitioned) holding one row written with `tok`, or of the
+    /// oldest detached one. Rows the fence would refuse: LF008.
+    Attach {
+        slot: usize,
+        tok: Tok,
+        partitioned: bool,
+        reattach: bool,
+    },
+    /// DETACH PARTITION of the newest attached partition.
+    Detach,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -483,6 +583,8 @@ enum Family {
     HighWater,
     SessionReuse,
     CatalogDrift,
+    /// DDL and owner-row tampering between steps, bumps through lease.acquire.
+    Tamper,
 }
 
 impl Family {
@@ -492,6 +594,7 @@ impl Family {
             Family::HighWater => "hw",
             Family::SessionReuse => "ses",
             Family::CatalogDrift => "drf",
+            Family::Tamper => "tmp",
         }
     }
     fn salt(self) -> u64 {
@@ -500,6 +603,7 @@ impl Family {
             Family::HighWater => 1,
             Family::SessionReuse => 2,
             Family::CatalogDrift => 3,
+            Family::Tamper => 4,
         }
     }
 }
@@ -527,6 +631,7 @@ fn tok() -> impl Strategy<Value = Tok> {
         4 => Just(Tok::Current),
         2 => (1u8..=3).prop_map(Tok::Stale),
         1 => (1u8..=2).prop_map(Tok::Future),
+        1 => Just(Tok::Previous),
         1 => Just(Tok::Missing),
     ]
 }
@@ -629,6 +734,83 @@ fn renames() -> BoxedStrategy<Step> {
     .boxed()
 }
 
+fn acquire() -> BoxedStrategy<Step> {
+    (session(), slot(), form(), 0u8..2).prop_map(|(s, slot, form, host)| Step::Acquire { s, slot, form, host }).boxed()
+}
+
+fn fence_mod() -> BoxedStrategy<FenceMod> {
+    prop_oneof![(1u8..=2).prop_map(FenceMod::TokMinus), slot().prop_map(FenceMod::Rekey)].boxed()
+}
+
+/// `Minus` is experimental: a trigger that lowers lease.acquire's bump below
+/// the old token is refused, but with XX000 instead of LF004 (the owner
+/// guard's error passes through pgrx in `lease._set_owner_token`).
+fn owner_mod(experimental: bool) -> BoxedStrategy<OwnerMod> {
+    if experimental {
+        prop_oneof![Just(OwnerMod::Plus), Just(OwnerMod::KeepOld), Just(OwnerMod::Minus)].boxed()
+    } else {
+        prop_oneof![Just(OwnerMod::Plus), Just(OwnerMod::KeepOld)].boxed()
+    }
+}
+
+/// DDL between steps; `experimental` adds the generators the current build
+/// fails (see `PG_LEASE_MODEL_EXPERIMENTAL`).
+fn tamper(experimental: bool) -> Arms {
+    let t = |x: BoxedStrategy<Tamper>| x.prop_map(Step::Tamper).boxed();
+    let mut arms: Arms = vec![
+        (2, t((any::<bool>(), any::<bool>()).prop_map(|(owners, key)| Tamper::Retype { owners, key }).boxed())),
+        (1, t(any::<bool>().prop_map(|owners| Tamper::AlterOther { owners }).boxed())),
+        (
+            2,
+            t((prop::bool::weighted(0.3), fence_mod())
+                .prop_map(|(late, change)| Tamper::FenceTrigger { late, change })
+                .boxed()),
+        ),
+        (
+            1,
+            t((prop::bool::weighted(0.3), owner_mod(experimental))
+                .prop_map(|(late, change)| Tamper::OwnerTrigger { late, change })
+                .boxed()),
+        ),
+        (1, t(any::<bool>().prop_map(|owners| Tamper::ReplaceGuard { owners }).boxed())),
+        (
+            4,
+            t((slot(), tok(), any::<bool>(), prop::bool::weighted(0.3))
+                .prop_map(|(slot, tok, partitioned, reattach)| Tamper::Attach { slot, tok, partitioned, reattach })
+                .boxed()),
+        ),
+        (2, t(Just(Tamper::Detach).boxed())),
+    ];
+    if experimental {
+        arms.push((1, t(Just(Tamper::Rule).boxed())));
+    }
+    arms
+}
+
+/// Owner-row changes the fence must refuse (LF004) or bound (22003).
+fn owner_tampering() -> Arms {
+    vec![
+        (
+            1,
+            (session(), slot(), slot(), form())
+                .prop_map(|(s, from, to, form)| Step::MoveKey { s, from, to, form })
+                .boxed(),
+        ),
+        (1, (session(), slot()).prop_map(|(s, slot)| Step::DeleteOwner { s, slot }).boxed()),
+        (1, (session(), slot(), 0u8..=3).prop_map(|(s, slot, below)| Step::InsertOwner { s, slot, below }).boxed()),
+        (
+            2,
+            (session(), slot(), 0u8..3)
+                .prop_map(|(s, slot, which)| Step::InsertOwnerExtreme { s, slot, which })
+                .boxed(),
+        ),
+    ]
+}
+
+fn experimental() -> bool {
+    std::env::var("PG_LEASE_MODEL_EXPERIMENTAL").is_ok_and(|v| v.trim() == "1")
+}
+
 /// The steps a family draws from, with weights. Add a step kind here.
 fn family_steps(family: Family) -> BoxedStrategy<Step> {
     const OWNER_TABS: &[Tab] = &[Tab::Fenced, Tab::FencedBound];
@@ -641,6 +823,7 @@ fn family_steps(family: Family) -> BoxedStrategy<Step> {
             arms.extend(owner_structure());
             arms.push((1, role()));
             arms.push((1, truncate(&[Rel::Owners, Rel::T(Tab::Fenced)])));
+            arms.push((2, acquire()));
         }
         Family::HighWater => {
             arms.push((12, write(HW_TABS, true)));
@@ -660,6 +843,14 @@ fn family_steps(family: Family) -> BoxedStrategy<Step> {
             arms.push((2, write(HW_TABS, false)));
             arms.push((2, bump()));
             arms.push((1, role()));
+        }
+        Family::Tamper => {
+            arms.push((8, write(OWNER_TABS, false)));
+            arms.push((2, bump()));
+            arms.push((4, acquire()));
+            arms.push((2, role()));
+            arms.extend(owner_tampering());
+            arms.extend(tamper(experimental()));
         }
     }
     prop::strategy::Union::new_weighted(arms).boxed()
@@ -758,6 +949,25 @@ enum Prim {
         sql: String,
         blocked_by: Option<Rel>,
     },
+    /// `lease.acquire` bound to the slot's owner row; returns the token.
+    Acquire {
+        slot: usize,
+        form: u8,
+        host: u8,
+    },
+    /// Reads the owner rows as the session sees them: they must be the
+    /// model's exactly (after an acquire: the row holds the issued token).
+    Verify,
+    /// Admin DDL that tampers with the fence: accepted if `ok`, else refused
+    /// with one of `errs`; 55P03 is also fine while another transaction holds
+    /// a lock on one of `locks`.
+    Tamper {
+        sql: String,
+        locks: Vec<Rel>,
+        ok: bool,
+        errs: Vec<&'static str>,
+        why: String,
+    },
 }
 
 impl Prim {
@@ -765,7 +975,7 @@ impl Prim {
     fn result_columns(&self) -> usize {
         match self {
             Prim::Bind { set_local: false, .. } | Prim::SessionToken { set_config: true, .. } => 1,
-            Prim::Resync => 2,
+            Prim::Resync | Prim::Verify | Prim::Acquire { .. } => 2,
             _ => 0,
         }
     }
@@ -783,6 +993,8 @@ impl Prim {
             | Prim::DeleteOwner { .. }
             | Prim::InsertOwner { .. }
             | Prim::Resync
+            | Prim::Verify
+            | Prim::Acquire { .. }
             | Prim::Truncate(_) => true,
             Prim::SessionToken { set_config, .. } => *set_config,
             _ => false,
@@ -847,6 +1059,9 @@ struct FRow {
     tab: Tab,
     slot: usize,
     tok: Option<i64>,
+    /// The partition (list value of `part`) of the partitioned fenced table
+    /// (Tamper family); 0 elsewhere.
+    part: u32,
 }
 
 /// An owner row: (key slot, token).
@@ -879,6 +1094,8 @@ struct Frame {
     local_role: Option<Role>,
     /// Accepted fence checks: (scope, slot, token), for the commit-time invariant.
     writes: Vec<(Scope, usize, i64)>,
+    /// Lease rows written by lease.acquire (slot -> (host, token)), locked.
+    leases: BTreeMap<usize, (u8, i64)>,
 }
 
 impl Frame {
@@ -895,6 +1112,7 @@ impl Frame {
             session_role: role,
             local_role: None,
             writes: Vec::new(),
+            leases: BTreeMap::new(),
         }
     }
     fn role(&self) -> Role {
@@ -939,6 +1157,22 @@ struct Model {
     /// be judged against the original owner rows, or refused with an error
     /// that is no verdict (a verdict would come from some other table).
     drifted: bool,
+    /// Tamper family: owner rows keep their key and token exactly as the
+    /// README promises (moves and deletes of tokened rows: LF004), and the
+    /// application role may write owner rows (up to `APP_TOKEN_CAP`).
+    strict: bool,
+    /// Committed lease rows per slot: (host, token).
+    leases: BTreeMap<usize, Versions<(u8, i64)>>,
+    /// BEFORE row triggers on the fenced table (accepted ones, in name order).
+    fence_mods: Vec<FenceMod>,
+    /// BEFORE UPDATE row triggers on the owner table.
+    owner_mods: Vec<OwnerMod>,
+    /// An `ON UPDATE DO INSTEAD NOTHING` rule on the owner table.
+    owner_rule: bool,
+    /// Rows of detached partitions, by partition.
+    detached: BTreeMap<u32, Vec<(i64, FRow)>>,
+    /// The token the last lease.acquire returned (read by `apply`).
+    acquired: Option<i64>,
 }
 
 /// The model's verdict on one statement.
@@ -967,6 +1201,15 @@ enum Effect {
     SessionRole(Role),
     /// An owner INSERT: the frame, and a new row id was used.
     NewOwner(Box<Frame>),
+    /// lease.acquire: the frame before the bump; the returned token must be
+    /// above `above`, and owner row `rid` and the lease then hold it.
+    Acquire {
+        frame: Box<Frame>,
+        rid: usize,
+        slot: usize,
+        host: u8,
+        above: i64,
+    },
 }
 
 impl Eval {
@@ -1040,6 +1283,13 @@ impl Model {
             sessions: (0..SESSIONS).map(|_| Sess { role: Role::Me, txn: None }).collect(),
             bump_log: Vec::new(),
             drifted: false,
+            strict: false,
+            leases: BTreeMap::new(),
+            fence_mods: Vec::new(),
+            owner_mods: Vec::new(),
+            owner_rule: false,
+            detached: BTreeMap::new(),
+            acquired: None,
         }
     }
 
@@ -1184,7 +1434,8 @@ impl Model {
             Prim::Bump { .. } | Prim::MoveKey { .. } | Prim::DeleteOwner { .. } | Prim::InsertOwner { .. } => {
                 self.eval_owner_dml(s, p)
             }
-            Prim::Resync => Eval::ok(Effect::None),
+            Prim::Resync | Prim::Verify => Eval::ok(Effect::None),
+            Prim::Acquire { slot, host, .. } => self.eval_acquire(s, *slot, *host),
             Prim::Truncate(rel) => self.eval_truncate(s, *rel),
             // A session-level token may be refused outright; if accepted it
             // must bind nothing beyond its transaction (checked by later writes).
@@ -1206,7 +1457,7 @@ impl Model {
                 }
                 None => Eval::ok(Effect::SessionRole(*role)),
             },
-            Prim::Ddl { .. } => unreachable!("DDL runs on the admin connection"),
+            Prim::Ddl { .. } | Prim::Tamper { .. } => unreachable!("DDL runs on the admin connection"),
         };
         if let Some(t) = &self.sessions[s].txn {
             if t.iso == Iso::Serializable && t.ser_overlap && (p.takes_snapshot() || matches!(p, Prim::Commit)) {
@@ -1222,6 +1473,13 @@ impl Model {
                 Eval::fail(&[LOCK_NOT_AVAILABLE], format!("an open transaction holds a lock on {rel:?}"))
             }
             Prim::Ddl { .. } => Eval::ok(Effect::None),
+            Prim::Tamper { locks, ok, errs, why, .. } => {
+                let mut e = if *ok { Eval::ok(Effect::None).also(errs) } else { Eval::fail(errs, why.clone()) };
+                if locks.iter().any(|rel| self.others(None).any(|t| t.frame.rels.contains(rel))) {
+                    e.errs.insert(LOCK_NOT_AVAILABLE);
+                }
+                e.why(why.clone())
+            }
             _ => unreachable!("only DDL runs on the admin connection"),
         }
     }
@@ -1244,38 +1502,55 @@ impl Model {
     fn eval_write(&self, s: usize, p: &Prim) -> Eval {
         let txn = self.txn(s);
         let f = &txn.frame;
-        let (tab, order, presented) = match p {
-            Prim::Insert { tab, slot, token, .. } => (*tab, vec![*slot], if tab.bound() { f.bound } else { *token }),
+        let (tab, order, presented, slot) = match p {
+            Prim::Insert { tab, slot, token, .. } => {
+                let (slot, token) = self.fence_mods(*tab, *slot, *token);
+                (*tab, vec![slot], if tab.bound() { f.bound } else { token }, slot)
+            }
             Prim::Update { tab, ids, slot, token, .. } => {
                 let old = self.row_visible(s, f, ids[0]).expect("picked rows are visible").slot;
-                let order = if old == *slot { vec![*slot] } else { vec![*slot, old] };
-                (*tab, order, if tab.bound() { f.bound } else { *token })
+                let (slot, token) = self.fence_mods(*tab, *slot, *token);
+                let order = if old == slot { vec![slot] } else { vec![slot, old] };
+                (*tab, order, if tab.bound() { f.bound } else { token }, slot)
             }
             Prim::Delete { tab, ids } => {
                 let old = self.row_visible(s, f, ids[0]).expect("picked rows are visible").slot;
-                (*tab, vec![old], f.bound)
+                (*tab, vec![old], f.bound, old)
             }
             _ => unreachable!(),
         };
         let scope = tab.scope();
-        let mut e = self.judge_write(s, p, tab, &order, presented);
+        let mut e = self.judge_write(s, p, tab, &order, presented, slot);
         e.other_err = self.drifted && scope == Scope::Owner;
         e
     }
 
-    fn judge_write(&self, s: usize, p: &Prim, tab: Tab, order: &[usize], presented: Option<i64>) -> Eval {
+    /// What the accepted BEFORE row triggers (named to run before the fence)
+    /// make of an INSERT or UPDATE of the fenced table: the row the fence judges.
+    fn fence_mods(&self, tab: Tab, slot: usize, token: Option<i64>) -> (usize, Option<i64>) {
+        if tab != Tab::Fenced {
+            return (slot, token);
+        }
+        self.fence_mods.iter().fold((slot, token), |(slot, token), m| match *m {
+            FenceMod::TokMinus(d) => (slot, token.map(|t| t.saturating_sub(d as i64))),
+            FenceMod::Rekey(to) => (to, token),
+        })
+    }
+
+    fn judge_write(&self, s: usize, p: &Prim, tab: Tab, order: &[usize], presented: Option<i64>, slot: usize) -> Eval {
         let f = &self.txn(s).frame;
         let scope = tab.scope();
         let mut fa = f.clone();
         match self.run_checks(s, &mut fa, scope, order, presented) {
             Check::Pass(soft) => {
                 match p {
-                    Prim::Insert { id, slot, .. } => {
-                        fa.rows.insert(*id, Some(FRow { tab, slot: *slot, tok: presented }));
+                    Prim::Insert { id, .. } => {
+                        fa.rows.insert(*id, Some(FRow { tab, slot, tok: presented, part: 0 }));
                     }
-                    Prim::Update { ids, slot, .. } => {
+                    Prim::Update { ids, .. } => {
                         for id in ids {
-                            fa.rows.insert(*id, Some(FRow { tab, slot: *slot, tok: presented }));
+                            let part = self.row_visible(s, f, *id).map_or(0, |r| r.part);
+                            fa.rows.insert(*id, Some(FRow { tab, slot, tok: presented, part }));
                         }
                     }
                     Prim::Delete { ids, .. } => {
@@ -1458,47 +1733,85 @@ impl Model {
         codes.into_iter().collect()
     }
 
+    /// What the accepted BEFORE UPDATE triggers on the owner table make of
+    /// a new token (Err: bigint overflow in a trigger, 22003).
+    fn owner_mods(&self, new: Option<i64>, old: i64) -> Result<Option<i64>, ()> {
+        self.owner_mods.iter().try_fold(new, |v, m| match m {
+            OwnerMod::KeepOld => Ok(Some(old)),
+            OwnerMod::Plus => v.map_or(Ok(None), |t| t.checked_add(1).map(Some).ok_or(())),
+            OwnerMod::Minus => v.map_or(Ok(None), |t| t.checked_sub(2).map(Some).ok_or(())),
+        })
+    }
+
     fn eval_owner_dml(&self, s: usize, p: &Prim) -> Eval {
         let mut f = self.txn(s).frame.clone();
-        if f.role() == Role::App {
+        let app = f.role() == Role::App;
+        if app && !self.strict {
             return Eval::fail(&[PRIVILEGE], "the app role has no write rights on the owner table");
         }
         f.rels.insert(Rel::Owners);
         // Key moves, owner deletes and re-inserts may be refused by a fence
         // that forbids them; if accepted, later writes must still not go stale.
-        let refusable = [REGRESSION, TAMPERING];
+        // The Tamper family holds the fence to the README: LF004, no choice.
+        let refusable: &[&'static str] = if self.strict { &[] } else { &[REGRESSION, TAMPERING] };
         match p {
             Prim::Bump { slot, new, .. } => {
                 let Some(rid) = self.owner_rid_at(s, &f, *slot) else {
                     return Eval::ok(Effect::Frame(Box::new(f))).why("no owner row: 0 rows");
                 };
+                if self.owner_rule {
+                    return Eval::ok(Effect::Frame(Box::new(f))).why("a DO INSTEAD NOTHING rule: 0 rows");
+                }
                 if let Err(e) = self.lock_owner_row(s, &f, rid) {
                     return e;
                 }
                 let (_, old) = self.owner_visible(s, &f, rid).expect("visible");
-                match new {
-                    Some(n) if *n >= old => {
-                        f.owners.insert(rid, Some((*slot, *n)));
+                let Ok(eff) = self.owner_mods(*new, old) else {
+                    return Eval::fail(&[OUT_OF_RANGE], "bigint overflow in a trigger on the owner table");
+                };
+                let mut e = match eff {
+                    Some(n) if n >= old => {
+                        f.owners.insert(rid, Some((*slot, n)));
                         Eval::ok(Effect::Frame(Box::new(f)))
                     }
-                    _ => Eval::fail(&[REGRESSION], format!("owner token would go from {old} to {}", show(*new))),
+                    _ => Eval::fail(
+                        &[REGRESSION],
+                        format!("owner token would go from {old} to {} (triggers: {:?})", show(eff), self.owner_mods),
+                    ),
+                };
+                if app && eff.is_some_and(|t| t > APP_TOKEN_CAP) {
+                    e.errs.insert(OUT_OF_RANGE);
+                    if eff != Some(old) {
+                        e.ok = false;
+                        e.effect = Effect::None;
+                        e.why = format!("the app role may not set an owner token above {APP_TOKEN_CAP}");
+                    }
                 }
+                e
             }
             Prim::MoveKey { from, to, .. } => {
                 let Some(rid) = self.owner_rid_at(s, &f, *from) else {
                     return Eval::ok(Effect::Frame(Box::new(f))).why("no owner row: 0 rows");
                 };
+                if self.owner_rule {
+                    return Eval::ok(Effect::Frame(Box::new(f))).why("a DO INSTEAD NOTHING rule: 0 rows");
+                }
                 if let Err(e) = self.lock_owner_row(s, &f, rid) {
                     return e;
                 }
+                let (_, tok) = self.owner_visible(s, &f, rid).expect("visible");
+                if self.strict {
+                    let e = Eval::fail(&[REGRESSION], "an owner row with a token keeps its key");
+                    // The new row version carries a token the app role may not write.
+                    return if app && tok > APP_TOKEN_CAP { e.also(&[OUT_OF_RANGE]) } else { e };
+                }
                 let conflict = self.unique_conflict(s, &f, *to, Some(rid));
                 if !conflict.is_empty() {
-                    return Eval::fail(&conflict, "key taken").also(&refusable);
+                    return Eval::fail(&conflict, "key taken").also(refusable);
                 }
-                let (_, tok) = self.owner_visible(s, &f, rid).expect("visible");
                 f.owners.insert(rid, Some((*to, tok)));
                 f.owner_keys.insert(*to);
-                Eval::ok(Effect::Frame(Box::new(f))).also(&refusable).why("owner key moved")
+                Eval::ok(Effect::Frame(Box::new(f))).also(refusable).why("owner key moved")
             }
             Prim::DeleteOwner { slot, .. } => {
                 let Some(rid) = self.owner_rid_at(s, &f, *slot) else {
@@ -1507,20 +1820,142 @@ impl Model {
                 if let Err(e) = self.lock_owner_row(s, &f, rid) {
                     return e;
                 }
+                if self.strict {
+                    return Eval::fail(&[REGRESSION], "an owner row with a token cannot be deleted");
+                }
                 f.owners.insert(rid, None);
-                Eval::ok(Effect::Frame(Box::new(f))).also(&refusable).why("owner row deleted")
+                Eval::ok(Effect::Frame(Box::new(f))).also(refusable).why("owner row deleted")
             }
             Prim::InsertOwner { slot, token, .. } => {
+                if app && *token > APP_TOKEN_CAP {
+                    return Eval::fail(
+                        &[OUT_OF_RANGE],
+                        format!("the app role may not write an owner token above {APP_TOKEN_CAP}"),
+                    );
+                }
                 let conflict = self.unique_conflict(s, &f, *slot, None);
                 if !conflict.is_empty() {
-                    return Eval::fail(&conflict, "key taken").also(&refusable);
+                    return Eval::fail(&conflict, "key taken").also(refusable);
                 }
                 f.owners.insert(self.next_rid, Some((*slot, *token)));
                 f.owner_keys.insert(*slot);
-                Eval::ok(Effect::NewOwner(Box::new(f))).also(&refusable).why("owner row inserted")
+                Eval::ok(Effect::NewOwner(Box::new(f))).also(refusable).why("owner row inserted")
             }
             _ => unreachable!(),
         }
+    }
+
+    /// lease.acquire: lock the lease row (LF005 if another host holds it),
+    /// lock the owner row (LF007 if none), then write a token above both into
+    /// the owner row; the bump must land exactly (LF008 if a rule or trigger
+    /// swallows or changes it).
+    fn eval_acquire(&self, s: usize, slot: usize, host: u8) -> Eval {
+        let mut f = self.txn(s).frame.clone();
+        if !f.leases.contains_key(&slot) {
+            if self.others(Some(s)).any(|t| t.frame.leases.contains_key(&slot)) {
+                return Eval::fail(&[LOCK_NOT_AVAILABLE], "lease row locked by another acquire");
+            }
+            if let View::At(snap) = self.view(s) {
+                if self.leases.get(&slot).is_some_and(|v| v.changed_after(snap)) {
+                    return Eval::fail(&[SERIALIZATION], "lease row changed after the snapshot");
+                }
+            }
+        }
+        let lease = f.leases.get(&slot).copied().or_else(|| self.leases.get(&slot).and_then(|v| v.latest()));
+        if let Some((h, t)) = lease.filter(|(h, _)| *h != host) {
+            return Eval::fail(&[OWNED_ELSEWHERE], format!("lease held by h{h} with token {t}"));
+        }
+        let Some(rid) = self.owner_rid_at(s, &f, slot) else {
+            return Eval::fail(&[NO_OWNER], format!("no owner row for slot {slot}"));
+        };
+        if let Err(e) = self.lock_owner_row(s, &f, rid) {
+            return e;
+        }
+        let (_, old) = self.owner_visible(s, &f, rid).expect("visible");
+        let stored = old.max(lease.map_or(0, |(_, t)| t)).max(0);
+        if stored == i64::MAX {
+            return Eval::fail(&[OUT_OF_RANGE], "no token left above i64::MAX");
+        }
+        f.rels.insert(Rel::Owners);
+        let above = stored.max(self.floor[slot]);
+        let effect = Effect::Acquire { frame: Box::new(f), rid, slot, host, above };
+        if self.owner_rule {
+            return Eval::fail(&[TAMPERING], "a DO INSTEAD NOTHING rule swallows the bump");
+        }
+        if self.owner_mods.is_empty() {
+            return Eval::ok(effect).why(format!("a token above {above}"));
+        }
+        // The trigger chain on the new token t (> old): t + delta, or, after
+        // the last KeepOld, old + delta.
+        let last_keep = self.owner_mods.iter().rposition(|m| *m == OwnerMod::KeepOld);
+        let tail = &self.owner_mods[last_keep.map_or(0, |i| i + 1)..];
+        let delta: i64 = tail.iter().map(|m| if *m == OwnerMod::Minus { -2 } else { 1 }).sum();
+        let why = format!("triggers {:?} change the bump", self.owner_mods);
+        match last_keep {
+            None if delta == 0 => Eval::ok(effect).why("the triggers' changes cancel out"),
+            None if delta > 0 => Eval::fail(&[TAMPERING], why),
+            None => Eval::fail(&[TAMPERING, REGRESSION], why),
+            Some(_) if delta >= 1 => {
+                let mut e = Eval::ok(effect).also(&[TAMPERING]);
+                e.why = format!("{why}; lands if the token is old + {delta}");
+                e
+            }
+            Some(_) if delta == 0 => Eval::fail(&[TAMPERING], why),
+            Some(_) => Eval::fail(&[REGRESSION], why),
+        }
+    }
+
+    /// The token a step presents, resolved against what session `s` sees.
+    fn resolve_tok(&self, s: usize, tab: Tab, slot: usize, tok: Tok) -> Option<i64> {
+        self.resolve(tok, self.current_token(s, tab, slot), slot, tab.high_water())
+    }
+
+    fn resolve(&self, tok: Tok, current: i64, slot: usize, high_water: bool) -> Option<i64> {
+        match tok {
+            Tok::Current => Some(current),
+            Tok::Stale(d) => Some(current.saturating_sub(d as i64).max(0)),
+            Tok::Future(d) => Some(current.saturating_add(d as i64)),
+            Tok::Previous => {
+                let older = INITIAL_TOKENS
+                    .get(slot)
+                    .copied()
+                    .into_iter()
+                    .chain(self.bump_log.iter().filter(|(_, sl, _)| *sl == slot).map(|(_, _, t)| *t))
+                    .filter(|t| *t < current && !high_water)
+                    .max();
+                Some(older.unwrap_or_else(|| current.saturating_sub(1).max(0)))
+            }
+            Tok::Missing => None,
+        }
+    }
+
+    /// The slot's owner token as committed now (None: no owner row).
+    fn committed_token(&self, slot: usize) -> Option<i64> {
+        self.committed_owners().into_iter().find(|(sl, _)| *sl == slot).map(|(_, t)| t)
+    }
+
+    /// ATTACH PARTITION committed: its rows are committed fenced rows now.
+    fn attach(&mut self, part: u32, rows: &[(i64, FRow)]) {
+        self.seq += 1;
+        for (id, row) in rows {
+            self.row_floor.insert(*id, self.floor_of(row.tab.scope(), row.slot));
+            self.rows.entry(*id).or_default().0.push((self.seq, Some(row.clone())));
+        }
+        self.detached.remove(&part);
+    }
+
+    /// DETACH PARTITION committed: its rows leave the fenced table.
+    fn detach(&mut self, part: u32) {
+        self.seq += 1;
+        let seq = self.seq;
+        let mut gone = Vec::new();
+        for (id, v) in self.rows.iter_mut() {
+            if let Some(row) = v.latest().filter(|r| r.part == part) {
+                v.0.push((seq, None));
+                gone.push((*id, row));
+            }
+        }
+        self.detached.insert(part, gone);
     }
 
     // -- effects --
@@ -1541,6 +1976,18 @@ impl Model {
             Effect::NewOwner(f) => {
                 self.sessions[s].txn.as_mut().expect("txn").frame = *f;
                 self.next_rid += 1;
+            }
+            Effect::Acquire { mut frame, rid, slot, host, above } => {
+                let t = self.acquired.take().ok_or("lease.acquire returned no token")?;
+                if t <= above {
+                    return Err(format!(
+                        "INVARIANT: lease.acquire issued token {t} for slot {slot}, not above {above} \
+                         (a token issued or stored for this resource before)"
+                    ));
+                }
+                frame.owners.insert(rid, Some((slot, t)));
+                frame.leases.insert(slot, (host, t));
+                self.sessions[s].txn.as_mut().expect("txn").frame = *frame;
             }
             Effect::Begin(iso) => {
                 let mut txn = Txn {
@@ -1607,6 +2054,9 @@ impl Model {
         for (key, tok) in &f.marks {
             self.marks.entry(*key).or_default().0.push((seq, Some(*tok)));
         }
+        for (slot, lease) in &f.leases {
+            self.leases.entry(*slot).or_default().0.push((seq, Some(*lease)));
+        }
         self.sessions[s].role = f.session_role;
         if violations.is_empty() {
             Ok(())
@@ -1642,6 +2092,17 @@ impl Model {
         }
     }
 
+    /// After lease.acquire: the session's reading of the owner rows must be
+    /// the model's exactly (the owner row holds the issued token).
+    fn verify(&self, s: usize, db: &BTreeSet<(usize, i64)>) -> Result<(), String> {
+        let mine = self.owner_view(s, &self.txn(s).frame);
+        if &mine == db {
+            Ok(())
+        } else {
+            Err(format!("OWNER ROWS DO NOT HOLD THE ISSUED TOKEN: the session sees {db:?}; model: {mine:?}"))
+        }
+    }
+
     fn committed_owners(&self) -> BTreeSet<(usize, i64)> {
         self.owners.values().filter_map(|v| v.latest()).collect()
     }
@@ -1653,15 +2114,6 @@ impl Model {
 
 fn show(t: Option<i64>) -> String {
     t.map_or_else(|| "none".to_owned(), |t| t.to_string())
-}
-
-fn resolve(tok: Tok, current: i64) -> Option<i64> {
-    match tok {
-        Tok::Current => Some(current),
-        Tok::Stale(d) => Some((current - d as i64).max(0)),
-        Tok::Future(d) => Some(current + d as i64),
-        Tok::Missing => None,
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1738,6 +2190,12 @@ struct Runner<'a> {
     setup: Vec<String>,
     lines: Vec<Line>,
     stats: &'a mut Stats,
+    /// Partitions of the fenced table created by ATTACH steps (Tamper family).
+    next_part: u32,
+    attached: Vec<u32>,
+    /// Highest committed owner token seen per slot (Tamper family: owner
+    /// tokens only rise).
+    owner_seen: BTreeMap<usize, i64>,
 }
 
 type StepResult = Result<(), String>;
@@ -1826,7 +2284,14 @@ impl Runner<'_> {
             }
             Prim::SetRole { role: Role::Me, local: true } => "SET LOCAL ROLE NONE".to_owned(),
             Prim::SetRole { role: Role::Me, local: false } => "RESET ROLE".to_owned(),
-            Prim::Ddl { sql, .. } => sql.clone(),
+            Prim::Ddl { sql, .. } | Prim::Tamper { sql, .. } => sql.clone(),
+            Prim::Acquire { slot, form, host } => format!(
+                "SELECT token, expires_at FROM lease.acquire('{}:{slot}', 'h{host}', {LEASE_TTL_MS}, '{}', ARRAY[{}])",
+                n.base_schema,
+                n.owners(),
+                key.literals(*slot, *form).iter().map(|l| format!("({l})::text")).collect::<Vec<_>>().join(", ")
+            ),
+            Prim::Verify => self.render(&Prim::Resync),
         }
     }
 
@@ -1842,7 +2307,15 @@ impl Runner<'_> {
         let eval = self.model.eval(who, &p);
         let sql = self.render(&p);
         let mut resync_rows = None;
-        let result = if matches!(p, Prim::Resync) {
+        let mut acquired = None;
+        let result = if let Prim::Acquire { .. } = p {
+            self.conn(who).simple_query(&sql).map(|msgs| {
+                acquired = msgs.iter().find_map(|m| match m {
+                    SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse::<i64>().ok()),
+                    _ => None,
+                });
+            })
+        } else if matches!(p, Prim::Resync | Prim::Verify) {
             self.conn(who).simple_query(&sql).map(|msgs| {
                 let rows: BTreeSet<(Option<usize>, Option<i64>)> = msgs
                     .iter()
@@ -1866,7 +2339,13 @@ impl Runner<'_> {
             },
         };
         self.stats.statements += 1;
-        *self.stats.outcomes.entry(if code.is_empty() { "ok".to_owned() } else { code.clone() }).or_default() += 1;
+        let outcome = if code.is_empty() { "ok".to_owned() } else { code.clone() };
+        let outcome = match p {
+            Prim::Tamper { .. } => format!("ddl {outcome}"),
+            Prim::Acquire { .. } => format!("acquire {outcome}"),
+            _ => outcome,
+        };
+        *self.stats.outcomes.entry(outcome).or_default() += 1;
         let allowed = eval.allows(&code);
         let got = if code.is_empty() { "ok".to_owned() } else { format!("{code} {message}") };
         let expected =
@@ -1892,6 +2371,10 @@ impl Runner<'_> {
             return Err(format!("{kind}: {who:?} `{sql}`: expected {expected}, got {got}"));
         }
         let succeeded = result.is_ok();
+        self.model.acquired = acquired;
+        if let Some(t) = acquired {
+            self.lines.last_mut().expect("line").got += &format!(" -- token {t}");
+        }
         self.model.apply(who, eval.effect, succeeded, &p)?;
         if let (Who::S(s), Some(rows)) = (who, resync_rows) {
             let mut db = BTreeSet::new();
@@ -1903,7 +2386,9 @@ impl Runner<'_> {
                     other => return Err(format!("owner row with an unknown key or no token: {other:?}")),
                 }
             }
-            if let Some(note) = self.model.resync(s, &db)? {
+            if matches!(p, Prim::Verify) {
+                self.model.verify(s, &db)?;
+            } else if let Some(note) = self.model.resync(s, &db)? {
                 self.lines.last_mut().expect("line").got += &format!(" -- {note}");
             }
         }
@@ -1979,7 +2464,7 @@ impl Runner<'_> {
             Step::Bump { s, slot, form, change } => self.in_txn(s, |r| {
                 let cur = r.model.current_token(s, Tab::Fenced, slot);
                 let new = match change {
-                    Change::Raise(d) => Some(cur + d as i64),
+                    Change::Raise(d) => Some(cur.saturating_add(d as i64)),
                     Change::Same => Some(cur),
                     Change::Lower(d) => Some(cur - d as i64),
                     Change::Null => None,
@@ -2021,7 +2506,7 @@ impl Runner<'_> {
             Step::Truncate { s, rel } => self.in_txn(s, |r| r.prim(Who::S(s), Prim::Truncate(rel)).map(|_| ()))?,
             Step::SessionToken { s, tab, slot, tok, via } => {
                 if !self.model.in_txn(s) {
-                    let token = resolve(tok, self.model.current_token(s, tab, slot));
+                    let token = self.model.resolve_tok(s, tab, slot, tok);
                     match via {
                         SessionVia::Set => {
                             self.prim(Who::S(s), Prim::SessionToken { token, set_config: false })?;
@@ -2044,6 +2529,18 @@ impl Runner<'_> {
                 }
             }
             Step::Rename(ddl) => self.rename(ddl)?,
+            Step::Acquire { s, slot, form, host } => self.in_txn(s, |r| {
+                r.set_timezone(s, form)?;
+                if r.prim(Who::S(s), Prim::Acquire { slot, form, host })? {
+                    r.prim(Who::S(s), Prim::Verify)?;
+                }
+                Ok(())
+            })?,
+            Step::InsertOwnerExtreme { s, slot, which } => self.in_txn(s, |r| {
+                let token = EXTREME_TOKENS[which as usize % EXTREME_TOKENS.len()];
+                r.owner_change(s, Prim::InsertOwner { slot, form: 0, token }).map(|_| ())
+            })?,
+            Step::Tamper(t) => self.tamper(t)?,
         }
         Ok(())
     }
@@ -2072,7 +2569,7 @@ impl Runner<'_> {
         };
         self.in_txn(s, |r| {
             r.set_timezone(s, form)?;
-            let token = resolve(tok, r.model.current_token(s, tab, slot));
+            let token = r.model.resolve_tok(s, tab, slot, tok);
             if tab.bound() || matches!(op, Op::Delete) {
                 if let Some(token) = token {
                     let set_local = matches!(bind, BindVia::SetLocal);
@@ -2148,6 +2645,167 @@ impl Runner<'_> {
         Ok(())
     }
 
+    fn tamper_ddl(
+        &mut self,
+        sql: String,
+        locks: Vec<Rel>,
+        ok: bool,
+        errs: &[&'static str],
+        why: &str,
+    ) -> Result<bool, String> {
+        self.prim(Who::Admin, Prim::Tamper { sql, locks, ok, errs: errs.to_vec(), why: why.to_owned() })
+    }
+
+    fn tamper(&mut self, t: Tamper) -> StepResult {
+        self.names.renames += 1;
+        let n = self.names.renames;
+        let schema = self.names.schema.clone();
+        let fenced = self.names.tab(Tab::Fenced);
+        let owners = self.names.owners();
+        let key = self.key;
+        let fenced_rels = vec![Rel::T(Tab::Fenced)];
+        match t {
+            Tamper::Retype { owners: on_owners, key: on_key } => {
+                let (rel, table) = if on_owners { (Rel::Owners, &owners) } else { (Rel::T(Tab::Fenced), &fenced) };
+                let (col, ty, expr) = if on_key {
+                    // Swap two resources' key values (a re-key without a trigger).
+                    let (c, ty) = key.columns()[0];
+                    let other = if key == KeyType::Composite { 2 } else { 1 };
+                    let (a, b) = (&key.literals(0, 0)[0], &key.literals(other, 0)[0]);
+                    (c, ty, format!("CASE WHEN {c} = {a} THEN {b} WHEN {c} = {b} THEN {a} ELSE {c} END"))
+                } else {
+                    ("tok", "bigint", "tok - 1".to_owned())
+                };
+                let sql = format!("ALTER TABLE {table} ALTER COLUMN {col} TYPE {ty} USING {expr}");
+                // The owner table is hash-partitioned on its key: 42P16 first.
+                let errs: &[&str] = if on_owners && on_key { &[TAMPERING, "42P16"] } else { &[TAMPERING] };
+                self.tamper_ddl(sql, vec![rel], false, errs, "a same-type rewrite of a fenced column")?;
+            }
+            Tamper::AlterOther { owners: on_owners } => {
+                let (rel, sql) = if on_owners {
+                    (Rel::Owners, format!("ALTER TABLE {owners} ALTER COLUMN note TYPE int USING note + 1"))
+                } else {
+                    (Rel::T(Tab::Fenced), format!("ALTER TABLE {fenced} ALTER COLUMN v TYPE int USING v + 1"))
+                };
+                self.tamper_ddl(sql, vec![rel], true, &[], "the column is not fenced")?;
+            }
+            Tamper::FenceTrigger { late, change } => {
+                let body = match change {
+                    FenceMod::TokMinus(d) => format!("NEW.tok := NEW.tok - {d};"),
+                    FenceMod::Rekey(slot) => key
+                        .column_names()
+                        .iter()
+                        .zip(key.literals(slot, 0))
+                        .map(|(c, l)| format!("NEW.{c} := {l};"))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                };
+                let name = if late { format!("zz_t{n:03}") } else { format!("a_t{n:03}") };
+                let sql = format!(
+                    "CREATE FUNCTION {schema}.tf{n}() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN {body} RETURN NEW; END $f$; \
+                     CREATE TRIGGER {name} BEFORE INSERT OR UPDATE ON {fenced} FOR EACH ROW EXECUTE FUNCTION {schema}.tf{n}()"
+                );
+                let why = if late { "named to run after pg_lease_fence" } else { "runs before the fence" };
+                let errs: &[&str] = if late { &[TAMPERING] } else { &[] };
+                if self.tamper_ddl(sql, fenced_rels, !late, errs, why)? {
+                    self.model.fence_mods.push(change);
+                }
+            }
+            Tamper::OwnerTrigger { late, change } => {
+                let body = match change {
+                    OwnerMod::Plus => "NEW.tok := NEW.tok + 1;",
+                    OwnerMod::KeepOld => "NEW.tok := OLD.tok;",
+                    OwnerMod::Minus => "NEW.tok := NEW.tok - 2;",
+                };
+                let name = if late { format!("zz_t{n:03}") } else { format!("a_t{n:03}") };
+                let sql = format!(
+                    "CREATE FUNCTION {schema}.tf{n}() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN {body} RETURN NEW; END $f$; \
+                     CREATE TRIGGER {name} BEFORE UPDATE ON {owners} FOR EACH ROW EXECUTE FUNCTION {schema}.tf{n}()"
+                );
+                let why = if late { "named to run after pg_lease_owner_guard" } else { "runs before the owner guard" };
+                let errs: &[&str] = if late { &[TAMPERING] } else { &[] };
+                if self.tamper_ddl(sql, vec![Rel::Owners], !late, errs, why)? {
+                    self.model.owner_mods.push(change);
+                }
+            }
+            Tamper::ReplaceGuard { owners: on_owners } => {
+                let (rel, table, trigger) = if on_owners {
+                    (Rel::Owners, &owners, "pg_lease_owner_guard")
+                } else {
+                    (Rel::T(Tab::Fenced), &fenced, "pg_lease_fence")
+                };
+                let sql = format!(
+                    "CREATE FUNCTION {schema}.noop{n}() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN RETURN NEW; END $f$; \
+                     CREATE OR REPLACE TRIGGER {trigger} BEFORE INSERT OR UPDATE OR DELETE ON {table} \
+                     FOR EACH ROW EXECUTE FUNCTION {schema}.noop{n}()"
+                );
+                self.tamper_ddl(sql, vec![rel], false, &[TAMPERING], "replaces a pg_lease trigger")?;
+            }
+            Tamper::Rule => {
+                let sql = format!("CREATE RULE r{n} AS ON UPDATE TO {owners} DO INSTEAD NOTHING");
+                if self.tamper_ddl(sql, vec![Rel::Owners], true, &[TAMPERING], "a rule; acquire must then refuse")? {
+                    self.model.owner_rule = true;
+                }
+            }
+            Tamper::Attach { slot, tok, partitioned, reattach } => {
+                let (part, rows) = match self.model.detached.iter().next() {
+                    Some((part, rows)) if reattach => (*part, rows.clone()),
+                    _ => {
+                        self.next_part += 1;
+                        let part = self.next_part;
+                        let token = self.model.resolve(
+                            tok,
+                            self.model.committed_token(slot).unwrap_or(BASE_TOKEN),
+                            slot,
+                            false,
+                        );
+                        self.next_id += 1;
+                        let id = self.next_id;
+                        let table = format!("{schema}.att{part}");
+                        let create = if partitioned {
+                            format!(
+                                "CREATE TABLE {table} (LIKE {fenced} INCLUDING DEFAULTS) PARTITION BY LIST (id); \
+                                 CREATE TABLE {table}_all PARTITION OF {table} DEFAULT"
+                            )
+                        } else {
+                            format!("CREATE TABLE {table} (LIKE {fenced} INCLUDING DEFAULTS)")
+                        };
+                        let sql = format!(
+                            "{create}; INSERT INTO {table} (id, part, {}, tok) VALUES ({id}, {part}, {}, {})",
+                            key.column_names().join(", "),
+                            key.literals(slot, 0).join(", "),
+                            token.map_or_else(|| "NULL".to_owned(), |t| t.to_string())
+                        );
+                        self.tamper_ddl(sql, vec![], true, &[], "a table outside the fence")?;
+                        (part, vec![(id, FRow { tab: Tab::Fenced, slot, tok: token, part })])
+                    }
+                };
+                let fresh = rows.iter().all(|(_, r)| r.tok.is_some() && r.tok == self.model.committed_token(r.slot));
+                let why = if fresh {
+                    "every row carries its owner row's current token".to_owned()
+                } else {
+                    format!("rows the fence would refuse: {rows:?}")
+                };
+                let sql = format!("ALTER TABLE {fenced} ATTACH PARTITION {schema}.att{part} FOR VALUES IN ({part})");
+                let errs: &[&str] = if fresh { &[] } else { &[TAMPERING] };
+                if self.tamper_ddl(sql, vec![Rel::T(Tab::Fenced), Rel::Owners], fresh, errs, &why)? {
+                    self.model.attach(part, &rows);
+                    self.attached.push(part);
+                }
+            }
+            Tamper::Detach => {
+                if let Some(part) = self.attached.last().copied() {
+                    let sql = format!("ALTER TABLE {fenced} DETACH PARTITION {schema}.att{part}");
+                    if self.tamper_ddl(sql, fenced_rels, true, &[], "the partition leaves the fence")? {
+                        self.model.detach(part);
+                        self.attached.pop();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The committed data in the cluster must be the model's, and every
     /// committed fenced row's token must be at least its resource's highest
     /// token committed before it.
@@ -2187,6 +2845,15 @@ impl Runner<'_> {
             }
         }
         let mut problems = Vec::new();
+        if self.model.strict {
+            for (slot, tok) in &owners {
+                let seen = self.owner_seen.entry(*slot).or_insert(*tok);
+                if tok < seen {
+                    problems.push(format!("INVARIANT: the owner token of slot {slot} went down from {seen} to {tok}"));
+                }
+                *seen = (*seen).max(*tok);
+            }
+        }
         for ((tab, id), (slot, tok)) in &fenced {
             let floor = self.model.row_floor.get(id).copied().unwrap_or(i64::MIN);
             if tok.is_none_or(|t| t < floor) {
@@ -2235,6 +2902,11 @@ impl Runner<'_> {
         let _ = writeln!(
             out,
             "DO $$ BEGIN CREATE ROLE {} NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;",
+            self.role
+        );
+        let _ = writeln!(
+            out,
+            "GRANT EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]) TO {};",
             self.role
         );
         for s in &self.setup {
@@ -2316,7 +2988,8 @@ impl FamilyEnv {
             .batch_execute(&format!(
                 "SET jit = off;
                  CREATE COLLATION public.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
-                 DROP ROLE IF EXISTS {role}; CREATE ROLE {role} NOLOGIN;"
+                 DROP ROLE IF EXISTS {role}; CREATE ROLE {role} NOLOGIN;
+                 GRANT EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]) TO {role};"
             ))
             .expect("family setup (needs ICU)");
         FamilyEnv {
@@ -2340,11 +3013,32 @@ impl FamilyEnv {
             .enumerate()
             .map(|(slot, tok)| format!("({}, {tok})", key.literals(slot, 0).join(", ")))
             .collect();
-        let mut sql = vec![
-            format!("CREATE SCHEMA {schema}"),
-            format!("CREATE TABLE {schema}.owners ({cols}, tok bigint, PRIMARY KEY ({keys})) {opts}"),
-        ];
+        let tamper = self.family == Family::Tamper;
+        let mut sql = vec![format!("CREATE SCHEMA {schema}")];
+        if tamper {
+            // Owner rows hash-partitioned on their key (key moves route
+            // between partitions), a `note` column pg_lease does not guard,
+            // and the fenced table list-partitioned (ATTACH/DETACH steps).
+            sql.extend([
+                format!(
+                    "CREATE TABLE {schema}.owners ({cols}, tok bigint, note int NOT NULL DEFAULT 0, PRIMARY KEY ({keys})) \
+                     PARTITION BY HASH ({keys})"
+                ),
+                format!("CREATE TABLE {schema}.owners_h0 PARTITION OF {schema}.owners FOR VALUES WITH (MODULUS 2, REMAINDER 0) {opts}"),
+                format!("CREATE TABLE {schema}.owners_h1 PARTITION OF {schema}.owners FOR VALUES WITH (MODULUS 2, REMAINDER 1) {opts}"),
+                format!(
+                    "CREATE TABLE {schema}.fenced (id bigint, part int NOT NULL DEFAULT 0, {cols}, tok bigint, \
+                     v int NOT NULL DEFAULT 0, PRIMARY KEY (id, part)) PARTITION BY LIST (part)"
+                ),
+                format!("CREATE TABLE {schema}.fenced_p0 PARTITION OF {schema}.fenced FOR VALUES IN (0) {opts}"),
+            ]);
+        } else {
+            sql.push(format!("CREATE TABLE {schema}.owners ({cols}, tok bigint, PRIMARY KEY ({keys})) {opts}"));
+        }
         for tab in ALL_TABS {
+            if tamper && tab == Tab::Fenced {
+                continue;
+            }
             let token = if tab.bound() { "seen bigint DEFAULT lease.bound_token()" } else { "tok bigint" };
             sql.push(format!(
                 "CREATE TABLE {schema}.{} (id bigint PRIMARY KEY, {cols}, {token}, v int NOT NULL DEFAULT 0) {opts}",
@@ -2374,7 +3068,12 @@ impl FamilyEnv {
             format!(
                 "GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.fenced, {schema}.fenced_b, {schema}.hw, {schema}.hw_b TO {role}"
             ),
-            format!("GRANT SELECT ON {schema}.owners TO {role}"),
+            if tamper {
+                // The application role writes owner rows (bounded by the guard).
+                format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.owners TO {role}")
+            } else {
+                format!("GRANT SELECT ON {schema}.owners TO {role}")
+            },
         ]);
         sql
     }
@@ -2409,7 +3108,11 @@ impl FamilyEnv {
             setup,
             lines: Vec::new(),
             stats: &mut stats,
+            next_part: 0,
+            attached: Vec::new(),
+            owner_seen: BTreeMap::new(),
         };
+        runner.model.strict = self.family == Family::Tamper;
         let mut outcome = Ok(());
         for (i, step) in case.steps.iter().enumerate() {
             if let Err(e) = runner.step(step).and_then(|_| runner.check_committed()) {
@@ -2511,4 +3214,9 @@ fn a_session_token_never_outlives_its_transaction() {
 #[test]
 fn catalog_drift_never_redirects_the_fence() {
     run_family(Family::CatalogDrift);
+}
+
+#[test]
+fn tampering_between_steps_never_lets_a_stale_write_commit() {
+    run_family(Family::Tamper);
 }

@@ -82,6 +82,8 @@ DECLARE
     binding record;
     owner_row bigint[];
     owner_token bigint;
+    landed bigint;
+    detail text;
     new_token bigint;
 BEGIN
     IF p_name IS NULL OR p_owner IS NULL OR length(p_name) > 256 OR length(p_owner) > 256
@@ -153,8 +155,21 @@ BEGIN
                   DETAIL = 'Fencing tokens are bigints; this resource''s token is at the top of their range.';
     END IF;
     new_token := greatest(stored, epoch << 40) + 1;
-    IF p_owner_table IS NOT NULL
-       AND lease._set_owner_token(p_owner_table, p_owner_key, new_token) IS DISTINCT FROM new_token THEN
+    IF p_owner_table IS NOT NULL THEN
+        BEGIN
+            landed := lease._set_owner_token(p_owner_table, p_owner_key, new_token);
+        EXCEPTION WHEN internal_error THEN
+            -- The owner guard's LF004 (a trigger on the owner table lowered
+            -- the bump) comes back from the Rust call as XX000: raise it again
+            -- with its own code.
+            IF SQLERRM LIKE 'FencingTokenRegression: %' THEN
+                GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
+                PERFORM lease._raise('FencingTokenRegression', substr(SQLERRM, 25), detail);
+            END IF;
+            RAISE;
+        END;
+    END IF;
+    IF p_owner_table IS NOT NULL AND landed IS DISTINCT FROM new_token THEN
         -- A trigger or rule on the owner table swallowed or changed the bump:
         -- the old holder's token would still be current.
         PERFORM lease._raise('FenceTampering',

@@ -110,19 +110,32 @@ pub fn lock_owner_row(owner_table: pg_sys::Oid, owner_key: Vec<Option<String>>) 
 pub fn set_owner_token(owner_table: pg_sys::Oid, owner_key: Vec<Option<String>>, token: i64) -> Option<i64> {
     let (keys, column) = binding(owner_table);
     as_table_owner(owner_table, || {
-        let mut args = key_args(&keys, &owner_key);
-        args.push(token.into());
-        let sql = format!(
-            "UPDATE {} o SET {} = ${} WHERE {} RETURNING o.{}::pg_catalog.int8",
+        let args = key_args(&keys, &owner_key);
+        let mut update_args = key_args(&keys, &owner_key);
+        update_args.push(token.into());
+        // No RETURNING: Postgres refuses it on a table with a DO INSTEAD rule,
+        // which must read as "the bump did not land", not as an error.
+        let update = format!(
+            "UPDATE {} o SET {} = ${} WHERE {}",
             display(owner_table),
             quote_ident(&column),
             keys.len() + 1,
-            key_match(&keys),
-            quote_ident(&column)
+            key_match(&keys)
+        );
+        let read = format!(
+            "SELECT o.{}::pg_catalog.int8 FROM {} o WHERE {}",
+            quote_ident(&column),
+            display(owner_table),
+            key_match(&keys)
         );
         Spi::connect_mut(|client| {
-            let rows = client.update(sql.as_str(), None, &args).unwrap_or_else(|e| error!("pg_lease: {e}"));
-            if rows.len() != 1 {
+            let written =
+                client.update(update.as_str(), None, &update_args).unwrap_or_else(|e| error!("pg_lease: {e}"));
+            if written.len() != 1 {
+                return None;
+            }
+            let rows = client.update(read.as_str(), None, &args).unwrap_or_else(|e| error!("pg_lease: {e}"));
+            if rows.is_empty() {
                 None
             } else {
                 rows.first().get_one::<i64>().unwrap_or_else(|e| error!("pg_lease: {e}"))

@@ -170,8 +170,9 @@ fn a_token_lost_in_failover_after_a_restore_is_never_issued_twice() {
     ))
     .unwrap();
     let dump = std::env::temp_dir().join(format!("pg_lease_epoch_{}.sql", std::process::id()));
+    let old_port = old.port.to_string();
     let status = Command::new("pg_dump")
-        .args(["-h", "127.0.0.1", "-p", "54441", "-U", "postgres", "-f"])
+        .args(["-h", "127.0.0.1", "-p", &old_port, "-U", "postgres", "-f"])
         .arg(&dump)
         .arg("postgres")
         .status()

@@ -183,6 +183,7 @@ fn a_token_lost_in_failover_after_a_restore_is_never_issued_twice() {
 
     // Restored into a new cluster (timeline 1), with an async standby.
     let primary = Cluster::start("dur_epoch_primary", 54442);
+    let primary_port = primary.port.to_string();
     let status = Command::new("psql")
         .args([
             "-X",
@@ -192,7 +193,7 @@ fn a_token_lost_in_failover_after_a_restore_is_never_issued_twice() {
             "-h",
             "127.0.0.1",
             "-p",
-            "54442",
+            &primary_port,
             "-U",
             "postgres",
             "-d",

@@ -124,7 +124,7 @@ pub struct Cluster {
 /// suites on one machine at once (`PG_LEASE_PORT_OFFSET`, default 0). An
 /// offset such as 6600 also lifts the ports above Linux's ephemeral range
 /// (32768-60999), where a busy machine's client sockets can hold them.
-fn port_offset() -> u16 {
+pub fn port_offset() -> u16 {
     std::env::var("PG_LEASE_PORT_OFFSET").ok().and_then(|p| p.parse().ok()).unwrap_or(0)
 }
 

@@ -26,8 +26,15 @@ const HOSTS: i32 = 3;
 const PLAYERS: i32 = 12;
 const CHIPS: i64 = 1_000_000;
 const TTL_MS: i32 = 1_500;
-const PRIMARY_PORT: u16 = 61070;
-const STANDBY_PORT: u16 = 61071;
+/// The servers' base ports; `Cluster` adds `PG_LEASE_PORT_OFFSET` to them.
+const PRIMARY_BASE: u16 = 54470;
+const STANDBY_BASE: u16 = 54471;
+fn primary_port() -> u16 {
+    PRIMARY_BASE + pg_lease_sessions::port_offset()
+}
+fn standby_port() -> u16 {
+    STANDBY_BASE + pg_lease_sessions::port_offset()
+}
 
 fn now_us() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
@@ -69,8 +76,10 @@ fn main() {
 fn conninfo(app: &str) -> String {
     // Both servers; libpq-style failover to whichever accepts writes.
     format!(
-        "host=127.0.0.1,127.0.0.1 port={PRIMARY_PORT},{STANDBY_PORT} user=postgres dbname=postgres \
-         target_session_attrs=read-write connect_timeout=2 application_name={app}"
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres \
+         target_session_attrs=read-write connect_timeout=2 application_name={app}",
+        primary_port(),
+        standby_port()
     )
 }
 
@@ -374,9 +383,9 @@ fn orchestrate(args: &[String]) -> i32 {
     // Server clocks follow this file (libfaketime), so jumps need no restart.
     std::env::set_var("PG_LEASE_FAKETIME_FILE", &clock);
 
-    let mut primary = Cluster::start_with("chaos_a", PRIMARY_PORT, &["pg_lease.audit_flush_ms = 50"]);
+    let mut primary = Cluster::start_with("chaos_a", PRIMARY_BASE, &["pg_lease.audit_flush_ms = 50"]);
     {
-        let mut c = connect(PRIMARY_PORT);
+        let mut c = connect(primary_port());
         c.batch_execute(&format!(
             "CREATE EXTENSION pg_lease;
              CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint NOT NULL);
@@ -393,7 +402,7 @@ fn orchestrate(args: &[String]) -> i32 {
             c.batch_execute("SELECT lease.protect('payouts', '{table_id}', 'fencing_token')").unwrap();
         }
     }
-    let mut standby = Some(Cluster::standby_of(&primary, "chaos_b", STANDBY_PORT));
+    let mut standby = Some(Cluster::standby_of(&primary, "chaos_b", STANDBY_BASE));
 
     let mut run = Run { dir: dir.clone(), hosts: Vec::new(), retired: Vec::new(), incarnations: 0 };
     for h in 0..HOSTS {
@@ -410,7 +419,7 @@ fn orchestrate(args: &[String]) -> i32 {
     sleep(Duration::from_secs(2));
     while Instant::now() < deadline {
         sleep(Duration::from_millis(1_000 + rng.below(2_500)));
-        let current_port = if failed_over_at.is_some() { STANDBY_PORT } else { PRIMARY_PORT };
+        let current_port = if failed_over_at.is_some() { standby_port() } else { primary_port() };
         match rng.below(100) {
             0..=24 => {
                 // Deploy overlap: a new process of the same host revives its tables
@@ -472,7 +481,7 @@ fn orchestrate(args: &[String]) -> i32 {
     }
     faketime_offset(&clock, 0);
 
-    let port = if failed_over_at.is_some() { STANDBY_PORT } else { PRIMARY_PORT };
+    let port = if failed_over_at.is_some() { standby_port() } else { primary_port() };
     let mut c = connect(port);
     // Let the audit queue drain before counting.
     let drain_deadline = Instant::now() + Duration::from_secs(20);

@@ -250,16 +250,19 @@ fn host(args: &[String]) {
                         log(format!("refused {} {hand} {token} {code} {pid} {}", t.id, now_us()));
                         t.fenced = true;
                     }
-                    Some(code) => {
+                    Some(code) if code != "57P01" => {
                         // Serialization failures, deadlocks, a read-only server mid-failover: retry later.
-                        if !matches!(code, "40001" | "40P01" | "25006" | "57P01" | "LF006") {
+                        if !matches!(code, "40001" | "40P01" | "25006" | "LF006") {
                             eprintln!("chaos host {id}: hand failed: {e}");
                         }
                         t.retry_at = Instant::now() + Duration::from_millis(50);
                     }
-                    None => {
-                        // Connection lost: the outcome of the last hand is unknown. Reload the
-                        // table (and its hand number) through a fresh acquire.
+                    // Connection lost, or the backend terminated (57P01) — possibly
+                    // after its COMMIT was durable: the outcome of the last hand is
+                    // unknown. Reload the table (and its hand number) through a fresh
+                    // acquire; retrying the hand with the same token could pay it twice
+                    // (seen once in a CI-sized run with a backend kill).
+                    None | Some(_) => {
                         log(format!("unknown {} {hand} {token} {}", t.id, now_us()));
                         t.token = None;
                         reconnect = true;

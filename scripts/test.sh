@@ -26,6 +26,8 @@ scripts/setup.sh
 echo "== lint"
 cargo fmt --check
 cargo clippy --quiet --all-targets --features pg_test -- -D warnings
+cargo fmt --check --manifest-path tests/sessions/Cargo.toml
+cargo clippy --quiet --manifest-path tests/sessions/Cargo.toml --all-targets -- -D warnings
 
 echo "== pgrx tests (in-process)"
 mkdir -p "$SCRATCH"; chown postgres: "$SCRATCH"

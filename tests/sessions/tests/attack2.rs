@@ -18,11 +18,12 @@
 //!    transaction's snapshot: under REPEATABLE READ it misses owner rows
 //!    committed after the snapshot, which then leave the owner table with
 //!    their tokens (tokens start over).
-//! 3./4. The DDL guard gives new partitions no TRUNCATE guard when pg_lease's
-//!    row trigger on the root was (re)written in the same transaction, which
-//!    any table owner can do with CREATE OR REPLACE TRIGGER of the identical
-//!    trigger: a fenced partition can then be truncated, and an owner
-//!    partition truncated or detached, so owner tokens start over.
+//! 3. (and 4.) The DDL guard gives new partitions no TRUNCATE guard when
+//!    pg_lease's row trigger on the root was (re)written in the same
+//!    transaction, which any table owner can do with CREATE OR REPLACE
+//!    TRIGGER of the identical trigger: a fenced partition can then be
+//!    truncated, and an owner partition truncated or detached, so owner
+//!    tokens start over.
 //! 5. ATTACH PARTITION of an owner partition brings owner tokens above the
 //!    2^62 - 1 cap, so lease.acquire can no longer issue a token.
 //! 6. DETACH PARTITION ... CONCURRENTLY of an owner partition is refused only

@@ -468,11 +468,11 @@ fn orchestrate(args: &[String]) -> i32 {
                 *faults.entry("server crash + restart").or_default() += 1;
             }
             _ => {
-                if failed_over_at.is_none() && standby.is_some() {
+                if let (None, Some(new_primary)) = (failed_over_at, standby.as_ref()) {
                     // The primary dies; the asynchronous standby (maybe behind) is promoted.
                     server_deaths.push(now_us());
                     primary.crash();
-                    standby.as_ref().unwrap().promote();
+                    new_primary.promote();
                     failed_over_at = Some(now_us());
                     *faults.entry("standby promotion").or_default() += 1;
                 }

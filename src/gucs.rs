@@ -9,15 +9,12 @@ thread_local! {
     /// The parsed value of `pg_lease.token`, kept in step by the assign hook so
     /// the per-row fence never parses a string.
     static BOUND_TOKEN: Cell<Option<i64>> = const { Cell::new(None) };
+    /// `pg_lease.token`'s own GUC record, found once after it is defined.
+    static TOKEN_GUC: Cell<*const pg_sys::config_generic> = const { Cell::new(std::ptr::null()) };
 }
 
 /// Backing storage Postgres writes the raw `pg_lease.token` string into.
 static mut TOKEN_RAW: *mut c_char = std::ptr::null_mut();
-
-thread_local! {
-    /// `pg_lease.token`'s own GUC record, found once after it is defined.
-    static TOKEN_GUC: Cell<*const pg_sys::config_generic> = const { Cell::new(std::ptr::null()) };
-}
 
 /// Record refusals in `lease.rejected_writes` (needs preload).
 pub static AUDIT: GucSetting<bool> = GucSetting::<bool>::new(true);

@@ -5,7 +5,7 @@
 //! constraints and casts on a user's owner table never run with more than that
 //! user's rights.
 
-use crate::fence::pg::{as_table_owner, display, quote_ident};
+use crate::fence::pg::{as_table_owner, attribute, display, key_match, quote_ident};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use std::ffi::CString;
@@ -29,15 +29,9 @@ fn binding(owner: pg_sys::Oid) -> (Vec<(String, pg_sys::Oid)>, String) {
     let keys = keys
         .into_iter()
         .map(|name| {
-            let cname = CString::new(name.clone()).expect("no NUL in column names");
-            // SAFETY: syscache lookups of an existing relation's column.
-            let typid = unsafe {
-                let attnum = pg_sys::get_attnum(owner, cname.as_ptr());
-                if attnum <= 0 {
-                    error!("pg_lease: owner key column \"{name}\" of {} does not exist", display(owner));
-                }
-                pg_sys::get_atttype(owner, attnum)
-            };
+            let (_, typid) = attribute(owner, &name).unwrap_or_else(|| {
+                error!("pg_lease: owner key column \"{name}\" of {} does not exist", display(owner))
+            });
             (name, typid)
         })
         .collect();
@@ -46,7 +40,7 @@ fn binding(owner: pg_sys::Oid) -> (Vec<(String, pg_sys::Oid)>, String) {
 
 /// The key values (text, as `lease.acquire` receives them) as datums of the
 /// key columns' types, through each type's input function.
-fn key_args(keys: &[(String, pg_sys::Oid)], key: &[Option<String>]) -> Vec<DatumWithOid<'static>> {
+fn key_datums(keys: &[(String, pg_sys::Oid)], key: &[Option<String>]) -> Vec<(pg_sys::Datum, pg_sys::Oid)> {
     if key.len() != keys.len() || key.iter().any(Option::is_none) {
         ereport!(
             ERROR,
@@ -63,19 +57,21 @@ fn key_args(keys: &[(String, pg_sys::Oid)], key: &[Option<String>]) -> Vec<Datum
             unsafe {
                 let (mut input, mut ioparam) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
                 pg_sys::getTypeInputInfo(*typid, &mut input, &mut ioparam);
-                let datum = pg_sys::OidInputFunctionCall(input, text.as_ptr() as *mut _, ioparam, -1);
-                DatumWithOid::new(datum, *typid)
+                (pg_sys::OidInputFunctionCall(input, text.as_ptr() as *mut _, ioparam, -1), *typid)
             }
         })
         .collect()
 }
 
-fn key_match(keys: &[(String, pg_sys::Oid)]) -> String {
-    keys.iter()
-        .enumerate()
-        .map(|(i, (name, _))| format!("o.{} OPERATOR(pg_catalog.=) ${}", quote_ident(name), i + 1))
-        .collect::<Vec<_>>()
-        .join(" AND ")
+/// SPI arguments over datums made by [`key_datums`] in this call.
+fn args(datums: &[(pg_sys::Datum, pg_sys::Oid)]) -> Vec<DatumWithOid<'static>> {
+    // SAFETY: the datums were palloc'd in the current memory context by
+    // key_datums and outlive the statements they are passed to.
+    datums.iter().map(|&(d, typid)| unsafe { DatumWithOid::new(d, typid) }).collect()
+}
+
+fn key_columns(keys: &[(String, pg_sys::Oid)]) -> Vec<&str> {
+    keys.iter().map(|(name, _)| name.as_str()).collect()
 }
 
 /// `lease._lock_owner_row(owner_table, owner_key)`: `SELECT token ... FOR
@@ -85,12 +81,12 @@ fn key_match(keys: &[(String, pg_sys::Oid)]) -> String {
 pub fn lock_owner_row(owner_table: pg_sys::Oid, owner_key: Vec<Option<String>>) -> Vec<Option<i64>> {
     let (keys, token) = binding(owner_table);
     as_table_owner(owner_table, || {
-        let args = key_args(&keys, &owner_key);
+        let args = args(&key_datums(&keys, &owner_key));
         let sql = format!(
             "SELECT o.{}::pg_catalog.int8 FROM {} o WHERE {} FOR UPDATE OF o",
             quote_ident(&token),
             display(owner_table),
-            key_match(&keys)
+            key_match(&key_columns(&keys))
         );
         Spi::connect_mut(|client| {
             let rows = client.update(sql.as_str(), Some(1), &args).unwrap_or_else(|e| error!("pg_lease: {e}"));
@@ -110,8 +106,8 @@ pub fn lock_owner_row(owner_table: pg_sys::Oid, owner_key: Vec<Option<String>>) 
 pub fn set_owner_token(owner_table: pg_sys::Oid, owner_key: Vec<Option<String>>, token: i64) -> Option<i64> {
     let (keys, column) = binding(owner_table);
     as_table_owner(owner_table, || {
-        let args = key_args(&keys, &owner_key);
-        let mut update_args = key_args(&keys, &owner_key);
+        let datums = key_datums(&keys, &owner_key);
+        let mut update_args = args(&datums);
         update_args.push(token.into());
         // No RETURNING: Postgres refuses it on a table with a DO INSTEAD rule,
         // which must read as "the bump did not land", not as an error.
@@ -120,13 +116,13 @@ pub fn set_owner_token(owner_table: pg_sys::Oid, owner_key: Vec<Option<String>>,
             display(owner_table),
             quote_ident(&column),
             keys.len() + 1,
-            key_match(&keys)
+            key_match(&key_columns(&keys))
         );
         let read = format!(
             "SELECT o.{}::pg_catalog.int8 FROM {} o WHERE {}",
             quote_ident(&column),
             display(owner_table),
-            key_match(&keys)
+            key_match(&key_columns(&keys))
         );
         Spi::connect_mut(|client| {
             let written =
@@ -134,7 +130,7 @@ pub fn set_owner_token(owner_table: pg_sys::Oid, owner_key: Vec<Option<String>>,
             if written.len() != 1 {
                 return None;
             }
-            let rows = client.update(read.as_str(), None, &args).unwrap_or_else(|e| error!("pg_lease: {e}"));
+            let rows = client.update(read.as_str(), None, &args(&datums)).unwrap_or_else(|e| error!("pg_lease: {e}"));
             if rows.is_empty() {
                 None
             } else {

@@ -8,7 +8,9 @@
 
 use crate::errors::{LeaseError, Refusal};
 use crate::fence::identity::Canon;
-use crate::fence::pg::{prepare_saved, qualified_name, quote_ident, rel_owner, relation_names};
+use crate::fence::pg::{
+    attcollation, attribute, key_match, prepare_saved, qualified_name, quote_ident, rel_owner, relation_names,
+};
 use crate::fence::FastMap;
 use pgrx::prelude::*;
 use pgrx::spi::Spi;
@@ -96,12 +98,18 @@ thread_local! {
     static OWNER_TABLES: RefCell<FastMap<pg_sys::Oid, bool>> = RefCell::new(FastMap::default());
 }
 
-/// The config for `relid`, building it on first use in this backend.
-pub fn for_relation(relid: pg_sys::Oid) -> Result<Rc<FenceConfig>, Refusal> {
+/// Carries out a flush requested by [`forget_all`] or an invalidation that
+/// could not borrow the caches.
+fn flush_if_requested() {
     if FLUSH_ALL.with(|f| f.replace(false)) {
         CONFIGS.with(|c| c.borrow_mut().clear());
         OWNER_TABLES.with(|o| o.borrow_mut().clear());
     }
+}
+
+/// The config for `relid`, building it on first use in this backend.
+pub fn for_relation(relid: pg_sys::Oid) -> Result<Rc<FenceConfig>, Refusal> {
+    flush_if_requested();
     if let Some(cfg) = CONFIGS.with(|c| c.borrow().get(&relid).cloned()) {
         return Ok(cfg);
     }
@@ -123,11 +131,11 @@ pub unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, re
         Ok(mut map) => map.clear(),
         // Never expected (no borrow is held across a call into Postgres), but
         // a lost invalidation would be a correctness bug: flush everything.
-        Err(_) => FLUSH_ALL.with(|f| f.set(true)),
+        Err(_) => forget_all(),
     });
     OWNER_TABLES.with(|o| match o.try_borrow_mut() {
         Ok(mut map) => map.clear(),
-        Err(_) => FLUSH_ALL.with(|f| f.set(true)),
+        Err(_) => forget_all(),
     });
 }
 
@@ -135,17 +143,14 @@ pub unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, re
 /// from schema-qualified names, so every config is rebuilt with the names
 /// that hold now.
 pub unsafe extern "C-unwind" fn on_namespace_invalidation(_arg: pg_sys::Datum, _cacheid: i32, _hash: u32) {
-    FLUSH_ALL.with(|f| f.set(true));
+    forget_all();
 }
 
 /// Whether `relid` is an owner table of a protected table, or a partition of
 /// one: the owner guards refuse to run anywhere else (they would let any
 /// role write audit records of its choosing).
 pub fn is_owner_table(relid: pg_sys::Oid) -> bool {
-    if FLUSH_ALL.with(|f| f.replace(false)) {
-        CONFIGS.with(|c| c.borrow_mut().clear());
-        OWNER_TABLES.with(|o| o.borrow_mut().clear());
-    }
+    flush_if_requested();
     if let Some(known) = OWNER_TABLES.with(|o| o.borrow().get(&relid).copied()) {
         return known;
     }
@@ -217,20 +222,8 @@ fn misconfigured(display: &str, what: String) -> Refusal {
 }
 
 fn column(relid: pg_sys::Oid, display: &str, name: &str) -> Result<(i16, pg_sys::Oid), Refusal> {
-    let cname = CString::new(name).expect("column names have no NUL");
-    let attnum = unsafe { pg_sys::get_attnum(relid, cname.as_ptr()) };
-    if attnum <= 0 {
-        return Err(misconfigured(display, format!("column \"{name}\" of {display} no longer exists")));
-    }
-    Ok((attnum, unsafe { pg_sys::get_atttype(relid, attnum) }))
-}
-
-/// The collation of column `attnum` of `relid`.
-pub fn attcollation(relid: pg_sys::Oid, attnum: i16) -> pg_sys::Oid {
-    let (mut typid, mut typmod, mut collation) = (pg_sys::InvalidOid, 0, pg_sys::InvalidOid);
-    // SAFETY: a syscache lookup of an existing column; raises if it is gone.
-    unsafe { pg_sys::get_atttypetypmodcoll(relid, attnum, &mut typid, &mut typmod, &mut collation) };
-    collation
+    attribute(relid, name)
+        .ok_or_else(|| misconfigured(display, format!("column \"{name}\" of {display} no longer exists")))
 }
 
 fn is_token_type(typid: pg_sys::Oid) -> bool {
@@ -349,13 +342,7 @@ fn prepare_owner_lookup(
         vec![owner_relid]
     };
 
-    let conditions = row
-        .owner_key_columns
-        .iter()
-        .enumerate()
-        .map(|(i, name)| format!("o.{} OPERATOR(pg_catalog.=) ${}", quote_ident(name), i + 1))
-        .collect::<Vec<_>>()
-        .join(" AND ");
+    let conditions = key_match(&row.owner_key_columns);
     let sql = format!(
         "SELECT o.{}, o.tableoid FROM {}{} o WHERE {} FOR SHARE OF o",
         quote_ident(&token_column),

@@ -35,15 +35,7 @@ pub unsafe fn retyped_columns(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
             }
         }
     }
-    let array = pg_sys::construct_array(
-        names.as_mut_ptr(),
-        names.len() as i32,
-        pg_sys::TEXTOID,
-        -1,
-        false,
-        pg_sys::TYPALIGN_INT as std::ffi::c_char,
-    );
-    Ok(pg_sys::Datum::from(array))
+    Ok(crate::fence::pg::text_array(&names))
 }
 
 /// `lease._exists_as_owner(rel, query)`: runs `query` (a SELECT EXISTS ...

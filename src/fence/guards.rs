@@ -3,24 +3,17 @@
 
 use crate::audit::AuditFacts;
 use crate::errors::{LeaseError, Refusal};
-use crate::fence::pg::{datum_text, qualified_name, relation_names, token_from_datum};
+use crate::fence::pg::{
+    attcollation, attribute, datum_text, display, qualified_name, relation_names, token_from_datum,
+};
 use crate::fence::trigger::{show, trigger_args, trigger_data, Row};
 use crate::fence::{config, identity, verified};
+use crate::lease::MAX_TOKEN;
 use pgrx::pg_sys;
-use std::ffi::CString;
 
-unsafe fn attnum_of(relid: pg_sys::Oid, name: &str) -> (i16, pg_sys::Oid) {
-    let cname = CString::new(name).expect("no NUL in column names");
-    let attnum = pg_sys::get_attnum(relid, cname.as_ptr());
-    if attnum <= 0 {
-        pgrx::error!("pg_lease: owner guard column \"{name}\" does not exist");
-    }
-    (attnum, pg_sys::get_atttype(relid, attnum))
+fn attnum_of(relid: pg_sys::Oid, name: &str) -> (i16, pg_sys::Oid) {
+    attribute(relid, name).unwrap_or_else(|| pgrx::error!("pg_lease: owner guard column \"{name}\" does not exist"))
 }
-
-/// The highest token an owner row may carry: `lease.acquire` must always be
-/// able to issue a higher one (see lease.rs).
-pub use crate::lease::MAX_TOKEN;
 
 /// `lease.owner_guard(token_column, key_column...)`: BEFORE INSERT OR UPDATE
 /// OR DELETE FOR EACH ROW on an owner table. An owner row's token only rises
@@ -65,7 +58,7 @@ pub unsafe fn owner_guard(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Da
         pgrx::ereport!(
             ERROR,
             pgrx::PgSqlErrorCode::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
-            format!("pg_lease: fencing token {a} is out of range for owner table {}", display_of(rel.rd_id)),
+            format!("pg_lease: fencing token {a} is out of range for owner table {}", display(rel.rd_id)),
             format!(
                 "Owner tokens set by hand stop at {MAX_TOKEN}, so that lease.acquire can always issue a higher one."
             )
@@ -85,8 +78,8 @@ pub unsafe fn owner_guard(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Da
         _ => None,
     };
     if let Some(what) = regression {
-        let display = display_of(rel.rd_id);
         let (schema, table) = relation_names(rel.rd_id);
+        let display = qualified_name(&schema, &table);
         let key = describe_owner_key(rel.rd_id, old, key_columns);
         let operation = if op == pg_sys::TRIGGER_EVENT_DELETE { "DELETE" } else { "UPDATE" };
         let facts = AuditFacts {
@@ -118,18 +111,13 @@ pub unsafe fn owner_guard(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Da
     Ok(result)
 }
 
-fn display_of(relid: pg_sys::Oid) -> String {
-    let (schema, table) = relation_names(relid);
-    qualified_name(&schema, &table)
-}
-
 /// A guard fired on a relation pg_lease does not guard: refuse plainly (and
 /// record nothing), so no role can forge audit records through it.
 fn not_protected(function: &str, relid: pg_sys::Oid) -> ! {
     pgrx::ereport!(
         ERROR,
         pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        format!("pg_lease: {function}() fired on {}, which pg_lease does not guard", display_of(relid)),
+        format!("pg_lease: {function}() fired on {}, which pg_lease does not guard", display(relid)),
         "pg_lease's trigger functions only run on the tables lease.protect() set them up on."
     );
 }
@@ -140,7 +128,7 @@ unsafe fn same_key(relid: pg_sys::Oid, old: Row, new: Row, key_columns: &[String
         let (attnum, typid) = attnum_of(relid, name);
         match (old.attr(attnum), new.attr(attnum)) {
             (None, None) => true,
-            (Some(a), Some(b)) => identity::equal(a, b, typid, config::attcollation(relid, attnum)),
+            (Some(a), Some(b)) => identity::equal(a, b, typid, attcollation(relid, attnum)),
             _ => false,
         }
     })

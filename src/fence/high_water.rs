@@ -8,7 +8,7 @@
 
 use crate::errors::{LeaseError, Refusal};
 use crate::fence::config::FenceConfig;
-use crate::fence::pg::{prepare_saved, rel_owner};
+use crate::fence::pg::{own_relid, prepare_saved, rel_owner, text_array};
 use crate::fence::trigger::{refusal, run_plan_for_token, Op, Row};
 use crate::fence::verified;
 use pgrx::pg_sys;
@@ -49,16 +49,9 @@ fn plans() -> Plans {
             role: pg_sys::InvalidOid,
         }
     });
-    let p = Plans { role: rel_owner(high_water_relid()), ..p };
+    let p = Plans { role: rel_owner(own_relid("lease.high_water")), ..p };
     PLANS.with(|c| c.set(Some(p)));
     p
-}
-
-fn high_water_relid() -> pg_sys::Oid {
-    pgrx::spi::Spi::get_one::<pg_sys::Oid>("SELECT 'lease.high_water'::pg_catalog.regclass::pg_catalog.oid")
-        .ok()
-        .flatten()
-        .expect("lease.high_water exists")
 }
 
 /// The key values' canonical forms as text[], the resource's name in
@@ -78,18 +71,7 @@ fn resource_datum(cfg: &FenceConfig, row: Row) -> pg_sys::Datum {
             }
         })
         .collect();
-    // SAFETY: text elements, by reference, int-aligned, as construct_array expects.
-    unsafe {
-        let array = pg_sys::construct_array(
-            elems.as_ptr() as *mut pg_sys::Datum,
-            elems.len() as i32,
-            pg_sys::TEXTOID,
-            -1,
-            false,
-            pg_sys::TYPALIGN_INT as std::ffi::c_char,
-        );
-        pg_sys::Datum::from(array)
-    }
+    text_array(&elems)
 }
 
 /// The resource's mark, share-locked; None if it has none yet.

@@ -74,22 +74,25 @@ pub fn datum_text(datum: pg_sys::Datum, typid: pg_sys::Oid) -> String {
     }
 }
 
-/// Runs `f` as `role`, the way ri_triggers.c runs its checks as the owner of
-/// the referenced table: the writer needs no privileges on pg_lease's lookups,
-/// and row-level security cannot hide an owner row from the fence.
-pub fn as_role<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
+/// Runs `f` as `role` with `flags` added to the security context, restoring
+/// both afterwards (on error, (sub)transaction abort restores them).
+fn with_user<R>(role: pg_sys::Oid, flags: u32, f: impl FnOnce() -> R) -> R {
+    // SAFETY: saves and restores the current user and security context.
     unsafe {
         let (mut saved_user, mut saved_ctx) = (pg_sys::InvalidOid, 0);
         pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_ctx);
-        pg_sys::SetUserIdAndSecContext(
-            role,
-            saved_ctx | (pg_sys::SECURITY_LOCAL_USERID_CHANGE | pg_sys::SECURITY_NOFORCE_RLS) as i32,
-        );
-        // On error, (sub)transaction abort restores the saved user and context.
+        pg_sys::SetUserIdAndSecContext(role, saved_ctx | (pg_sys::SECURITY_LOCAL_USERID_CHANGE | flags) as i32);
         let r = f();
         pg_sys::SetUserIdAndSecContext(saved_user, saved_ctx);
         r
     }
+}
+
+/// Runs `f` as `role`, the way ri_triggers.c runs its checks as the owner of
+/// the referenced table: the writer needs no privileges on pg_lease's lookups,
+/// and row-level security cannot hide an owner row from the fence.
+pub fn as_role<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
+    with_user(role, pg_sys::SECURITY_NOFORCE_RLS, f)
 }
 
 /// A type's name as Postgres prints it (`numeric`, `character varying`).
@@ -111,20 +114,68 @@ pub fn display(relid: pg_sys::Oid) -> String {
 /// state behind. pg_lease's SECURITY DEFINER code touches users' tables only
 /// through this.
 pub fn as_table_owner<R>(relid: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
-    let owner = rel_owner(relid);
-    // SAFETY: saves and restores the user and security context around `f`; on
-    // error, (sub)transaction abort restores them.
-    unsafe {
-        let (mut saved_user, mut saved_ctx) = (pg_sys::InvalidOid, 0);
-        pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_ctx);
-        pg_sys::SetUserIdAndSecContext(
-            owner,
-            saved_ctx | (pg_sys::SECURITY_LOCAL_USERID_CHANGE | pg_sys::SECURITY_RESTRICTED_OPERATION) as i32,
-        );
-        let nest = pg_sys::NewGUCNestLevel();
+    with_user(rel_owner(relid), pg_sys::SECURITY_RESTRICTED_OPERATION, || {
+        // SAFETY: settings the user code makes are undone at this nest level.
+        let nest = unsafe { pg_sys::NewGUCNestLevel() };
         let r = f();
-        pg_sys::AtEOXact_GUC(true, nest);
-        pg_sys::SetUserIdAndSecContext(saved_user, saved_ctx);
+        unsafe { pg_sys::AtEOXact_GUC(true, nest) };
         r
+    })
+}
+
+/// (attnum, type) of column `name` of `relid`, if it exists.
+pub fn attribute(relid: pg_sys::Oid, name: &str) -> Option<(i16, pg_sys::Oid)> {
+    let cname = std::ffi::CString::new(name).expect("column names have no NUL");
+    // SAFETY: syscache lookups.
+    unsafe {
+        let attnum = pg_sys::get_attnum(relid, cname.as_ptr());
+        (attnum > 0).then(|| (attnum, pg_sys::get_atttype(relid, attnum)))
+    }
+}
+
+/// The collation of column `attnum` of `relid`.
+pub fn attcollation(relid: pg_sys::Oid, attnum: i16) -> pg_sys::Oid {
+    let (mut typid, mut typmod, mut collation) = (pg_sys::InvalidOid, 0, pg_sys::InvalidOid);
+    // SAFETY: a syscache lookup of an existing column; raises if it is gone.
+    unsafe { pg_sys::get_atttypetypmodcoll(relid, attnum, &mut typid, &mut typmod, &mut collation) };
+    collation
+}
+
+/// `o.k1 OPERATOR(pg_catalog.=) $1 AND ...`: an owner row by its key columns,
+/// the parameters numbered from 1 in column order.
+pub fn key_match<S: AsRef<str>>(columns: &[S]) -> String {
+    columns
+        .iter()
+        .enumerate()
+        .map(|(i, name)| format!("o.{} OPERATOR(pg_catalog.=) ${}", quote_ident(name.as_ref()), i + 1))
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+/// The OID of one of pg_lease's own relations (`lease.protected`, ...).
+pub fn own_relid(name: &str) -> pg_sys::Oid {
+    pgrx::spi::Spi::get_one_with_args::<pg_sys::Oid>(
+        "SELECT $1::pg_catalog.text::pg_catalog.regclass::pg_catalog.oid",
+        &[name.into()],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or_else(|| panic!("{name} exists"))
+}
+
+/// A text[] datum of `elems` (text datums), in the current memory context.
+pub fn text_array(elems: &[pg_sys::Datum]) -> pg_sys::Datum {
+    // SAFETY: text elements, by reference, int-aligned, as construct_array
+    // expects; it copies them.
+    unsafe {
+        let array = pg_sys::construct_array(
+            elems.as_ptr() as *mut pg_sys::Datum,
+            elems.len() as i32,
+            pg_sys::TEXTOID,
+            -1,
+            false,
+            pg_sys::TYPALIGN_INT as std::ffi::c_char,
+        );
+        pg_sys::Datum::from(array)
     }
 }

@@ -5,7 +5,7 @@
 //! point and own every table involved. Nobody else gets DML on
 //! `lease.protected`, so a fence cannot be re-pointed behind pg_lease's back.
 
-use crate::fence::pg::{as_role, rel_owner};
+use crate::fence::pg::{as_role, own_relid, rel_owner};
 use pgrx::prelude::*;
 
 fn require(ok: bool, message: String, detail: &str) {
@@ -28,13 +28,6 @@ fn may_execute(role: pg_sys::Oid, function: &str) -> bool {
     .ok()
     .flatten()
     .unwrap_or(false)
-}
-
-fn protected_relid() -> pg_sys::Oid {
-    Spi::get_one::<pg_sys::Oid>("SELECT 'lease.protected'::pg_catalog.regclass::pg_catalog.oid")
-        .ok()
-        .flatten()
-        .expect("lease.protected exists")
 }
 
 fn check_caller(entry_point: &str, tables: &[pg_sys::Oid]) {
@@ -74,7 +67,7 @@ pub fn register(
     let mut tables = vec![target];
     tables.extend(owner_table);
     check_caller(entry_point, &tables);
-    as_role(rel_owner(protected_relid()), || {
+    as_role(rel_owner(own_relid("lease.protected")), || {
         Spi::run_with_args(
             "INSERT INTO lease.protected (relid, mode, key_columns, token_column, owner_table, owner_key_columns,
                                           owner_token_column, protected_by, key_types, token_type, owner_key_types,
@@ -106,7 +99,7 @@ pub fn register(
 #[pg_extern(name = "_unregister", volatile, parallel_unsafe)]
 pub fn unregister(target: pg_sys::Oid) -> bool {
     check_caller("lease.unprotect(regclass)", &[target]);
-    as_role(rel_owner(protected_relid()), || {
+    as_role(rel_owner(own_relid("lease.protected")), || {
         Spi::get_one_with_args::<bool>(
             "WITH d AS (DELETE FROM lease.protected p WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) $1 RETURNING 1)
              SELECT EXISTS (SELECT 1 FROM d)",

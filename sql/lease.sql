@@ -38,12 +38,51 @@ COMMENT ON TABLE lease.token_epoch IS 'Raises of the fencing-token epoch base (e
 REVOKE ALL ON lease.token_epoch FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('lease.token_epoch', '');
 
+-- Heartbeat sessions (since 0.4.0): one row per owner that has called
+-- lease.heartbeat or lease.renew_all. The session is alive from live_since
+-- (when its current unbroken life began) to expires_at; each heartbeat moves
+-- expires_at with one row update, whatever the owner holds. A lease is carried
+-- by its owner's session when its own expiry is after the session's
+-- live_since, i.e. it was alive when that life began or was acquired or
+-- renewed during it: its expiry is then the later of its own and the
+-- session's (lease._expiry). A session that lapses starts a new life at its
+-- next heartbeat, which carries only the leases still alive on their own.
+CREATE TABLE lease.session_state (
+    owner      text        PRIMARY KEY,
+    live_since timestamptz NOT NULL,
+    renewed_at timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL
+) WITH (fillfactor = 50);  -- heartbeats update in place (HOT)
+COMMENT ON TABLE lease.session_state IS 'pg_lease heartbeat sessions; use lease.heartbeat / lease.renew_all, read lease.sessions.';
+REVOKE ALL ON lease.session_state FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('lease.session_state', '');
+
+-- The one rule for when a lease expires: its own expiry, or its owner's
+-- session's if the session carries it (see lease.session_state). NULL session
+-- bounds (no session) leave the lease's own expiry. A SQL-standard body is
+-- bound when created (no search_path at run time) and inlined by the planner.
+CREATE FUNCTION lease._expiry(own timestamptz, session_since timestamptz, session_expires timestamptz)
+RETURNS timestamptz LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN own OPERATOR(pg_catalog.>) session_since THEN greatest(own, session_expires) ELSE own END;
+COMMENT ON FUNCTION lease._expiry(timestamptz, timestamptz, timestamptz) IS
+    'A lease''s effective expiry from its own and its owner session''s bounds (internal).';
+
 CREATE VIEW lease.leases AS
-SELECT l.name, l.owner, l.token, l.acquired_at, l.renewed_at, l.expires_at,
-       (l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS live,
+SELECT l.name, l.owner, l.token, l.acquired_at,
+       CASE WHEN l.expires_at OPERATOR(pg_catalog.>) s.live_since
+            THEN greatest(l.renewed_at, s.renewed_at) ELSE l.renewed_at END AS renewed_at,
+       lease._expiry(l.expires_at, s.live_since, s.expires_at) AS expires_at,
+       (l.released_at IS NULL
+        AND lease._expiry(l.expires_at, s.live_since, s.expires_at) OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS live,
        l.released_at, l.owner_table, l.owner_key
-  FROM lease.lease_state l;
+  FROM lease.lease_state l LEFT JOIN lease.session_state s ON s.owner OPERATOR(pg_catalog.=) l.owner;
 COMMENT ON VIEW lease.leases IS 'Every lease ever taken: holder, current token, expiry, and whether it is live now.';
+
+CREATE VIEW lease.sessions AS
+SELECT s.owner, s.live_since, s.renewed_at, s.expires_at,
+       s.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() AS live
+  FROM lease.session_state s;
+COMMENT ON VIEW lease.sessions IS 'Heartbeat sessions: per owner, since when it has been alive without a break and until when.';
 
 -- Names and owners: non-NULL, not blank, at most 256 characters.
 CREATE FUNCTION lease._check_label(what text, value text) RETURNS void
@@ -77,6 +116,8 @@ DECLARE
     stored bigint;
     ttl integer := lease._check_ttl(p_ttl_ms);
     cur lease.lease_state;
+    cur_expiry timestamptz;
+    holder lease.session_state;
     now_ts timestamptz;
     live boolean;
     binding record;
@@ -118,12 +159,23 @@ BEGIN
         SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
     END IF;
     now_ts := clock_timestamp();   -- read after the lock wait
-    live := cur.released_at IS NULL AND cur.expires_at > now_ts;
+    cur_expiry := cur.expires_at;
+    live := cur.released_at IS NULL AND cur_expiry > now_ts;
+    IF cur.released_at IS NULL AND NOT live AND cur.owner <> p_owner THEN
+        -- Past its own expiry, another owner's lease may still be carried by
+        -- that owner's heartbeat session. Lock the session row (a heartbeat
+        -- waits for this acquire, or this acquire for it) and judge on the
+        -- clock read after the lock.
+        SELECT * INTO holder FROM lease.session_state s WHERE s.owner = cur.owner FOR SHARE;
+        now_ts := clock_timestamp();
+        cur_expiry := lease._expiry(cur.expires_at, holder.live_since, holder.expires_at);
+        live := cur_expiry > now_ts;
+    END IF;
     IF live AND cur.owner <> p_owner THEN
         PERFORM lease._raise('LeaseOwnedElsewhere',
             format('lease "%s" is held by %s', p_name, cur.owner),
             format('Lease %s, holder %s, token %s, expires at %s (in %s).', p_name, cur.owner, cur.token,
-                   cur.expires_at, date_trunc('millisecond', cur.expires_at - now_ts)));
+                   cur_expiry, date_trunc('millisecond', cur_expiry - now_ts)));
     END IF;
 
     IF p_owner_table IS NOT NULL THEN
@@ -220,6 +272,8 @@ CREATE FUNCTION lease.renew(name text, owner text, token bigint, ttl_ms integer)
 DECLARE
     ttl integer := lease._check_ttl(ttl_ms);
     cur lease.lease_state;
+    expiry timestamptz;
+    holder lease.session_state;
     now_ts timestamptz;
     why text;
     new_expiry timestamptz;
@@ -234,13 +288,20 @@ BEGIN
     END IF;
     SELECT * INTO cur FROM lease.lease_state l WHERE l.name = renew.name FOR UPDATE;
     now_ts := clock_timestamp();
+    expiry := cur.expires_at;
+    IF cur.released_at IS NULL AND expiry <= now_ts AND cur.owner = renew.owner THEN
+        -- Maybe carried by the owner's session: judged under its lock, as in acquire.
+        SELECT * INTO holder FROM lease.session_state s WHERE s.owner = cur.owner FOR SHARE;
+        now_ts := clock_timestamp();
+        expiry := lease._expiry(cur.expires_at, holder.live_since, holder.expires_at);
+    END IF;
     why := CASE
         WHEN cur.name IS NULL THEN 'it never existed'
         WHEN cur.owner <> renew.owner THEN format('it was taken by %s with token %s', cur.owner, cur.token)
         WHEN cur.token > renew.token THEN format('%s re-acquired it since, with token %s', cur.owner, cur.token)
         WHEN cur.token < renew.token THEN format('token %s was never issued for it (current token %s)', renew.token, cur.token)
         WHEN cur.released_at IS NOT NULL THEN format('it was released at %s', cur.released_at)
-        WHEN cur.expires_at <= now_ts THEN format('it expired at %s, %s ago', cur.expires_at, date_trunc('millisecond', now_ts - cur.expires_at))
+        WHEN expiry <= now_ts THEN format('it expired at %s, %s ago', expiry, date_trunc('millisecond', now_ts - expiry))
     END;
     IF why IS NOT NULL THEN
         PERFORM lease._raise('LeaseLost',
@@ -255,34 +316,86 @@ END $$;
 COMMENT ON FUNCTION lease.renew(text, text, bigint, integer) IS
     'Extends a live lease held by owner with token; LF006 (DETAIL says why) otherwise.';
 
--- The heartbeat: one statement renews every live lease of the owner and
--- reports, with renewed = false, the ones it has lost (expired, or taken over
--- since the last heartbeat) so the caller can freeze them.
+-- The heartbeat's one step, shared by lease.heartbeat and lease.renew_all:
+-- extend owner's session with one row update and return the leases it lost
+-- since its last heartbeat, each once: taken over (taken = true, token = the
+-- one it held), or expired with a session that lapsed (taken = false). Runs
+-- inside those SECURITY DEFINER functions; not executable by PUBLIC.
+CREATE FUNCTION lease._beat(who text, ttl_ms integer)
+RETURNS TABLE (name text, token bigint, expires_at timestamptz, taken boolean)
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    ttl integer := lease._check_ttl(ttl_ms);
+    sess lease.session_state;
+    now_ts timestamptz;
+BEGIN
+    PERFORM lease._check_label('owner', who);
+    -- Takeovers first: lease rows are locked before the session row, the
+    -- order lease.acquire takes them in.
+    RETURN QUERY
+    UPDATE lease.lease_state l SET lost_by = NULL, lost_token = NULL
+     WHERE l.lost_by = who
+    RETURNING l.name, l.lost_token, NULL::timestamptz, true;
+
+    SELECT * INTO sess FROM lease.session_state s WHERE s.owner = who FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
+        VALUES (who, '-infinity', '-infinity', '-infinity')
+        ON CONFLICT (owner) DO NOTHING;
+        SELECT * INTO sess FROM lease.session_state s WHERE s.owner = who FOR UPDATE;
+    END IF;
+    now_ts := clock_timestamp();   -- read after the lock wait
+    IF sess.expires_at <= now_ts THEN
+        -- A first heartbeat, or the session lapsed: the leases it carried
+        -- that are past their own expiry died with it. A new life begins now
+        -- and carries only leases alive on their own, so these are reported
+        -- this once.
+        RETURN QUERY
+        SELECT l.name, l.token, lease._expiry(l.expires_at, sess.live_since, sess.expires_at), false
+          FROM lease.lease_state l
+         WHERE l.owner = who AND l.released_at IS NULL
+           AND l.expires_at <= now_ts AND l.expires_at > sess.live_since;
+        sess.live_since := now_ts;
+    END IF;
+    UPDATE lease.session_state s
+       SET live_since = sess.live_since, renewed_at = now_ts, expires_at = now_ts + ttl * interval '1 millisecond'
+     WHERE s.owner = who;
+END $$;
+COMMENT ON FUNCTION lease._beat(text, integer) IS
+    'Extends owner''s heartbeat session; returns the leases lost since the last heartbeat (internal).';
+REVOKE EXECUTE ON FUNCTION lease._beat(text, integer) FROM PUBLIC;
+
+-- The heartbeat at any scale: one row update, whatever the owner holds. Every
+-- live lease of owner lives on with the session; the rows are the leases lost
+-- since the last heartbeat (each reported once), so the caller can freeze them.
+CREATE FUNCTION lease.heartbeat(owner text, ttl_ms integer)
+RETURNS TABLE (name text, token bigint, lost text)
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN QUERY
+    SELECT b.name, b.token, CASE WHEN b.taken THEN 'taken' ELSE 'expired' END
+      FROM lease._beat(heartbeat.owner, heartbeat.ttl_ms) b;
+END $$;
+COMMENT ON FUNCTION lease.heartbeat(text, integer) IS
+    'Heartbeat in one row write: keeps every live lease of owner alive for ttl_ms; returns the ones lost (expired or taken).';
+
+-- The heartbeat that also lists what it renewed: lease.heartbeat's one write,
+-- plus a row per live lease of owner (renewed = true) beside the lost ones
+-- (renewed = false). Reading the list grows with the leases held; lease.heartbeat
+-- does not.
 CREATE FUNCTION lease.renew_all(owner text, ttl_ms integer)
 RETURNS TABLE (name text, token bigint, expires_at timestamptz, renewed boolean)
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
-    ttl integer := lease._check_ttl(ttl_ms);
-    now_ts timestamptz := clock_timestamp();
     who text := owner;
 BEGIN
-    PERFORM lease._check_label('owner', who);
+    RETURN QUERY SELECT b.name, b.token, b.expires_at, false FROM lease._beat(who, ttl_ms) b;
     RETURN QUERY
-    WITH renewed AS (
-        UPDATE lease.lease_state l SET renewed_at = now_ts, expires_at = now_ts + ttl * interval '1 millisecond'
-         WHERE l.owner = who AND l.released_at IS NULL AND l.expires_at > now_ts
-        RETURNING l.name, l.token, l.expires_at, true
-    ), taken AS (
-        UPDATE lease.lease_state l SET lost_by = NULL, lost_token = NULL
-         WHERE l.lost_by = who
-        RETURNING l.name, l.lost_token, NULL::timestamptz, false
-    )
-    SELECT * FROM renewed
-    UNION ALL
-    SELECT l.name, l.token, l.expires_at, false FROM lease.lease_state l
-     WHERE l.owner = who AND l.released_at IS NULL AND l.expires_at <= now_ts
-    UNION ALL
-    SELECT * FROM taken;
+    SELECT l.name, l.token, greatest(l.expires_at, s.expires_at), true
+      FROM lease.session_state s JOIN lease.lease_state l ON l.owner = s.owner
+     WHERE s.owner = who AND l.released_at IS NULL AND l.expires_at > s.live_since;
 END $$;
 COMMENT ON FUNCTION lease.renew_all(text, integer) IS
     'Heartbeat: renews every live lease of owner; lost ones come back with renewed = false.';
@@ -299,10 +412,15 @@ BEGIN
         PERFORM lease._check_label('owner', owner);
     END IF;
     -- An expired lease of this holder is marked released too (it stops being
-    -- reported as lost), but only a live one counts as released by this call.
+    -- reported as lost), but only a live one counts as released by this call:
+    -- alive on its own (its expiry is cut to now), or carried by its owner's
+    -- session (its own expiry, kept, is after the session's start).
     UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
      WHERE l.name = release.name AND l.owner = release.owner AND l.token = release.token AND l.released_at IS NULL
-    RETURNING l.expires_at = now_ts INTO was_live;
+    RETURNING l.expires_at = now_ts
+              OR EXISTS (SELECT FROM lease.session_state s
+                          WHERE s.owner = l.owner AND lease._expiry(l.expires_at, s.live_since, s.expires_at) > now_ts)
+    INTO was_live;
     RETURN coalesce(was_live, false);
 END $$;
 COMMENT ON FUNCTION lease.release(text, text, bigint) IS
@@ -317,8 +435,9 @@ DECLARE
 BEGIN
     PERFORM lease._check_label('owner', who);
     WITH held AS (
-        SELECT l.name, l.expires_at > now_ts AS was_live FROM lease.lease_state l
-         WHERE l.owner = who AND l.released_at IS NULL FOR UPDATE
+        SELECT l.name, lease._expiry(l.expires_at, s.live_since, s.expires_at) > now_ts AS was_live
+          FROM lease.lease_state l LEFT JOIN lease.session_state s ON s.owner = l.owner
+         WHERE l.owner = who AND l.released_at IS NULL FOR UPDATE OF l
     ), done AS (
         UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
           FROM held WHERE l.name = held.name
@@ -326,6 +445,9 @@ BEGIN
     )
     SELECT count(*) FILTER (WHERE d.was_live) INTO released FROM done d;
     UPDATE lease.lease_state l SET lost_by = NULL, lost_token = NULL WHERE l.lost_by = who;
+    -- The process is going away: so does its session (after the lease rows,
+    -- the order acquire and heartbeats lock in).
+    UPDATE lease.session_state s SET expires_at = now_ts WHERE s.owner = who AND s.expires_at > now_ts;
     RETURN released;
 END $$;
 COMMENT ON FUNCTION lease.release_all(text) IS 'Releases every lease of owner (the SIGTERM path); returns how many were live.';
@@ -333,5 +455,5 @@ COMMENT ON FUNCTION lease.release_all(text) IS 'Releases every lease of owner (t
 -- Lease operations write pg_lease's state and bound owner rows as the
 -- extension owner; the DBA grants them to the game server's role.
 REVOKE EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]), lease.try_acquire(text, text, integer, regclass, text[]),
-    lease.renew(text, text, bigint, integer), lease.renew_all(text, integer),
+    lease.renew(text, text, bigint, integer), lease.renew_all(text, integer), lease.heartbeat(text, integer),
     lease.release(text, text, bigint), lease.release_all(text) FROM PUBLIC;

@@ -49,6 +49,18 @@ def psql(sql, db="bench"):
                 "-d", db, "-At", "-c", sql]).stdout.strip()
 
 
+def psql_file(script, db="bench"):
+    """Runs a multi-statement script, each statement its own transaction."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(script)
+        path = f.name
+    try:
+        return run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres",
+                    "-d", db, "-At", "-f", path]).stdout.strip()
+    finally:
+        os.unlink(path)
+
+
 def cluster(*args):
     run([str(ROOT / "scripts/cluster.sh"), *args])
 
@@ -87,7 +99,7 @@ def reset_payouts():
 
 
 class Workload:
-    """Variants measured round-robin; `metric` is 'tps' (higher is better) or 'ms' (lower is better)."""
+    """Variants measured round-robin; `metric` is 'tps' (higher is better), 'ms' or 'bytes' (lower is better)."""
 
     def __init__(self, name, metric, variants, baseline, target=None, before=None):
         self.name, self.metric, self.variants, self.baseline = name, metric, variants, baseline
@@ -187,6 +199,32 @@ def renew_all_10k():
                            transactions=20)
 
 
+HEARTBEAT_SIZES = (10, 1000, 10000)
+
+
+def beat_sql(fn, leases):
+    return f"SELECT count(*) FROM lease.{fn}('hb-{leases}', 600000);"
+
+
+def beat_time(fn, leases):
+    """One heartbeat of an owner holding `leases` leases: average latency, one client."""
+    return lambda: pgbench(beat_sql(fn, leases) + "\n", clients=1, transactions=200)
+
+
+def beat_wal(fn, leases, beats=41):
+    """WAL bytes one heartbeat writes (median over `beats` heartbeats, each its own
+    transaction): pg_current_wal_insert_lsn() read before and after each."""
+    def go():
+        lsn = "SELECT pg_current_wal_insert_lsn();"
+        script = "\n".join([lsn] + [f"{beat_sql(fn, leases)}\n{lsn}" for _ in range(beats)])
+        out = psql_file(script).splitlines()
+        marks = out[0::2]
+        deltas = [int(psql(f"SELECT pg_wal_lsn_diff('{b}', '{a}')")) for a, b in zip(marks, marks[1:])]
+        b = statistics.median(deltas)
+        return b, b
+    return go
+
+
 def refusals(audit_on):
     def go():
         psql(f"ALTER SYSTEM SET pg_lease.audit = {'on' if audit_on else 'off'}; ", db="postgres")
@@ -254,6 +292,8 @@ def setup():
         CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint NOT NULL);
         INSERT INTO tables SELECT g, 5 FROM generate_series(1, 1000) g;
         SELECT lease.acquire('big:' || g, 'big-owner', 600000) FROM generate_series(1, 10000) g;
+        SELECT lease.acquire('hb-' || n || ':' || g, 'hb-' || n, 600000)
+          FROM unnest('{10,1000,10000}'::int[]) n, generate_series(1, n) g;
         SELECT lease.acquire('renew:' || c || ':' || g, 'owner-' || c, 86400000), pl_acquire('renew:' || c || ':' || g, 'owner-' || c, 86400000)
           FROM generate_series(0, 3) c, generate_series(1, 1000) g;
         CREATE FUNCTION bench_refuse(t int) RETURNS void LANGUAGE plpgsql AS $$
@@ -281,15 +321,18 @@ def machine():
             f"PostgreSQL {pg}, Redis {redis_v.replace('v=', '')}")
 
 
+UNITS = {"tps": "tx/s", "ms": "ms", "bytes": "bytes"}
+
+
 def fmt(v, metric):
-    return f"{v:,.0f}" if metric == "tps" else f"{v:,.1f}"
+    return f"{v:,.2f}" if metric == "ms" and v < 10 else f"{v:,.0f}" if metric != "ms" else f"{v:,.1f}"
 
 
 def report(workloads, seconds_taken, machine_line):
     lines = ["| workload | variant | median | min – max | ratio to baseline | target | met? |",
              "|---|---|---:|---:|---:|---|---|"]
     for w in workloads:
-        unit = "tx/s" if w.metric == "tps" else "ms"
+        unit = UNITS[w.metric]
         for v in w.variants:
             s = w.samples[v]
             target, met = "", ""
@@ -329,7 +372,7 @@ Refusals: `bench_refuse(t)` inserts a stale payout and catches `LF001` (2 client
 "Accepted during flood": 2 clients of accepted single-row payouts, alone vs while 2 other clients
 refuse 2,000 stale writes per second.
 
-For throughput (tx/s) higher is better; for latency (ms) lower is better. Ratios are
+For throughput (tx/s) higher is better; for latency (ms) and WAL (bytes) lower is better. Ratios are
 variant median / baseline median.
 
 {table}
@@ -402,6 +445,21 @@ def main():
         w = Workload("renew_all, 10,000 leases", "ms", {"pg_lease": renew_all_10k()}, "pg_lease",
                      ("pg_lease", "< 50 ms", lambda w: w.median("pg_lease") < 50)).measure()
         workloads.append(w)
+        sizes = {f"{n:,} leases": n for n in HEARTBEAT_SIZES}
+        flat = lambda w: (w.median("10,000 leases") <= 2 and w.median("10,000 leases") <= 1.25 * w.median("10 leases"))
+        workloads.append(Workload("lease.heartbeat, one owner", "ms",
+                                  {k: beat_time("heartbeat", n) for k, n in sizes.items()}, "10 leases",
+                                  ("10,000 leases", "≤ 2 ms, flat (≤ 1.25× 10 leases)", flat)).measure())
+        workloads.append(Workload("lease.heartbeat, one owner: WAL per heartbeat", "bytes",
+                                  {k: beat_wal("heartbeat", n) for k, n in sizes.items()}, "10 leases",
+                                  ("10,000 leases", "≤ 1 KB, flat",
+                                   lambda w: w.median("10,000 leases") <= 1024
+                                   and w.median("10,000 leases") <= w.median("10 leases") + 64)).measure())
+        workloads.append(Workload("lease.renew_all (lists every lease), one owner", "ms",
+                                  {k: beat_time("renew_all", n) for k, n in sizes.items()}, "10 leases").measure())
+        workloads.append(Workload("lease.renew_all, one owner: WAL per heartbeat", "bytes",
+                                  {k: beat_wal("renew_all", n) for k, n in sizes.items()}, "10 leases",
+                                  ("10,000 leases", "≤ 1 KB", lambda w: w.median("10,000 leases") <= 1024)).measure())
         workloads.append(Workload("refusals per second", "tps", {
             "audit off": refusals(False), "audit on": refusals(True)}, "audit off").measure())
         workloads.append(Workload("accepted writes during a refusal flood", "tps", {

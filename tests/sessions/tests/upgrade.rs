@@ -139,3 +139,66 @@ fn upgrading_from_0_2_0_rekeys_marks_and_rearms_owner_guards() {
     // The recorded column types came through, so retypes are refused.
     expect_error(&mut c, "ALTER TABLE pay ALTER COLUMN t TYPE bigint", "LF008");
 }
+
+/// 0.3.0 -> current with leases held, expired and taken over: every lease keeps
+/// its token and expiry, and the first heartbeat after the upgrade reports the
+/// losses of 0.3.0 once and carries the live leases from then on.
+#[test]
+fn upgrading_from_0_3_0_carries_held_leases_into_heartbeat_sessions() {
+    let db = TestDb::new("upgrade_030");
+    let mut c = db.connect();
+    c.batch_execute("DROP EXTENSION pg_lease; CREATE EXTENSION pg_lease VERSION '0.3.0'").unwrap();
+    c.batch_execute(
+        "SELECT lease.acquire('held', 'h1', 60000);
+         SELECT lease.acquire('brief', 'h1', 200);
+         SELECT lease.acquire('gone', 'h1', 200);
+         SELECT lease.acquire('theirs', 'h2', 60000);",
+    )
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    c.batch_execute("SELECT lease.acquire('gone', 'h2', 60000)").unwrap();
+    let before: Vec<(String, String, i64)> = c
+        .query("SELECT name, owner, token FROM lease.leases ORDER BY name", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+
+    c.batch_execute("ALTER EXTENSION pg_lease UPDATE").unwrap();
+    let after: Vec<(String, String, i64)> = c
+        .query("SELECT name, owner, token FROM lease.leases ORDER BY name", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(before, after, "every lease keeps its holder and token");
+    let live: Vec<String> = c
+        .query("SELECT name FROM lease.leases WHERE live ORDER BY name", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(live, ["gone", "held", "theirs"]);
+    expect_error(&mut c, "SELECT lease.acquire('held', 'h2', 1000)", "LF005");
+
+    // The first heartbeat: 0.3.0's losses, once each; then nothing.
+    let beat = |c: &mut Client| -> Vec<(String, String)> {
+        c.query("SELECT name, lost FROM lease.heartbeat('h1', 60000) ORDER BY name", &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    };
+    assert_eq!(beat(&mut c), [("brief".to_owned(), "expired".to_owned()), ("gone".to_owned(), "taken".to_owned())]);
+    assert!(beat(&mut c).is_empty());
+    // The held lease rides on the session now, past its own expiry too.
+    c.batch_execute("SELECT lease.renew('held', 'h1', token, 200) FROM lease.leases WHERE name = 'held'").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    expect_error(&mut c, "SELECT lease.acquire('held', 'h2', 1000)", "LF005");
+    let rows = one_i64(&mut c, "SELECT count(*) FROM lease.renew_all('h1', 60000) WHERE renewed");
+    assert_eq!(rows, 1);
+    // Tokens keep rising across the upgrade.
+    let brief = after.iter().find(|(n, _, _)| n == "brief").unwrap().2;
+    let next = one_i64(&mut c, "SELECT token FROM lease.acquire('brief', 'h2', 1000)");
+    assert!(next > brief);
+}

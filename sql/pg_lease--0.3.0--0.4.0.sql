@@ -1,8 +1,28 @@
 -- pg_lease 0.3.0 -> 0.4.0: heartbeat sessions. An owner's leases hang off one
 -- session row; lease.heartbeat (new) and lease.renew_all extend it with one row
 -- update. Existing leases keep their own expiries and join their owner's session
--- at its first heartbeat, exactly as on a fresh install.
+-- at its first heartbeat, exactly as on a fresh install. Unreported takeovers
+-- move from the lease rows to lease.lost_leases, which keeps every one.
 \echo Use "ALTER EXTENSION pg_lease UPDATE TO '0.4.0'" to load this file. \quit
+
+-- Leases taken from a holder that did not release them, until the holder's
+-- next heartbeat has told it so (since 0.4.0; 0.3.0 kept one per lease row,
+-- so a second takeover before that heartbeat hid the first).
+CREATE TABLE lease.lost_leases (
+    owner   text        NOT NULL,
+    name    text        NOT NULL,
+    token   bigint      NOT NULL,
+    lost_at timestamptz NOT NULL,
+    PRIMARY KEY (owner, name)
+);
+COMMENT ON TABLE lease.lost_leases IS 'Takeovers not yet reported to the holder that lost them (by lease.heartbeat / lease.renew_all).';
+REVOKE ALL ON lease.lost_leases FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('lease.lost_leases', '');
+-- 0.3.0 kept the one unreported takeover of a lease on its row.
+INSERT INTO lease.lost_leases (owner, name, token, lost_at)
+SELECT l.lost_by, l.name, l.lost_token, now() FROM lease.lease_state l WHERE l.lost_by IS NOT NULL;
+DROP INDEX lease.lease_state_lost_by;
+ALTER TABLE lease.lease_state DROP COLUMN lost_by, DROP COLUMN lost_token;
 
 -- Heartbeat sessions (since 0.4.0): one row per owner that has called
 -- lease.heartbeat or lease.renew_all. The session is alive from live_since
@@ -181,11 +201,20 @@ BEGIN
     UPDATE lease.lease_state l
        SET owner = p_owner, token = new_token, acquired_at = now_ts, renewed_at = now_ts,
            expires_at = now_ts + ttl * interval '1 millisecond', released_at = NULL,
-           owner_table = p_owner_table, owner_key = p_owner_key,
-           lost_by = CASE WHEN cur.released_at IS NULL AND cur.owner <> p_owner THEN cur.owner ELSE l.lost_by END,
-           lost_token = CASE WHEN cur.released_at IS NULL AND cur.owner <> p_owner THEN cur.token ELSE l.lost_token END
+           owner_table = p_owner_table, owner_key = p_owner_key
      WHERE l.name = p_name
     RETURNING l.token, l.expires_at INTO token, expires_at;
+    IF cur.owner <> p_owner THEN
+        -- Taken from a holder that did not release it: its next heartbeat
+        -- hears so. This owner's own report of an earlier loss of the lease
+        -- is moot now that it holds the lease again.
+        IF cur.released_at IS NULL THEN
+            INSERT INTO lease.lost_leases AS x (owner, name, token, lost_at)
+            VALUES (cur.owner, p_name, cur.token, now_ts)
+            ON CONFLICT (owner, name) DO UPDATE SET token = excluded.token, lost_at = excluded.lost_at;
+        END IF;
+        DELETE FROM lease.lost_leases x WHERE x.owner = p_owner AND x.name = p_name;
+    END IF;
 
     -- The lease changed hands from a holder that did not release it (it expired,
     -- or its owner re-took it from another process): tell a live previous
@@ -268,12 +297,11 @@ DECLARE
     now_ts timestamptz;
 BEGIN
     PERFORM lease._check_label('owner', who);
-    -- Takeovers first: lease rows are locked before the session row, the
-    -- order lease.acquire takes them in.
+    -- Takeovers first: lost_leases rows are locked before the session row,
+    -- the order lease.release_all takes them in.
     RETURN QUERY
-    UPDATE lease.lease_state l SET lost_by = NULL, lost_token = NULL
-     WHERE l.lost_by = who
-    RETURNING l.name, l.lost_token, NULL::timestamptz, true;
+    DELETE FROM lease.lost_leases x WHERE x.owner = who
+    RETURNING x.name, x.token, NULL::timestamptz, true;
 
     SELECT * INTO sess FROM lease.session_state s WHERE s.owner = who FOR UPDATE;
     IF NOT FOUND THEN
@@ -381,7 +409,7 @@ BEGIN
         RETURNING held.was_live
     )
     SELECT count(*) FILTER (WHERE d.was_live) INTO released FROM done d;
-    UPDATE lease.lease_state l SET lost_by = NULL, lost_token = NULL WHERE l.lost_by = who;
+    DELETE FROM lease.lost_leases x WHERE x.owner = who;
     -- The process is going away: so does its session (after the lease rows,
     -- the order acquire and heartbeats lock in).
     UPDATE lease.session_state s SET expires_at = now_ts WHERE s.owner = who AND s.expires_at > now_ts;

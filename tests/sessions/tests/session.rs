@@ -228,3 +228,36 @@ fn heartbeat_racing_a_takeover_at_expiry_has_one_winner() {
     println!("kept {kept}, taken {taken}");
     assert!(kept + taken > 0, "the race never produced a winner");
 }
+
+/// Each takeover reaches the holder that lost the lease, even when the lease
+/// changes hands again before that holder's next heartbeat (0.3.0 kept one
+/// report per lease row and the second takeover hid the first); a holder that
+/// takes the lease back is not told of its earlier loss.
+#[test]
+fn every_takeover_reaches_the_holder_that_lost_it() {
+    let db = TestDb::new("session_chain");
+    let mut c = db.connect();
+    acquire(&mut c, "n", "h0", 150);
+    thread::sleep(Duration::from_millis(250));
+    acquire(&mut c, "n", "h1", 150);
+    thread::sleep(Duration::from_millis(250));
+    let t2 = acquire(&mut c, "n", "h2", 150);
+    assert_eq!(heartbeat(&mut c, "h0", 1000), lost(&[("n", "taken")]));
+    assert_eq!(heartbeat(&mut c, "h1", 1000), lost(&[("n", "taken")]));
+    assert!(heartbeat(&mut c, "h0", 1000).is_empty() && heartbeat(&mut c, "h1", 1000).is_empty());
+    // h2 loses it to h3, then takes it back before its next heartbeat.
+    thread::sleep(Duration::from_millis(250));
+    acquire(&mut c, "n", "h3", 150);
+    thread::sleep(Duration::from_millis(250));
+    let t4 = acquire(&mut c, "n", "h2", 60_000);
+    assert!(t4 > t2);
+    assert!(heartbeat(&mut c, "h2", 60_000).is_empty(), "h2 holds it again");
+    assert_eq!(heartbeat(&mut c, "h3", 1000), lost(&[("n", "taken")]));
+    // The token reported is the one that was lost.
+    acquire(&mut c, "m", "h5", 150);
+    let lost_token = one_i64(&mut c, "SELECT token FROM lease.leases WHERE name = 'm'");
+    thread::sleep(Duration::from_millis(250));
+    acquire(&mut c, "m", "h6", 1000);
+    let reported = one_i64(&mut c, "SELECT token FROM lease.heartbeat('h5', 1000)");
+    assert_eq!(reported, lost_token);
+}

@@ -1,0 +1,381 @@
+//! Model-based property test of the lease service with heartbeat sessions:
+//! random sequences of acquire, renew, release, release_all, heartbeat and
+//! renew_all by four owners on four leases, with pauses that let short TTLs
+//! and sessions lapse, run against a real server and checked step by step
+//! against a model of the documented rules (who holds what, every error, every
+//! loss reported exactly once, `lease.leases.live`).
+//!
+//! Time is modelled in phases: a step runs at (phase, index); a short TTL set
+//! in phase p ends in the pause before phase p + 1 (a phase takes less than
+//! `PHASE_BUDGET`, well under `SHORT_MS`, and a pause is longer than
+//! `SHORT_MS`). A case whose phase overran its budget on a loaded machine is
+//! discarded, not judged. Long TTLs outlast any case.
+//!
+//! Environment: `PG_LEASE_TEST_PORT` (required), `PG_LEASE_LEASE_MODEL_CASES`
+//! (16), `PG_LEASE_MODEL_SEED` (fixed default).
+
+use pg_lease_sessions::postgres::Client;
+use pg_lease_sessions::TestDb;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::thread;
+use std::time::{Duration, Instant};
+
+const LEASES: u8 = 4;
+const HOSTS: u8 = 4;
+const SHORT_MS: i32 = 250;
+const LONG_MS: i32 = 600_000;
+const PAUSE: Duration = Duration::from_millis(330);
+const PHASE_BUDGET: Duration = Duration::from_millis(180);
+const DEFAULT_SEED: u64 = 0x1ea5_e5e5_5107;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Acquire {
+        lease: u8,
+        host: u8,
+        long: bool,
+    },
+    /// Renew with the lease's current token (or one below it).
+    Renew {
+        lease: u8,
+        host: u8,
+        stale: bool,
+        long: bool,
+    },
+    Release {
+        lease: u8,
+        host: u8,
+    },
+    ReleaseAll {
+        host: u8,
+    },
+    /// `lease.heartbeat`, or `lease.renew_all` when `list`.
+    Beat {
+        host: u8,
+        long: bool,
+        list: bool,
+    },
+    Pause,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let l = 0..LEASES;
+    let h = 0..HOSTS;
+    prop_oneof![
+        4 => (l.clone(), h.clone(), any::<bool>()).prop_map(|(lease, host, long)| Op::Acquire { lease, host, long }),
+        2 => (l.clone(), h.clone(), prop::bool::weighted(0.2), any::<bool>())
+            .prop_map(|(lease, host, stale, long)| Op::Renew { lease, host, stale, long }),
+        1 => (l, h.clone()).prop_map(|(lease, host)| Op::Release { lease, host }),
+        1 => h.clone().prop_map(|host| Op::ReleaseAll { host }),
+        4 => (h, any::<bool>(), any::<bool>()).prop_map(|(host, long, list)| Op::Beat { host, long, list }),
+        2 => Just(Op::Pause),
+    ]
+}
+
+/// A point in model time: (phase, step), with -inf and +inf.
+type T = (i64, i64);
+const NEG: T = (i64::MIN, 0);
+const INF: T = (i64::MAX, 0);
+
+#[derive(Clone, Debug)]
+struct Lease {
+    owner: u8,
+    token: i64,
+    own: T,
+    released: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Session {
+    since: T,
+    expires: T,
+}
+
+#[derive(Default, Debug)]
+struct Model {
+    leases: BTreeMap<u8, Lease>,
+    sessions: BTreeMap<u8, Session>,
+    /// Takeovers not yet reported: (holder that lost it, lease) -> token.
+    lost: BTreeMap<(u8, u8), i64>,
+    phase: i64,
+    step: i64,
+}
+
+impl Model {
+    fn now(&self) -> T {
+        (self.phase, self.step)
+    }
+    fn expiry(&self, long: bool) -> T {
+        if long {
+            INF
+        } else {
+            (self.phase + 1, -1)
+        }
+    }
+    fn effective(&self, l: &Lease) -> T {
+        match self.sessions.get(&l.owner) {
+            Some(s) if l.own > s.since => l.own.max(s.expires),
+            _ => l.own,
+        }
+    }
+    fn live(&self, l: &Lease) -> bool {
+        !l.released && self.effective(l) > self.now()
+    }
+}
+
+struct Case<'a> {
+    c: &'a mut Client,
+    id: u32,
+}
+
+impl Case<'_> {
+    fn name(&self, lease: u8) -> String {
+        format!("c{}:l{lease}", self.id)
+    }
+    fn host(&self, host: u8) -> String {
+        format!("c{}:h{host}", self.id)
+    }
+}
+
+fn ttl(long: bool) -> i32 {
+    if long {
+        LONG_MS
+    } else {
+        SHORT_MS
+    }
+}
+
+fn code(e: &pg_lease_sessions::postgres::Error) -> String {
+    e.code().map(|c| c.code().to_owned()).unwrap_or_else(|| format!("no sqlstate: {e}"))
+}
+
+/// Runs one step against the server and the model; Err on any disagreement.
+fn step(case: &mut Case, m: &mut Model, op: &Op) -> Result<(), String> {
+    let now = m.now();
+    match *op {
+        Op::Pause => unreachable!("pauses are handled by the runner"),
+        Op::Acquire { lease, host, long } => {
+            let (name, who) = (case.name(lease), case.host(host));
+            let got = case.c.query_one("SELECT token FROM lease.acquire($1, $2, $3)", &[&name, &who, &ttl(long)]);
+            let cur = m.leases.get(&lease).cloned();
+            let held_elsewhere = cur.as_ref().is_some_and(|l| m.live(l) && l.owner != host);
+            match (got, held_elsewhere) {
+                (Err(e), true) if code(&e) == "LF005" => {}
+                (Ok(row), false) => {
+                    let token: i64 = row.get(0);
+                    let prev = cur.as_ref().map_or(0, |l| l.token);
+                    if token <= prev {
+                        return Err(format!("token {token} not above {prev}"));
+                    }
+                    if let Some(l) = &cur {
+                        if l.owner != host {
+                            if !l.released {
+                                m.lost.insert((l.owner, lease), l.token);
+                            }
+                            m.lost.remove(&(host, lease));
+                        }
+                    }
+                    let own = m.expiry(long);
+                    m.leases.insert(lease, Lease { owner: host, token, own, released: false });
+                }
+                (got, expected_refusal) => {
+                    return Err(format!("acquire gave {:?}, model expected LF005: {expected_refusal}", got.map(|_| ())))
+                }
+            }
+        }
+        Op::Renew { lease, host, stale, long } => {
+            let cur = m.leases.get(&lease).cloned();
+            let token = cur.as_ref().map_or(1, |l| l.token - i64::from(stale));
+            let got = case.c.query_one(
+                "SELECT lease.renew($1, $2, $3, $4)",
+                &[&case.name(lease), &case.host(host), &token, &ttl(long)],
+            );
+            let ok = cur.as_ref().is_some_and(|l| l.owner == host && l.token == token && m.live(l));
+            match (got, ok) {
+                (Ok(_), true) => m.leases.get_mut(&lease).unwrap().own = m.expiry(long),
+                (Err(e), false) if code(&e) == "LF006" => {}
+                (got, ok) => return Err(format!("renew gave {:?}, model expected success: {ok}", got.map(|_| ()))),
+            }
+        }
+        Op::Release { lease, host } => {
+            let cur = m.leases.get(&lease).cloned();
+            let token = cur.as_ref().map_or(1, |l| l.token);
+            let got: bool = case
+                .c
+                .query_one("SELECT lease.release($1, $2, $3)", &[&case.name(lease), &case.host(host), &token])
+                .map_err(|e| format!("release: {e}"))?
+                .get(0);
+            let mut expected = false;
+            if let Some(l) = cur.filter(|l| l.owner == host && !l.released) {
+                expected = m.live(&l);
+                let e = m.leases.get_mut(&lease).unwrap();
+                e.released = true;
+                e.own = e.own.min(now);
+            }
+            if got != expected {
+                return Err(format!("release returned {got}, model {expected}"));
+            }
+        }
+        Op::ReleaseAll { host } => {
+            let got: i32 = case
+                .c
+                .query_one("SELECT lease.release_all($1)", &[&case.host(host)])
+                .map_err(|e| format!("release_all: {e}"))?
+                .get(0);
+            let held: Vec<u8> =
+                m.leases.iter().filter(|(_, l)| l.owner == host && !l.released).map(|(k, _)| *k).collect();
+            let expected = held.iter().filter(|k| m.live(&m.leases[k])).count() as i32;
+            for k in held {
+                let l = m.leases.get_mut(&k).unwrap();
+                l.released = true;
+                l.own = l.own.min(now);
+            }
+            m.lost.retain(|(h, _), _| *h != host);
+            if let Some(s) = m.sessions.get_mut(&host) {
+                if s.expires > now {
+                    s.expires = now;
+                }
+            }
+            if got != expected {
+                return Err(format!("release_all returned {got}, model {expected}"));
+            }
+        }
+        Op::Beat { host, long, list } => {
+            let who = case.host(host);
+            // Model: takeovers first, then the session (a new life if it lapsed).
+            let mut expected: Vec<(String, String)> = Vec::new();
+            let taken: Vec<u8> = m.lost.keys().filter(|(h, _)| *h == host).map(|(_, l)| *l).collect();
+            for l in taken {
+                m.lost.remove(&(host, l));
+                expected.push((case.name(l), "taken".into()));
+            }
+            let mut s = m.sessions.get(&host).copied().unwrap_or(Session { since: NEG, expires: NEG });
+            if s.expires <= now {
+                for (k, l) in &m.leases {
+                    if l.owner == host && !l.released && l.own <= now && l.own > s.since {
+                        expected.push((case.name(*k), "expired".into()));
+                    }
+                }
+                s.since = now;
+            }
+            s.expires = m.expiry(long);
+            m.sessions.insert(host, s);
+            let sql = if list {
+                "SELECT name, CASE WHEN renewed THEN 'renewed' ELSE 'lost' END FROM lease.renew_all($1, $2)"
+            } else {
+                "SELECT name, lost FROM lease.heartbeat($1, $2)"
+            };
+            let mut got: Vec<(String, String)> = case
+                .c
+                .query(sql, &[&who, &ttl(long)])
+                .map_err(|e| format!("heartbeat: {e}"))?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            if list {
+                for e in &mut expected {
+                    e.1 = "lost".into();
+                }
+                for (k, l) in &m.leases {
+                    if l.owner == host && !l.released && l.own > s.since {
+                        expected.push((case.name(*k), "renewed".into()));
+                    }
+                }
+            }
+            got.sort();
+            expected.sort();
+            if got != expected {
+                return Err(format!("heartbeat returned {got:?}, model {expected:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `lease.leases` agrees with the model on holder, token and liveness.
+fn check_view(case: &mut Case, m: &Model) -> Result<(), String> {
+    let prefix = format!("c{}:%", case.id);
+    let mut got: Vec<(String, String, i64, bool)> = case
+        .c
+        .query("SELECT name, owner, token, live FROM lease.leases WHERE name LIKE $1 ORDER BY name", &[&prefix])
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    got.sort();
+    let expected: Vec<_> =
+        m.leases.iter().map(|(k, l)| (case.name(*k), case.host(l.owner), l.token, m.live(l))).collect();
+    if got != expected {
+        return Err(format!("lease.leases {got:?}, model {expected:?}"));
+    }
+    Ok(())
+}
+
+fn run_case(c: &mut Client, id: u32, ops: &[Op], discarded: &Cell<u32>) -> Result<(), TestCaseError> {
+    let mut case = Case { c, id };
+    let mut m = Model::default();
+    let mut phase_start = Instant::now();
+    for (i, op) in ops.iter().enumerate() {
+        if let Op::Pause = op {
+            check_view(&mut case, &m).map_err(|e| TestCaseError::fail(format!("before pause {i}: {e}")))?;
+            m.step += 1;
+            if phase_start.elapsed() >= PHASE_BUDGET {
+                discarded.set(discarded.get() + 1);
+                return Ok(());
+            }
+            thread::sleep(PAUSE);
+            m.phase += 1;
+            m.step = 0;
+            phase_start = Instant::now();
+            continue;
+        }
+        let r = step(&mut case, &mut m, op);
+        m.step += 1;
+        if phase_start.elapsed() >= PHASE_BUDGET {
+            // Too slow for the model's clock: this case proves nothing.
+            discarded.set(discarded.get() + 1);
+            return Ok(());
+        }
+        r.map_err(|e| TestCaseError::fail(format!("step {i} {op:?}: {e}")))?;
+    }
+    check_view(&mut case, &m).map_err(|e| TestCaseError::fail(format!("at the end: {e}")))?;
+    m.step += 1;
+    if phase_start.elapsed() >= PHASE_BUDGET {
+        discarded.set(discarded.get() + 1);
+    }
+    Ok(())
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+#[test]
+fn leases_and_heartbeat_sessions_follow_the_model() {
+    let db = TestDb::new("lease_model");
+    let c = RefCell::new(db.connect());
+    let cases = env_u64("PG_LEASE_LEASE_MODEL_CASES", 16) as u32;
+    let seed = env_u64("PG_LEASE_MODEL_SEED", DEFAULT_SEED);
+    let mut seed_bytes = [0u8; 32];
+    seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let config = Config { cases, failure_persistence: None, max_shrink_iters: 200, ..Config::default() };
+    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes));
+    let next_id = Cell::new(0u32);
+    let discarded = Cell::new(0u32);
+    let result = runner.run(&prop::collection::vec(op(), 1..36), |ops| {
+        next_id.set(next_id.get() + 1);
+        run_case(&mut c.borrow_mut(), next_id.get(), &ops, &discarded)
+    });
+    println!(
+        "lease model: {} cases run, {} discarded (a phase overran {PHASE_BUDGET:?})",
+        next_id.get(),
+        discarded.get()
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    assert!(discarded.get() * 2 <= next_id.get(), "most cases overran their time budget: the machine is too loaded");
+}

@@ -2,7 +2,7 @@
 // the real server, reduced to what matters for ownership.
 //
 //   loadOrCreate  -> lease.acquire(..., 'tables', [id]): lease + owner-row token in one call
-//   heartbeat     -> lease.renew_all every TTL/3; renewed = false means lost: freeze the table
+//   heartbeat     -> lease.heartbeat every TTL/3 (one row write); each row is a lost table: freeze it
 //   settleHand    -> lease.fenced_boundary_write; LF001 freezes the table and is never retried
 //   shutdown      -> lease.release_all (the SIGTERM path)
 
@@ -98,14 +98,14 @@ export class TableHost {
     }
   }
 
-  /** One heartbeat: renews every lease of this host, freezes the lost ones. */
+  /** One heartbeat: keeps every lease of this host alive, freezes the lost ones. */
   async heartbeat(): Promise<void> {
-    const { rows } = await this.pool.query<{ name: string; renewed: boolean }>(
-      "SELECT name, renewed FROM lease.renew_all($1, $2)",
+    const { rows } = await this.pool.query<{ name: string; lost: string }>(
+      "SELECT name, lost FROM lease.heartbeat($1, $2)",
       [this.hostId, this.ttlMs],
     );
     for (const row of rows) {
-      if (!row.renewed) this.freeze(Number(row.name.replace("table:", "")), "lease lost");
+      this.freeze(Number(row.name.replace("table:", "")), `lease lost (${row.lost})`);
     }
   }
 

@@ -79,7 +79,7 @@ test("the heartbeat freezes a table whose lease was lost", async () => {
   const other = new TableHost(pool, "host-other");
   assert.ok((await other.loadOrCreate(2)) !== undefined);
   await slow.heartbeat();
-  assert.deepEqual(reasons, ["lease lost"]);
+  assert.deepEqual(reasons, ["lease lost (taken)"]);
   assert.equal(slow.table(2)?.frozen, true);
 });
 

@@ -84,7 +84,8 @@ SELECT l.name, l.owner, l.token, l.acquired_at,
        (l.released_at IS NULL
         AND lease._expiry(l.expires_at, s.live_since, s.expires_at) OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS live,
        l.released_at, l.owner_table, l.owner_key
-  FROM lease.lease_state l LEFT JOIN lease.session_state s ON s.owner OPERATOR(pg_catalog.=) l.owner;
+  FROM lease.lease_state l
+  LEFT JOIN lease.session_state s ON s.owner OPERATOR(pg_catalog.=) l.owner AND l.released_at IS NULL;
 COMMENT ON VIEW lease.leases IS 'Every lease ever taken: holder, current token, expiry, and whether it is live now.';
 
 CREATE VIEW lease.sessions AS
@@ -115,8 +116,10 @@ RETURNS TABLE (token bigint, expires_at timestamptz)
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    p_name ALIAS FOR $1;
-    p_owner ALIAS FOR $2;
+    -- Names and owners compare as the stored rows do, whatever collation the
+    -- caller's arguments carry (a nondeterministic one would alias them).
+    p_name text COLLATE "default" := $1;
+    p_owner text COLLATE "default" := $2;
     p_ttl_ms ALIAS FOR $3;
     p_owner_table ALIAS FOR $4;
     p_owner_key ALIAS FOR $5;
@@ -167,6 +170,12 @@ BEGIN
         ON CONFLICT (name) DO NOTHING;
         SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
     END IF;
+    -- The new holder's session row exists from its first lease on, so the
+    -- takeover check below can always lock it (an uncommitted first
+    -- heartbeat's INSERT could not be waited for).
+    INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
+    VALUES (p_owner, '-infinity', '-infinity', '-infinity')
+    ON CONFLICT (owner) DO NOTHING;
     now_ts := clock_timestamp();   -- read after the lock wait
     cur_expiry := cur.expires_at;
     live := cur.released_at IS NULL AND cur_expiry > now_ts;
@@ -289,6 +298,8 @@ CREATE FUNCTION lease.renew(name text, owner text, token bigint, ttl_ms integer)
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     ttl integer := lease._check_ttl(ttl_ms);
+    l_name text COLLATE "default" := name;     -- see lease.acquire
+    l_owner text COLLATE "default" := owner;
     cur lease.lease_state;
     expiry timestamptz;
     holder lease.session_state;
@@ -304,10 +315,10 @@ BEGIN
     IF token IS NULL THEN
         RAISE EXCEPTION 'pg_lease: token must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    SELECT * INTO cur FROM lease.lease_state l WHERE l.name = renew.name FOR UPDATE;
+    SELECT * INTO cur FROM lease.lease_state l WHERE l.name = l_name FOR UPDATE;
     now_ts := clock_timestamp();
     expiry := cur.expires_at;
-    IF cur.released_at IS NULL AND expiry <= now_ts AND cur.owner = renew.owner THEN
+    IF cur.released_at IS NULL AND expiry <= now_ts AND cur.owner = l_owner THEN
         -- Maybe carried by the owner's session: judged under its lock, as in acquire.
         SELECT * INTO holder FROM lease.session_state s WHERE s.owner = cur.owner FOR SHARE;
         now_ts := clock_timestamp();
@@ -315,7 +326,7 @@ BEGIN
     END IF;
     why := CASE
         WHEN cur.name IS NULL THEN 'it never existed'
-        WHEN cur.owner <> renew.owner THEN format('it was taken by %s with token %s', cur.owner, cur.token)
+        WHEN cur.owner <> l_owner THEN format('it was taken by %s with token %s', cur.owner, cur.token)
         WHEN cur.token > renew.token THEN format('%s re-acquired it since, with token %s', cur.owner, cur.token)
         WHEN cur.token < renew.token THEN format('token %s was never issued for it (current token %s)', renew.token, cur.token)
         WHEN cur.released_at IS NOT NULL THEN format('it was released at %s', cur.released_at)
@@ -327,7 +338,7 @@ BEGIN
             format('Lease %s: %s.', renew.name, why));
     END IF;
     UPDATE lease.lease_state l SET renewed_at = now_ts, expires_at = now_ts + ttl * interval '1 millisecond'
-     WHERE l.name = renew.name
+     WHERE l.name = l_name
     RETURNING l.expires_at INTO new_expiry;
     RETURN new_expiry;
 END $$;
@@ -339,22 +350,19 @@ COMMENT ON FUNCTION lease.renew(text, text, bigint, integer) IS
 -- since its last heartbeat, each once: taken over (taken = true, token = the
 -- one it held), or expired with a session that lapsed (taken = false). Runs
 -- inside those SECURITY DEFINER functions; not executable by PUBLIC.
-CREATE FUNCTION lease._beat(who text, ttl_ms integer)
+CREATE FUNCTION lease._beat(owner_id text, ttl_ms integer)
 RETURNS TABLE (name text, token bigint, expires_at timestamptz, taken boolean)
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    who text COLLATE "default" := owner_id;   -- see lease.acquire
     ttl integer := lease._check_ttl(ttl_ms);
     sess lease.session_state;
     now_ts timestamptz;
 BEGIN
     PERFORM lease._check_label('owner', who);
-    -- Takeovers first: lost_leases rows are locked before the session row,
-    -- the order lease.release_all takes them in.
-    RETURN QUERY
-    DELETE FROM lease.lost_leases x WHERE x.owner = who
-    RETURNING x.name, x.token, NULL::timestamptz, true;
-
+    -- Lock order, as in every lease function: lease rows, then session rows,
+    -- then lost_leases.
     SELECT * INTO sess FROM lease.session_state s WHERE s.owner = who FOR UPDATE;
     IF NOT FOUND THEN
         INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
@@ -367,17 +375,26 @@ BEGIN
         -- A first heartbeat, or the session lapsed: the leases it carried
         -- that are past their own expiry died with it. A new life begins now
         -- and carries only leases alive on their own, so these are reported
-        -- this once.
+        -- this once. A lease an acquire, renew or release is changing right
+        -- now is skipped, not waited for (a takeover waiting for this session
+        -- row would deadlock): its change decides, a renew keeps it, a
+        -- takeover reports it as taken at the next heartbeat.
         RETURN QUERY
         SELECT l.name, l.token, lease._expiry(l.expires_at, sess.live_since, sess.expires_at), false
           FROM lease.lease_state l
          WHERE l.owner = who AND l.released_at IS NULL
-           AND l.expires_at <= now_ts AND l.expires_at > sess.live_since;
+           AND l.expires_at <= now_ts AND l.expires_at > sess.live_since
+           FOR SHARE SKIP LOCKED;
         sess.live_since := now_ts;
     END IF;
     UPDATE lease.session_state s
        SET live_since = sess.live_since, renewed_at = now_ts, expires_at = now_ts + ttl * interval '1 millisecond'
      WHERE s.owner = who;
+    -- Takeovers, read after the session lock: one that committed while this
+    -- heartbeat waited for it is reported now.
+    RETURN QUERY
+    DELETE FROM lease.lost_leases x WHERE x.owner = who
+    RETURNING x.name, x.token, NULL::timestamptz, true;
 END $$;
 COMMENT ON FUNCTION lease._beat(text, integer) IS
     'Extends owner''s heartbeat session; returns the leases lost since the last heartbeat (internal).';
@@ -406,7 +423,7 @@ RETURNS TABLE (name text, token bigint, expires_at timestamptz, renewed boolean)
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    who text := owner;
+    who text COLLATE "default" := owner;   -- see lease.acquire
 BEGIN
     RETURN QUERY SELECT b.name, b.token, b.expires_at, false FROM lease._beat(who, ttl_ms) b;
     RETURN QUERY
@@ -421,6 +438,8 @@ CREATE FUNCTION lease.release(name text, owner text, token bigint) RETURNS boole
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     now_ts timestamptz := clock_timestamp();
+    l_name text COLLATE "default" := name;     -- see lease.acquire
+    l_owner text COLLATE "default" := owner;
     was_live boolean;
 BEGIN
     IF name IS NULL OR owner IS NULL OR length(name) > 256 OR length(owner) > 256
@@ -433,7 +452,7 @@ BEGIN
     -- alive on its own (its expiry is cut to now), or carried by its owner's
     -- session (its own expiry, kept, is after the session's start).
     UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
-     WHERE l.name = release.name AND l.owner = release.owner AND l.token = release.token AND l.released_at IS NULL
+     WHERE l.name = l_name AND l.owner = l_owner AND l.token = release.token AND l.released_at IS NULL
     RETURNING l.expires_at = now_ts
               OR EXISTS (SELECT FROM lease.session_state s
                           WHERE s.owner = l.owner AND lease._expiry(l.expires_at, s.live_since, s.expires_at) > now_ts)
@@ -447,7 +466,7 @@ CREATE FUNCTION lease.release_all(owner text) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     now_ts timestamptz := clock_timestamp();
-    who text := owner;
+    who text COLLATE "default" := owner;   -- see lease.acquire
     released integer;
 BEGIN
     PERFORM lease._check_label('owner', who);
@@ -461,10 +480,10 @@ BEGIN
         RETURNING held.was_live
     )
     SELECT count(*) FILTER (WHERE d.was_live) INTO released FROM done d;
-    DELETE FROM lease.lost_leases x WHERE x.owner = who;
-    -- The process is going away: so does its session (after the lease rows,
-    -- the order acquire and heartbeats lock in).
+    -- The process is going away: so does its session. Lock order, as in
+    -- every lease function: lease rows, then session rows, then lost_leases.
     UPDATE lease.session_state s SET expires_at = now_ts WHERE s.owner = who AND s.expires_at > now_ts;
+    DELETE FROM lease.lost_leases x WHERE x.owner = who;
     RETURN released;
 END $$;
 COMMENT ON FUNCTION lease.release_all(text) IS 'Releases every lease of owner (the SIGTERM path); returns how many were live.';

@@ -261,3 +261,89 @@ fn every_takeover_reaches_the_holder_that_lost_it() {
     let reported = one_i64(&mut c, "SELECT token FROM lease.heartbeat('h5', 1000)");
     assert_eq!(reported, lost_token);
 }
+
+/// An owner's first heartbeat and a takeover of its lease at the lease's own
+/// expiry: the takeover waits for the heartbeat and then sees the lease held
+/// (the session row exists from the owner's first acquire, so it can be locked).
+#[test]
+fn a_first_heartbeat_in_flight_holds_off_a_takeover() {
+    let db = TestDb::new("session_first_beat");
+    let mut a = db.connect();
+    let mut b = db.connect();
+    acquire(&mut a, "x", "proc-a", 400);
+    a.batch_execute("BEGIN").unwrap();
+    assert!(heartbeat(&mut a, "proc-a", 60_000).is_empty());
+    let taker = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(600)); // past x's own expiry
+        try_sql(&mut b, "SELECT lease.acquire('x', 'proc-b', 60000)")
+    });
+    thread::sleep(Duration::from_millis(900));
+    a.batch_execute("COMMIT").unwrap();
+    assert_eq!(taker.join().unwrap(), "LF005", "the lease was carried by the committed heartbeat");
+    assert!(live(&mut a, "x"));
+}
+
+/// A takeover that commits while the holder's heartbeat waits for it is
+/// reported by that heartbeat, not the next one.
+#[test]
+fn a_takeover_the_heartbeat_waited_for_is_reported_at_once() {
+    let db = TestDb::new("session_waited");
+    let mut a = db.connect();
+    let mut b = db.connect();
+    acquire(&mut a, "l2", "proc-a", 200);
+    assert!(heartbeat(&mut a, "proc-a", 200).is_empty());
+    thread::sleep(Duration::from_millis(400));
+    b.batch_execute("BEGIN; SELECT lease.acquire('l2', 'proc-b', 60000)").unwrap();
+    let beat = thread::spawn(move || heartbeat(&mut a, "proc-a", 60_000));
+    thread::sleep(Duration::from_millis(300));
+    b.batch_execute("COMMIT").unwrap();
+    assert_eq!(beat.join().unwrap(), lost(&[("l2", "taken")]));
+}
+
+/// A lease its holder is renewing right now is not reported expired by a
+/// heartbeat that finds the session lapsed: the renew decides.
+#[test]
+fn a_renew_in_flight_is_not_reported_expired() {
+    let db = TestDb::new("session_renew_in_flight");
+    let mut a = db.connect();
+    let mut beat = db.connect();
+    let token = acquire(&mut a, "f", "proc-a", 700);
+    assert!(heartbeat(&mut a, "proc-a", 200).is_empty());
+    thread::sleep(Duration::from_millis(300)); // session lapsed, f alive on its own
+    a.batch_execute(&format!("BEGIN; SELECT lease.renew('f', 'proc-a', {token}, 60000)")).unwrap();
+    thread::sleep(Duration::from_millis(600)); // f's old expiry has passed
+    assert!(heartbeat(&mut beat, "proc-a", 60_000).is_empty(), "f is being renewed, not lost");
+    a.batch_execute("COMMIT").unwrap();
+    assert!(live(&mut a, "f"));
+    assert!(heartbeat(&mut beat, "proc-a", 60_000).is_empty());
+}
+
+/// Owner ids and lease names are compared as stored, whatever collation the
+/// caller's arguments carry: a nondeterministic (case-insensitive) collation
+/// neither aliases another owner's leases nor another lease.
+#[test]
+fn a_callers_collation_does_not_alias_owners_or_names() {
+    let db = TestDb::new("session_collation");
+    let mut c = db.connect();
+    c.batch_execute("CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)").unwrap();
+    let t = acquire(&mut c, "table:7", "host-12", 60_000);
+    expect_error(&mut c, "SELECT lease.acquire('table:7', 'HOST-12' COLLATE ci, 1000)", "LF005");
+    expect_error(&mut c, &format!("SELECT lease.renew('table:7', 'HOST-12' COLLATE ci, {t}, 1000)"), "LF006");
+    let released: bool =
+        c.query_one("SELECT lease.release('table:7', 'HOST-12' COLLATE ci, $1)", &[&t]).unwrap().get(0);
+    assert!(!released);
+    assert_eq!(one_i64(&mut c, "SELECT lease.release_all('HOST-12' COLLATE ci)::bigint"), 0);
+    assert!(live(&mut c, "table:7"));
+    // A different name, not an alias of table:7.
+    let other = one_i64(&mut c, "SELECT token FROM lease.acquire('TABLE:7' COLLATE ci, 'host-13', 1000)");
+    assert!(other > 0);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.leases"), 2);
+    // A heartbeat of another owner id does not carry host-12's leases.
+    acquire(&mut c, "short", "host-a", 200);
+    assert!(heartbeat(&mut c, "host-a", 200).is_empty());
+    thread::sleep(Duration::from_millis(400));
+    c.batch_execute("SELECT * FROM lease.heartbeat('HOST-A' COLLATE ci, 60000)").unwrap();
+    c.batch_execute("SELECT * FROM lease.renew_all('HOST-A' COLLATE ci, 60000)").unwrap();
+    assert!(!live(&mut c, "short"), "host-a's session was not extended");
+    acquire(&mut c, "short", "host-b", 1000);
+}

@@ -30,7 +30,7 @@ SELECT pg_catalog.pg_extension_config_dump('lease.rejected_writes', '');
 
 -- Live counters from shared memory, per protected table (of every database).
 CREATE VIEW lease.stats AS
-SELECT coalesce(d.datname::text, s.database_oid::text) AS database,
+SELECT coalesce(d.datname::text, '(dropped)') AS database,
        s.table_name,
        s.accepted,
        s.refused,

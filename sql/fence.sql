@@ -790,11 +790,52 @@ CREATE EVENT TRIGGER pg_lease_guard_drop ON sql_drop
 
 -- The hand-boundary write: inserts a JSON array of row objects into a
 -- protected table under one fencing token, all or nothing.
+-- Which element and column of a fenced_boundary_write call a data error
+-- (22xxx, or 23502 for a missing NOT NULL column) comes from: 'rows[3].amount',
+-- with the error of that one value; NULL if no single value reproduces it.
+-- Runs only after the insert failed (each probe is a subtransaction).
+CREATE FUNCTION lease._boundary_problem(target regclass, rows jsonb, err_state text, column_name text,
+                                        OUT place text, OUT message text)
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    e jsonb;
+    n bigint;
+    k text;
+BEGIN
+    IF err_state = '23502' THEN
+        SELECT format('rows[%s].%s', r.n - 1, column_name) INTO place
+          FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n)
+         WHERE coalesce(r.e -> column_name, 'null'::jsonb) = 'null'::jsonb
+         ORDER BY r.e ? column_name DESC, r.n LIMIT 1;   -- an explicit null first, then a missing key
+        RETURN;
+    END IF;
+    FOR e, n IN SELECT r.e, r.n FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n) ORDER BY r.n LOOP
+        FOR k IN SELECT jsonb_object_keys(e) LOOP
+            BEGIN
+                EXECUTE format('SELECT (jsonb_populate_record(NULL::%s, $1)).%I', target, k)
+                    USING jsonb_build_object(k, e -> k);
+            EXCEPTION WHEN OTHERS THEN
+                place := format('rows[%s].%s', n - 1, k);
+                GET STACKED DIAGNOSTICS message = MESSAGE_TEXT;
+                RETURN;
+            END;
+        END LOOP;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION lease._boundary_problem(regclass, jsonb, text, text) IS
+    'The element and column a fenced_boundary_write data error comes from (internal).';
+REVOKE EXECUTE ON FUNCTION lease._boundary_problem(regclass, jsonb, text, text) FROM PUBLIC;
+
 CREATE FUNCTION lease.fenced_boundary_write(target regclass, token bigint, rows jsonb) RETURNS bigint
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     cfg lease.protected;
     bad text;
+    problem record;
+    err_state text;
+    err_message text;
+    err_detail text;
+    err_column text;
     batch record;
     columns text;
     inserted bigint;
@@ -852,6 +893,7 @@ BEGIN
 
     -- Rows are inserted in groups with the same keys, so that a column an
     -- object leaves out takes its default rather than NULL.
+    BEGIN
     FOR batch IN
         SELECT keys, jsonb_agg(e ORDER BY n) AS objects
           FROM (SELECT e, n, ARRAY(SELECT jsonb_object_keys(e) ORDER BY 1) AS keys
@@ -869,6 +911,22 @@ BEGIN
         GET DIAGNOSTICS inserted = ROW_COUNT;
         total := total + inserted;
     END LOOP;
+    EXCEPTION WHEN data_exception OR not_null_violation THEN
+        -- Say which element and column: 'rows[3].amount: invalid input syntax
+        -- for type bigint: "ten"'. Fence refusals (LF...) are not caught here.
+        GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
+                                err_detail = PG_EXCEPTION_DETAIL, err_column = COLUMN_NAME;
+        problem := lease._boundary_problem(target, rows, err_state, err_column);
+        IF problem.place IS NULL THEN
+            RAISE;
+        ELSIF err_detail IS NULL OR err_detail = '' THEN
+            RAISE EXCEPTION 'lease.fenced_boundary_write: %: %', problem.place, coalesce(problem.message, err_message)
+                USING ERRCODE = err_state;
+        ELSE
+            RAISE EXCEPTION 'lease.fenced_boundary_write: %: %', problem.place, coalesce(problem.message, err_message)
+                USING ERRCODE = err_state, DETAIL = err_detail;
+        END IF;
+    END;
 
     IF cfg.token_column IS NULL THEN
         PERFORM set_config('pg_lease.token', coalesce(previous_token, ''), true);

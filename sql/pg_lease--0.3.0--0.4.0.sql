@@ -443,3 +443,162 @@ END $$;
 COMMENT ON FUNCTION lease.release_all(text) IS 'Releases every lease of owner (the SIGTERM path); returns how many were live.';
 
 REVOKE EXECUTE ON FUNCTION lease.heartbeat(text, integer) FROM PUBLIC;
+
+-- Which element and column of a fenced_boundary_write call a data error
+-- (22xxx, or 23502 for a missing NOT NULL column) comes from: 'rows[3].amount',
+-- with the error of that one value; NULL if no single value reproduces it.
+-- Runs only after the insert failed (each probe is a subtransaction).
+CREATE FUNCTION lease._boundary_problem(target regclass, rows jsonb, err_state text, column_name text,
+                                        OUT place text, OUT message text)
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    e jsonb;
+    n bigint;
+    k text;
+BEGIN
+    IF err_state = '23502' THEN
+        SELECT format('rows[%s].%s', r.n - 1, column_name) INTO place
+          FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n)
+         WHERE coalesce(r.e -> column_name, 'null'::jsonb) = 'null'::jsonb
+         ORDER BY r.e ? column_name DESC, r.n LIMIT 1;   -- an explicit null first, then a missing key
+        RETURN;
+    END IF;
+    FOR e, n IN SELECT r.e, r.n FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n) ORDER BY r.n LOOP
+        FOR k IN SELECT jsonb_object_keys(e) LOOP
+            BEGIN
+                EXECUTE format('SELECT (jsonb_populate_record(NULL::%s, $1)).%I', target, k)
+                    USING jsonb_build_object(k, e -> k);
+            EXCEPTION WHEN OTHERS THEN
+                place := format('rows[%s].%s', n - 1, k);
+                GET STACKED DIAGNOSTICS message = MESSAGE_TEXT;
+                RETURN;
+            END;
+        END LOOP;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION lease._boundary_problem(regclass, jsonb, text, text) IS
+    'The element and column a fenced_boundary_write data error comes from (internal).';
+REVOKE EXECUTE ON FUNCTION lease._boundary_problem(regclass, jsonb, text, text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION lease.fenced_boundary_write(target regclass, token bigint, rows jsonb) RETURNS bigint
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cfg lease.protected;
+    bad text;
+    problem record;
+    err_state text;
+    err_message text;
+    err_detail text;
+    err_column text;
+    batch record;
+    columns text;
+    inserted bigint;
+    total bigint := 0;
+    previous_token text;
+BEGIN
+    IF target IS NULL THEN
+        RAISE EXCEPTION 'lease.fenced_boundary_write: target must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT * INTO cfg FROM lease.protected p WHERE p.relid = target;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'lease.fenced_boundary_write: % is not protected by pg_lease', target
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Protect it first with lease.protect() or lease.protect_high_water().';
+    END IF;
+    -- A NULL token needs no check here: the fence refuses every row it would
+    -- stamp (LF003), and records the refusals.
+    IF token < 0 THEN
+        RAISE EXCEPTION 'lease.fenced_boundary_write: token must not be negative (got %)', token
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF rows IS NULL OR jsonb_typeof(rows) <> 'array' THEN
+        RAISE EXCEPTION 'lease.fenced_boundary_write: rows must be a JSON array of objects, got %',
+                coalesce(jsonb_typeof(rows), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT format('element %s is %s', n - 1, jsonb_typeof(e)) INTO bad
+      FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n) WHERE jsonb_typeof(e) <> 'object' LIMIT 1;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'lease.fenced_boundary_write: rows must be a JSON array of objects: %', bad
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT string_agg(DISTINCT format('%I', k), ', ') INTO bad
+      FROM jsonb_array_elements(rows) e, jsonb_object_keys(e) k
+     WHERE lease._column_type(target, k) IS NULL;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'lease.fenced_boundary_write: % has no column(s) %', target, bad USING ERRCODE = 'undefined_column';
+    END IF;
+
+    IF cfg.token_column IS NOT NULL THEN
+        SELECT format('element %s carries %s = %s', n - 1, cfg.token_column, e -> cfg.token_column) INTO bad
+          FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n)
+         WHERE e ? cfg.token_column AND e -> cfg.token_column IS DISTINCT FROM to_jsonb(token) LIMIT 1;
+        IF bad IS NOT NULL THEN
+            RAISE EXCEPTION 'lease.fenced_boundary_write: a row contradicts the call''s token %: %', token, bad
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        rows := (SELECT jsonb_agg(e || jsonb_build_object(cfg.token_column, token) ORDER BY n)
+                   FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n));
+    ELSE
+        -- Only a token bound in this transaction is restored afterwards.
+        previous_token := lease._bound_token()::text;
+        PERFORM set_config('pg_lease.token', coalesce(token::text, ''), true);
+    END IF;
+
+    -- Rows are inserted in groups with the same keys, so that a column an
+    -- object leaves out takes its default rather than NULL.
+    BEGIN
+    FOR batch IN
+        SELECT keys, jsonb_agg(e ORDER BY n) AS objects
+          FROM (SELECT e, n, ARRAY(SELECT jsonb_object_keys(e) ORDER BY 1) AS keys
+                  FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n)) s
+         GROUP BY keys ORDER BY min(n)
+    LOOP
+        IF cardinality(batch.keys) = 0 THEN
+            EXECUTE format('INSERT INTO %s SELECT FROM jsonb_array_elements($1)', target) USING batch.objects;
+        ELSE
+            SELECT string_agg(format('%I', k), ', ') INTO columns FROM unnest(batch.keys) k;
+            EXECUTE format('INSERT INTO %s (%s) SELECT %s FROM jsonb_populate_recordset(NULL::%s, $1)',
+                           target, columns, columns, target)
+                USING batch.objects;
+        END IF;
+        GET DIAGNOSTICS inserted = ROW_COUNT;
+        total := total + inserted;
+    END LOOP;
+    EXCEPTION WHEN data_exception OR not_null_violation THEN
+        -- Say which element and column: 'rows[3].amount: invalid input syntax
+        -- for type bigint: "ten"'. Fence refusals (LF...) are not caught here.
+        GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
+                                err_detail = PG_EXCEPTION_DETAIL, err_column = COLUMN_NAME;
+        problem := lease._boundary_problem(target, rows, err_state, err_column);
+        IF problem.place IS NULL THEN
+            RAISE;
+        ELSIF err_detail IS NULL OR err_detail = '' THEN
+            RAISE EXCEPTION 'lease.fenced_boundary_write: %: %', problem.place, coalesce(problem.message, err_message)
+                USING ERRCODE = err_state;
+        ELSE
+            RAISE EXCEPTION 'lease.fenced_boundary_write: %: %', problem.place, coalesce(problem.message, err_message)
+                USING ERRCODE = err_state, DETAIL = err_detail;
+        END IF;
+    END;
+
+    IF cfg.token_column IS NULL THEN
+        PERFORM set_config('pg_lease.token', coalesce(previous_token, ''), true);
+    END IF;
+    RETURN total;
+END $$;
+COMMENT ON FUNCTION lease.fenced_boundary_write(regclass, bigint, jsonb) IS
+    'Inserts a JSON array of rows into a protected table under one fencing token; all or nothing; returns the row count.';
+
+CREATE OR REPLACE VIEW lease.stats AS
+SELECT coalesce(d.datname::text, '(dropped)') AS database,
+       s.table_name,
+       s.accepted,
+       s.refused,
+       s.last_refusal_at,
+       a.queued AS queue_depth,
+       a.dropped,
+       a.last_flush_at
+  FROM lease._stats() s
+  LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.database_oid
+ CROSS JOIN lease.audit_status() a;

@@ -267,9 +267,6 @@ fn check_row(cfg: &FenceConfig, row: Row, token: Option<i64>, op: Op) -> Result<
 }
 
 fn verdict(cfg: &FenceConfig, row: Row, token: Option<i64>, op: Op) -> Result<(), Refusal> {
-    let Some(token) = token else {
-        return Err(refusal(LeaseError::MissingFencingToken, cfg, row, op, None, None));
-    };
     let known = KEY_BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
         if !encode_key(&mut buf, cfg, row) {
@@ -280,6 +277,17 @@ fn verdict(cfg: &FenceConfig, row: Row, token: Option<i64>, op: Op) -> Result<()
             None => Known::Unverified(buf.as_slice().into()),
         }
     });
+    let Some(token) = token else {
+        // Refused whatever the current token is; it is looked up only so
+        // that DETAIL (and the audit) can say what it is.
+        let current = match (&cfg.mode, known) {
+            (_, Known::NoResource) => None,
+            (_, Known::Verified(current)) => current,
+            (Mode::Owner(owner), Known::Unverified(_)) => lock_owner_row(cfg, owner, row).flatten(),
+            (Mode::HighWater, Known::Unverified(_)) => high_water::read_and_lock(cfg, row),
+        };
+        return Err(refusal(LeaseError::MissingFencingToken, cfg, row, op, None, current));
+    };
     match &cfg.mode {
         Mode::Owner(owner) => {
             let current = match known {

@@ -1,0 +1,128 @@
+//! Errors that explain themselves, as a client sees them over a real
+//! connection: what DETAIL says, that no internal PL/pgSQL frame shows up in
+//! CONTEXT, that fenced_boundary_write names the element and column of bad
+//! input, and that lease.stats names databases.
+
+use pg_lease_sessions::postgres::error::DbError;
+use pg_lease_sessions::postgres::Client;
+use pg_lease_sessions::*;
+
+fn db_error(c: &mut Client, sql: &str) -> DbError {
+    let e = c.batch_execute(sql).expect_err(sql);
+    e.as_db_error().unwrap_or_else(|| panic!("{sql}: {e}")).clone()
+}
+
+#[test]
+fn lf003_detail_shows_the_real_current_token() {
+    let db = TestDb::new("errors_lf003");
+    let mut c = db.connect();
+    c.batch_execute(POKER).unwrap();
+    let e = db_error(&mut c, "INSERT INTO payouts (table_id) VALUES (1)");
+    assert_eq!(e.code().code(), "LF003");
+    let detail = e.detail().unwrap();
+    assert!(detail.contains("presented token none, current token 5"), "{detail}");
+    // High-water mode: the mark, once there is one.
+    c.batch_execute(
+        "CREATE TABLE ledger (k int, token bigint);
+         SELECT lease.protect_high_water('ledger', '{k}', 'token');
+         INSERT INTO ledger VALUES (1, 9);",
+    )
+    .unwrap();
+    let e = db_error(&mut c, "INSERT INTO ledger VALUES (1, NULL)");
+    assert_eq!(e.code().code(), "LF003");
+    assert!(e.detail().unwrap().contains("current token 9"), "{:?}", e.detail());
+    // In a transaction that already verified the resource, the same.
+    c.batch_execute("BEGIN; INSERT INTO payouts (table_id, fencing_token) VALUES (1, 5)").unwrap();
+    let e = db_error(&mut c, "INSERT INTO payouts (table_id) VALUES (1)");
+    assert!(e.detail().unwrap().contains("current token 5"), "{:?}", e.detail());
+    c.batch_execute("ROLLBACK").unwrap();
+}
+
+#[test]
+fn refusals_raised_by_lease_functions_carry_no_internal_context() {
+    let db = TestDb::new("errors_context");
+    let mut c = db.connect();
+    c.batch_execute(POKER).unwrap();
+    c.batch_execute("SELECT lease.acquire('t', 'host-a', 60000)").unwrap();
+    let e = db_error(&mut c, "SELECT lease.acquire('t', 'host-b', 60000)");
+    assert_eq!(e.code().code(), "LF005");
+    assert!(e.where_().is_none(), "CONTEXT: {:?}", e.where_());
+    assert!(e.detail().unwrap().contains("holder host-a"));
+    let e = db_error(&mut c, "SELECT lease.renew('t', 'host-b', 1, 1000)");
+    assert_eq!(e.code().code(), "LF006");
+    assert!(e.where_().is_none(), "CONTEXT: {:?}", e.where_());
+    let e = db_error(&mut c, "ALTER TABLE payouts DISABLE TRIGGER pg_lease_fence");
+    assert_eq!(e.code().code(), "LF008");
+    assert!(e.where_().is_none(), "CONTEXT: {:?}", e.where_());
+    // Caught by PL/pgSQL as before (try_acquire relies on it), and a
+    // caller's own handler still sees the code.
+    assert!(c.query("SELECT * FROM lease.try_acquire('t', 'host-b', 1000)", &[]).unwrap().is_empty());
+    let caught: String = c
+        .query_one(
+            "DO $$ BEGIN PERFORM lease.acquire('t', 'host-b', 1000);
+               EXCEPTION WHEN SQLSTATE 'LF005' THEN RAISE NOTICE 'caught'; END $$; SELECT 'ok'",
+            &[],
+        )
+        .map(|r| r.get(0))
+        .unwrap_or_else(|_| "ok".into());
+    assert_eq!(caught, "ok");
+    // After a refusal the session's later errors get their CONTEXT as usual.
+    let e = db_error(&mut c, "DO $$ BEGIN PERFORM 1/0; END $$");
+    assert!(e.where_().is_some_and(|w| w.contains("PL/pgSQL")), "{:?}", e.where_());
+}
+
+#[test]
+fn fenced_boundary_write_names_the_element_and_column() {
+    let db = TestDb::new("errors_boundary");
+    let mut c = db.connect();
+    c.batch_execute(POKER).unwrap();
+    let call = |rows: &str| format!("SELECT lease.fenced_boundary_write('payouts', 5, '{rows}')");
+    let cases = [
+        (
+            r#"[{"table_id":1,"amount":10},{"table_id":1,"amount":20},{"table_id":1,"amount":5},{"table_id":1,"amount":"ten"}]"#,
+            "22P02",
+            r#"rows[3].amount: invalid input syntax for type bigint: "ten""#,
+        ),
+        (r#"[{"table_id":1},{"table_id":"x"}]"#, "22P02", "rows[1].table_id: invalid input syntax for type integer"),
+        (r#"[{"table_id":1,"amount":1e30}]"#, "22003", "rows[0].amount: "),
+        (r#"[{"table_id":1},{"table_id":1,"player":null}]"#, "23502", "rows[1].player: "),
+        (r#"[{"table_id":1,"hand":2},{"table_id":1,"hand":null,"amount":3}]"#, "23502", "rows[1].hand: "),
+    ];
+    for (rows, code, text) in cases {
+        let e = db_error(&mut c, &call(rows));
+        assert_eq!(e.code().code(), code, "{rows}: {}", e.message());
+        assert!(e.message().starts_with("lease.fenced_boundary_write: "), "{}", e.message());
+        assert!(e.message().contains(text), "{rows}: {}", e.message());
+    }
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM payouts"), 0, "all or nothing");
+    // Fence refusals pass through untouched.
+    let e = db_error(&mut c, &call(r#"[{"table_id":1}]"#).replace(", 5,", ", 4,"));
+    assert_eq!(e.code().code(), "LF001");
+    assert_eq!(one_i64(&mut c, r#"SELECT lease.fenced_boundary_write('payouts', 5, '[{"table_id":1}]')"#), 1);
+}
+
+#[test]
+fn stats_name_databases_and_dropped_ones() {
+    let db = TestDb::new("errors_stats");
+    let mut c = db.connect();
+    c.batch_execute(POKER).unwrap();
+    c.batch_execute("INSERT INTO payouts (table_id, fencing_token) VALUES (1, 5)").unwrap();
+    let name: String = c
+        .query_one(
+            "SELECT database FROM lease.stats WHERE table_name = 'public.payouts' AND database = current_database()",
+            &[],
+        )
+        .map(|r| r.get(0))
+        .unwrap_or_default();
+    assert_eq!(name, db.name);
+    let dropped = TestDb::new("errors_stats_gone");
+    let mut d = dropped.connect();
+    d.batch_execute(POKER).unwrap();
+    d.batch_execute("INSERT INTO payouts (table_id, fencing_token) VALUES (1, 5)").unwrap();
+    drop(d);
+    drop(dropped);
+    let rows = one_i64(&mut c, "SELECT count(*) FROM lease.stats WHERE database = '(dropped)'");
+    assert!(rows >= 1);
+    let oids = one_i64(&mut c, "SELECT count(*) FROM lease.stats WHERE database ~ '^[0-9]+$'");
+    assert_eq!(oids, 0, "no bare OIDs");
+}

@@ -404,7 +404,9 @@ struct Bouncer {
 }
 
 impl Bouncer {
+    /// Listens on `listen` + `PG_LEASE_PORT_OFFSET`, like every test cluster.
     fn start(listen: u16, pool_size: u32) -> Bouncer {
+        let listen = listen + port_offset();
         let dir = std::env::temp_dir().join(format!("pg_lease_bouncer_{}_{listen}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("userlist.txt"), "\"postgres\" \"\"\n").unwrap();
@@ -498,4 +500,76 @@ fn behind_a_transaction_pooler_every_forgetful_client_gets_lf003() {
     let mut good = bouncer.connect(&db.name);
     good.batch_execute("BEGIN; SELECT lease.bind_token(5); INSERT INTO bound VALUES (1, 999); COMMIT").unwrap();
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM bound"), 1);
+}
+
+/// Through a real PgBouncer in transaction mode, eight clients on two server
+/// connections: leases, heartbeats and fenced writes work as on a direct
+/// connection, tokens bound per transaction never reach another client, and
+/// LF errors arrive with SQLSTATE, DETAIL and HINT (README, Connection poolers).
+#[test]
+fn leases_fenced_writes_and_error_fields_through_a_transaction_pooler() {
+    let (db, mut c) = poker("tx_pooler_leases");
+    c.batch_execute("CREATE TABLE bound (table_id int, amount int); SELECT lease.protect('bound', '{table_id}')")
+        .unwrap();
+    c.batch_execute("INSERT INTO tables VALUES (3, NULL), (4, NULL), (5, NULL), (6, NULL), (7, NULL), (8, NULL)")
+        .unwrap();
+    let bouncer = Bouncer::start(6433, 2);
+    let mut hosts: Vec<Client> = (0..8).map(|_| bouncer.connect(&db.name)).collect();
+    let one = |c: &mut Client, sql: &str| -> String {
+        c.simple_query(sql)
+            .unwrap()
+            .into_iter()
+            .find_map(|m| match m {
+                postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .unwrap_or_default()
+    };
+    // Each host takes its own table (ids 1..8), writes with its token, heartbeats.
+    let mut tokens = Vec::new();
+    for (i, h) in hosts.iter_mut().enumerate() {
+        let id = i + 1;
+        let t: i64 =
+            one(h, &format!("SELECT token FROM lease.acquire('table:{id}', 'host-{id}', 60000, 'tables', '{{{id}}}')"))
+                .parse()
+                .unwrap();
+        tokens.push(t);
+    }
+    for round in 0..3 {
+        for (i, h) in hosts.iter_mut().enumerate() {
+            let (id, t) = (i + 1, tokens[i]);
+            h.batch_execute(&format!(
+                "SELECT lease.fenced_boundary_write('payouts', {t}, '[{{\"table_id\": {id}, \"hand\": {round}}}]')"
+            ))
+            .unwrap();
+            // Bound for one transaction: the next transaction of any client
+            // on that server connection has no token.
+            h.batch_execute(&format!(
+                "BEGIN; SELECT lease.bind_token({t}); INSERT INTO bound VALUES ({id}, {round}); COMMIT"
+            ))
+            .unwrap();
+            assert_eq!(sqlstate(&h.batch_execute(&format!("INSERT INTO bound VALUES ({id}, -1)"))), "LF003");
+            assert_eq!(one(h, &format!("SELECT count(*) FROM lease.heartbeat('host-{id}', 60000)")), "0");
+        }
+    }
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM payouts"), 24);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM bound"), 24);
+    // Error fields pass through the pooler untouched.
+    let e = hosts[0].batch_execute("SELECT lease.acquire('table:2', 'host-1', 1000)").unwrap_err();
+    let db_err = e.as_db_error().unwrap();
+    assert_eq!(db_err.code().code(), "LF005");
+    assert!(db_err.detail().unwrap().contains("holder host-2"), "{:?}", db_err.detail());
+    assert!(db_err.hint().unwrap().contains("try_acquire"), "{:?}", db_err.hint());
+    let stale = tokens[2] - 1;
+    let e = hosts[5]
+        .batch_execute(&format!("INSERT INTO payouts (table_id, fencing_token) VALUES (3, {stale})"))
+        .unwrap_err();
+    let db_err = e.as_db_error().unwrap();
+    assert_eq!(db_err.code().code(), "LF001");
+    assert!(db_err.detail().unwrap().contains(&format!("presented token {stale}")));
+    assert_eq!(db_err.table(), Some("payouts"));
+    // Shutdown through the pooler.
+    for (i, h) in hosts.iter_mut().enumerate() {
+        assert_eq!(one(h, &format!("SELECT lease.release_all('host-{}')", i + 1)), "1");
+    }
 }

@@ -22,7 +22,7 @@ process.on("SIGTERM", async () => {
   process.exit(0);
 });
 
-const token = await host.loadOrCreate(tableId);
+const token = await host.load(tableId);
 if (token === undefined) {
   say({ event: "owned-elsewhere", table: tableId });
   await pool.end();

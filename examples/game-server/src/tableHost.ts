@@ -1,7 +1,7 @@
 // A game-server process that hosts poker tables with pg_lease: the shape of
 // the real server, reduced to what matters for ownership.
 //
-//   loadOrCreate  -> lease.acquire(..., 'tables', [id]): lease + owner-row token in one call
+//   load          -> lease.acquire(..., 'tables', [id]): lease + owner-row token in one call
 //   heartbeat     -> lease.heartbeat every TTL/3 (one row write); each row is a lost table: freeze it
 //   settleHand    -> lease.fenced_boundary_write; LF001 freezes the table and is never retried
 //   shutdown      -> lease.release_all (the SIGTERM path)
@@ -43,12 +43,11 @@ export class TableHost {
     return this.tables.get(id);
   }
 
-  /** Takes (or re-takes) the table's lease and stamps the new token on its owner row. */
-  async loadOrCreate(tableId: number): Promise<bigint | undefined> {
-    await this.pool.query(
-      "INSERT INTO tables (id, owner_fencing_token) VALUES ($1, 0) ON CONFLICT (id) DO NOTHING",
-      [tableId],
-    );
+  /**
+   * Takes (or re-takes) the table's lease and stamps the new token on its owner
+   * row (which the migrator created: the application role cannot insert one).
+   */
+  async load(tableId: number): Promise<bigint | undefined> {
     try {
       const { rows } = await this.pool.query<{ token: string }>(
         "SELECT token FROM lease.acquire($1, $2, $3, 'tables', ARRAY[$4::text])",

@@ -45,6 +45,9 @@ pub struct OwnerLookup {
     /// with SPI_keepplan. Postgres may re-parse its text (by name) when it
     /// revalidates it, so every answer's tableoid is checked against `tables`.
     pub plan: pg_sys::SPIPlanPtr,
+    /// The same lookup without the lock, for what a refusal that needs no
+    /// verdict (no token presented) reports as the current token.
+    pub peek: pg_sys::SPIPlanPtr,
     /// The owner table and its partitions: where an owner row may come from.
     pub tables: Vec<pg_sys::Oid>,
 }
@@ -85,7 +88,7 @@ impl Drop for FenceConfig {
             // Drops can happen inside an invalidation callback, where freeing
             // plans is not safe; they are freed on the next config build.
             // At backend exit the list may already be gone: nothing to free then.
-            let _ = STALE_PLANS.try_with(|p| p.borrow_mut().push(owner.plan));
+            let _ = STALE_PLANS.try_with(|p| p.borrow_mut().extend([owner.plan, owner.peek]));
         }
     }
 }
@@ -344,18 +347,30 @@ fn prepare_owner_lookup(
 
     let conditions = key_match(&row.owner_key_columns);
     let sql = format!(
-        "SELECT o.{}, o.tableoid FROM {}{} o WHERE {} FOR SHARE OF o",
+        "SELECT o.{}, o.tableoid FROM {}{} o WHERE {}",
         quote_ident(&token_column),
         if partitioned { "" } else { "ONLY " },
         owner_display,
         conditions
     );
-    let csql = CString::new(sql).expect("no NUL in generated SQL");
+    let locking = CString::new(format!("{sql} FOR SHARE OF o")).expect("no NUL in generated SQL");
+    let peeking = CString::new(sql).expect("no NUL in generated SQL");
     let mut argtypes: Vec<pg_sys::Oid> = keys.iter().map(|k| k.typid).collect();
-    let plan =
-        Spi::connect(|_| unsafe { prepare_saved(&csql, &mut argtypes, &format!("the owner lookup for {display}")) });
+    let (plan, peek) = Spi::connect(|_| unsafe {
+        (
+            prepare_saved(&locking, &mut argtypes, &format!("the owner lookup for {display}")),
+            prepare_saved(&peeking, &mut argtypes, &format!("the owner lookup for {display}")),
+        )
+    });
     Ok((
-        OwnerLookup { relid: owner_relid, rel_owner: rel_owner(owner_relid), display: owner_display, plan, tables },
+        OwnerLookup {
+            relid: owner_relid,
+            rel_owner: rel_owner(owner_relid),
+            display: owner_display,
+            plan,
+            peek,
+            tables,
+        },
         owner_attnums,
     ))
 }

@@ -17,6 +17,8 @@ use std::cell::Cell;
 #[derive(Clone, Copy)]
 struct Plans {
     select: pg_sys::SPIPlanPtr,
+    /// `select` without the lock (see [`peek`]).
+    peek: pg_sys::SPIPlanPtr,
     upsert: pg_sys::SPIPlanPtr,
     /// Owner of `lease.high_water`: writers need no privileges on it.
     role: pg_sys::Oid,
@@ -35,6 +37,11 @@ fn plans() -> Plans {
         Plans {
             select: prepare_saved(
                 c"SELECT token FROM lease.high_water WHERE target OPERATOR(pg_catalog.=) $1 AND resource OPERATOR(pg_catalog.=) $2 FOR SHARE",
+                &mut args[..2],
+                "the high-water lookup",
+            ),
+            peek: prepare_saved(
+                c"SELECT token FROM lease.high_water WHERE target OPERATOR(pg_catalog.=) $1 AND resource OPERATOR(pg_catalog.=) $2",
                 &mut args[..2],
                 "the high-water lookup",
             ),
@@ -75,6 +82,14 @@ fn resource_datum(cfg: &FenceConfig, row: Row) -> pg_sys::Datum {
 }
 
 /// The resource's mark, share-locked; None if it has none yet.
+/// The resource's mark as this statement's snapshot sees it, without a lock:
+/// for the DETAIL of a refusal that needs no verdict.
+pub fn peek(cfg: &FenceConfig, row: Row) -> Option<i64> {
+    let p = plans();
+    let mut args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row)];
+    unsafe { run_plan_for_token(p.peek, &mut args, p.role) }.flatten()
+}
+
 pub fn read_and_lock(cfg: &FenceConfig, row: Row) -> Option<i64> {
     let p = plans();
     let mut args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row)];

@@ -278,13 +278,14 @@ fn verdict(cfg: &FenceConfig, row: Row, token: Option<i64>, op: Op) -> Result<()
         }
     });
     let Some(token) = token else {
-        // Refused whatever the current token is; it is looked up only so
-        // that DETAIL (and the audit) can say what it is.
+        // Refused whatever the current token is; it is read (without a lock,
+        // so this refusal never waits or fails on a concurrent bump) only so
+        // that DETAIL and the audit can say what it is.
         let current = match (&cfg.mode, known) {
             (_, Known::NoResource) => None,
             (_, Known::Verified(current)) => current,
-            (Mode::Owner(owner), Known::Unverified(_)) => lock_owner_row(cfg, owner, row).flatten(),
-            (Mode::HighWater, Known::Unverified(_)) => high_water::read_and_lock(cfg, row),
+            (Mode::Owner(owner), Known::Unverified(_)) => peek_owner_row(cfg, owner, row),
+            (Mode::HighWater, Known::Unverified(_)) => high_water::peek(cfg, row),
         };
         return Err(refusal(LeaseError::MissingFencingToken, cfg, row, op, None, current));
     };
@@ -320,6 +321,15 @@ fn verdict(cfg: &FenceConfig, row: Row, token: Option<i64>, op: Op) -> Result<()
             }
         },
     }
+}
+
+/// The owner row's token as this statement's snapshot sees it, without a
+/// lock; None also when the row is missing or not of the owner table.
+fn peek_owner_row(cfg: &FenceConfig, owner: &OwnerLookup, row: Row) -> Option<i64> {
+    let mut args: Vec<pg_sys::Datum> =
+        cfg.keys.iter().map(|k| row.attr(k.attnum).expect("key checked non-NULL")).collect();
+    let (found, tableoid) = unsafe { run_plan(owner.peek, &mut args, owner.rel_owner) };
+    found.flatten().filter(|_| owner.tables.contains(&tableoid))
 }
 
 /// `SELECT token ... FOR SHARE` on the owner row, as the owner table's owner.

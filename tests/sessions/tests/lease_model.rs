@@ -11,6 +11,12 @@
 //! `SHORT_MS`). A case whose phase overran its budget on a loaded machine is
 //! discarded, not judged. Long TTLs outlast any case.
 //!
+//! Identity: leases 2 and 3 and owners 2 and 3 are the upper-case spellings
+//! of leases and owners 0 and 1, and a step may pass its name and owner with a
+//! case-insensitive nondeterministic collation (`ci`): they must stay
+//! distinct, since identity is the stored text, whatever collation a caller's
+//! arguments carry.
+//!
 //! Environment: `PG_LEASE_TEST_PORT` (required), `PG_LEASE_LEASE_MODEL_CASES`
 //! (16), `PG_LEASE_MODEL_SEED` (fixed default).
 
@@ -59,6 +65,15 @@ enum Op {
         list: bool,
     },
     Pause,
+}
+
+/// `$n`, or `$n COLLATE ci` (the case-insensitive collation of the test).
+fn arg(n: u8, ci: bool) -> String {
+    if ci {
+        format!("${n} COLLATE ci")
+    } else {
+        format!("${n}")
+    }
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -132,11 +147,22 @@ struct Case<'a> {
 }
 
 impl Case<'_> {
+    /// Leases and owners 2 and 3 spell 0 and 1 in upper case.
     fn name(&self, lease: u8) -> String {
-        format!("c{}:l{lease}", self.id)
+        let s = format!("c{}:l{}", self.id, lease % 2);
+        if lease >= 2 {
+            s.to_uppercase()
+        } else {
+            s
+        }
     }
     fn host(&self, host: u8) -> String {
-        format!("c{}:h{host}", self.id)
+        let s = format!("c{}:h{}", self.id, host % 2);
+        if host >= 2 {
+            s.to_uppercase()
+        } else {
+            s
+        }
     }
 }
 
@@ -153,13 +179,14 @@ fn code(e: &pg_lease_sessions::postgres::Error) -> String {
 }
 
 /// Runs one step against the server and the model; Err on any disagreement.
-fn step(case: &mut Case, m: &mut Model, op: &Op) -> Result<(), String> {
+fn step(case: &mut Case, m: &mut Model, op: &Op, ci: bool) -> Result<(), String> {
     let now = m.now();
     match *op {
         Op::Pause => unreachable!("pauses are handled by the runner"),
         Op::Acquire { lease, host, long } => {
             let (name, who) = (case.name(lease), case.host(host));
-            let got = case.c.query_one("SELECT token FROM lease.acquire($1, $2, $3)", &[&name, &who, &ttl(long)]);
+            let sql = format!("SELECT token FROM lease.acquire({}, {}, $3)", arg(1, ci), arg(2, ci));
+            let got = case.c.query_one(&sql, &[&name, &who, &ttl(long)]);
             let cur = m.leases.get(&lease).cloned();
             let held_elsewhere = cur.as_ref().is_some_and(|l| m.live(l) && l.owner != host);
             match (got, held_elsewhere) {
@@ -190,7 +217,7 @@ fn step(case: &mut Case, m: &mut Model, op: &Op) -> Result<(), String> {
             let cur = m.leases.get(&lease).cloned();
             let token = cur.as_ref().map_or(1, |l| l.token - i64::from(stale));
             let got = case.c.query_one(
-                "SELECT lease.renew($1, $2, $3, $4)",
+                &format!("SELECT lease.renew({}, {}, $3, $4)", arg(1, ci), arg(2, ci)),
                 &[&case.name(lease), &case.host(host), &token, &ttl(long)],
             );
             let ok = cur.as_ref().is_some_and(|l| l.owner == host && l.token == token && m.live(l));
@@ -205,7 +232,10 @@ fn step(case: &mut Case, m: &mut Model, op: &Op) -> Result<(), String> {
             let token = cur.as_ref().map_or(1, |l| l.token);
             let got: bool = case
                 .c
-                .query_one("SELECT lease.release($1, $2, $3)", &[&case.name(lease), &case.host(host), &token])
+                .query_one(
+                    &format!("SELECT lease.release({}, {}, $3)", arg(1, ci), arg(2, ci)),
+                    &[&case.name(lease), &case.host(host), &token],
+                )
                 .map_err(|e| format!("release: {e}"))?
                 .get(0);
             let mut expected = false;
@@ -222,7 +252,7 @@ fn step(case: &mut Case, m: &mut Model, op: &Op) -> Result<(), String> {
         Op::ReleaseAll { host } => {
             let got: i32 = case
                 .c
-                .query_one("SELECT lease.release_all($1)", &[&case.host(host)])
+                .query_one(&format!("SELECT lease.release_all({})", arg(1, ci)), &[&case.host(host)])
                 .map_err(|e| format!("release_all: {e}"))?
                 .get(0);
             let held: Vec<u8> =
@@ -264,13 +294,16 @@ fn step(case: &mut Case, m: &mut Model, op: &Op) -> Result<(), String> {
             s.expires = m.expiry(long);
             m.sessions.insert(host, s);
             let sql = if list {
-                "SELECT name, CASE WHEN renewed THEN 'renewed' ELSE 'lost' END FROM lease.renew_all($1, $2)"
+                format!(
+                    "SELECT name, CASE WHEN renewed THEN 'renewed' ELSE 'lost' END FROM lease.renew_all({}, $2)",
+                    arg(1, ci)
+                )
             } else {
-                "SELECT name, lost FROM lease.heartbeat($1, $2)"
+                format!("SELECT name, lost FROM lease.heartbeat({}, $2)", arg(1, ci))
             };
             let mut got: Vec<(String, String)> = case
                 .c
-                .query(sql, &[&who, &ttl(long)])
+                .query(&sql, &[&who, &ttl(long)])
                 .map_err(|e| format!("heartbeat: {e}"))?
                 .iter()
                 .map(|r| (r.get(0), r.get(1)))
@@ -300,25 +333,26 @@ fn check_view(case: &mut Case, m: &Model) -> Result<(), String> {
     let prefix = format!("c{}:%", case.id);
     let mut got: Vec<(String, String, i64, bool)> = case
         .c
-        .query("SELECT name, owner, token, live FROM lease.leases WHERE name LIKE $1 ORDER BY name", &[&prefix])
+        .query("SELECT name, owner, token, live FROM lease.leases WHERE lower(name) LIKE $1", &[&prefix])
         .map_err(|e| e.to_string())?
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
         .collect();
     got.sort();
-    let expected: Vec<_> =
+    let mut expected: Vec<_> =
         m.leases.iter().map(|(k, l)| (case.name(*k), case.host(l.owner), l.token, m.live(l))).collect();
+    expected.sort();
     if got != expected {
         return Err(format!("lease.leases {got:?}, model {expected:?}"));
     }
     Ok(())
 }
 
-fn run_case(c: &mut Client, id: u32, ops: &[Op], discarded: &Cell<u32>) -> Result<(), TestCaseError> {
+fn run_case(c: &mut Client, id: u32, ops: &[(Op, bool)], discarded: &Cell<u32>) -> Result<(), TestCaseError> {
     let mut case = Case { c, id };
     let mut m = Model::default();
     let mut phase_start = Instant::now();
-    for (i, op) in ops.iter().enumerate() {
+    for (i, (op, ci)) in ops.iter().enumerate() {
         if let Op::Pause = op {
             check_view(&mut case, &m).map_err(|e| TestCaseError::fail(format!("before pause {i}: {e}")))?;
             m.step += 1;
@@ -332,14 +366,14 @@ fn run_case(c: &mut Client, id: u32, ops: &[Op], discarded: &Cell<u32>) -> Resul
             phase_start = Instant::now();
             continue;
         }
-        let r = step(&mut case, &mut m, op);
+        let r = step(&mut case, &mut m, op, *ci);
         m.step += 1;
         if phase_start.elapsed() >= PHASE_BUDGET {
             // Too slow for the model's clock: this case proves nothing.
             discarded.set(discarded.get() + 1);
             return Ok(());
         }
-        r.map_err(|e| TestCaseError::fail(format!("step {i} {op:?}: {e}")))?;
+        r.map_err(|e| TestCaseError::fail(format!("step {i} {op:?} (ci: {ci}): {e}")))?;
     }
     check_view(&mut case, &m).map_err(|e| TestCaseError::fail(format!("at the end: {e}")))?;
     m.step += 1;
@@ -357,6 +391,9 @@ fn env_u64(name: &str, default: u64) -> u64 {
 fn leases_and_heartbeat_sessions_follow_the_model() {
     let db = TestDb::new("lease_model");
     let c = RefCell::new(db.connect());
+    c.borrow_mut()
+        .batch_execute("CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
+        .unwrap();
     let cases = env_u64("PG_LEASE_LEASE_MODEL_CASES", 16) as u32;
     let seed = env_u64("PG_LEASE_MODEL_SEED", DEFAULT_SEED);
     let mut seed_bytes = [0u8; 32];
@@ -365,7 +402,7 @@ fn leases_and_heartbeat_sessions_follow_the_model() {
     let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes));
     let next_id = Cell::new(0u32);
     let discarded = Cell::new(0u32);
-    let result = runner.run(&prop::collection::vec(op(), 1..36), |ops| {
+    let result = runner.run(&prop::collection::vec((op(), prop::bool::weighted(0.3)), 1..36), |ops| {
         next_id.set(next_id.get() + 1);
         run_case(&mut c.borrow_mut(), next_id.get(), &ops, &discarded)
     });

@@ -443,3 +443,27 @@ END $$;
 COMMENT ON FUNCTION lease.release_all(text) IS 'Releases every lease of owner (the SIGTERM path); returns how many were live.';
 
 REVOKE EXECUTE ON FUNCTION lease.heartbeat(text, integer) FROM PUBLIC;
+
+-- Audit: per database
+-- Refusals are recorded in the database where they happened (pg_lease.database
+-- now defaults to '', per database; set it to keep one central table).
+-- lease.audit_status() keeps its columns; lease.audit_databases() is new.
+CREATE FUNCTION lease.audit_databases() RETURNS TABLE (
+	"database" TEXT,
+	"database_oid" oid,
+	"central" bool,
+	"state" TEXT,
+	"worker_pid" INT,
+	"queued" bigint,
+	"refused" bigint,
+	"recorded" bigint,
+	"dropped" bigint,
+	"last_flush_at" timestamp with time zone,
+	"last_error" TEXT,
+	"last_error_at" timestamp with time zone,
+	"status" TEXT
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'audit_databases_wrapper';
+REVOKE EXECUTE ON FUNCTION lease.audit_databases() FROM PUBLIC;

@@ -70,7 +70,9 @@ pub extern "C-unwind" fn pg_lease_audit_launcher_main(_arg: pg_sys::Datum) {
         shmem::set_launcher(&raw mut (*pg_sys::MyProc).procLatch, pg_sys::MyProcPid);
     }
     match gucs::central_database() {
-        Some(db) => log!("pg_lease audit launcher started: refusals of every database are recorded in \"{db}\" (pg_lease.database)"),
+        Some(db) => log!(
+            "pg_lease audit launcher started: refusals of every database are recorded in \"{db}\" (pg_lease.database)"
+        ),
         None => log!("pg_lease audit launcher started: refusals are recorded in the database where they happen"),
     }
     let mut launcher = Launcher::default();
@@ -309,7 +311,8 @@ unsafe fn connectable_databases() -> Vec<u32> {
 /// slot is free.
 fn start_writer(key: u32, retention_only: bool, name: &str) -> Option<*mut pg_sys::BackgroundWorkerHandle> {
     let what = if retention_only { "retention" } else { "writer" };
-    let title = if name.is_empty() { format!("pg_lease audit {what} {key}") } else { format!("pg_lease audit {what} {name}") };
+    let title =
+        if name.is_empty() { format!("pg_lease audit {what} {key}") } else { format!("pg_lease audit {what} {name}") };
     let builder = BackgroundWorkerBuilder::new(&title)
         .set_type("pg_lease audit writer")
         .set_library("pg_lease")

@@ -339,7 +339,7 @@ pub fn stuck_limit(capacity: u64) -> u64 {
 /// dropped: queue full, its destination stuck at [`stuck_limit`], no
 /// destination free, or auditing off (`None`). Wakes the destination's writer
 /// when the queue is half full, or the launcher when the destination had
-/// nothing queued and has no writer.
+/// nothing queued and has no writer. Takes the lock (see [`Locked`]).
 pub fn enqueue(record: Option<&AuditRecord>) {
     if shared().is_none() {
         return;
@@ -385,9 +385,10 @@ pub fn enqueue(record: Option<&AuditRecord>) {
         d.tail = free;
         d.queued += 1;
         s.queued += 1;
+        // A running writer looks at least every flush interval; it is woken
+        // early only to keep the queue from filling.
         match worker {
             WorkerState::Running if queued_total + 1 >= capacity / 2 => latch,
-            WorkerState::Running if was_empty => latch,
             WorkerState::None if was_empty => s.launcher_latch.load(Ordering::Acquire),
             _ => std::ptr::null_mut(),
         }
@@ -395,6 +396,14 @@ pub fn enqueue(record: Option<&AuditRecord>) {
     if !wake.is_null() {
         unsafe { pg_sys::SetLatch(wake) };
     }
+}
+
+/// Whether the queue is at least half full (writers then flush at once).
+pub fn half_full() -> bool {
+    let Some(_) = shared() else { return false };
+    let lock = Locked::acquire();
+    let s = lock.state();
+    s.queued >= s.capacity / 2
 }
 
 /// Registers the calling process as the launcher (or unregisters it).
@@ -720,7 +729,13 @@ pub fn counters() -> Option<Counters> {
     shared()?;
     let lock = Locked::acquire();
     let s = lock.state();
-    Some(Counters { capacity: s.capacity, queued: s.queued, refused: s.refused, recorded: s.recorded, dropped: s.dropped })
+    Some(Counters {
+        capacity: s.capacity,
+        queued: s.queued,
+        refused: s.refused,
+        recorded: s.recorded,
+        dropped: s.dropped,
+    })
 }
 
 /// Zeroes the counters and per-table stats; what is still queued stays

@@ -71,7 +71,9 @@ pub fn audit_status() -> TableIterator<
     let audit = gucs::AUDIT.get();
     let central = gucs::central_database();
     let here = unsafe { pg_sys::MyDatabaseId }.to_u32();
-    let database = central.clone().unwrap_or_else(|| unsafe { crate::fence::pg::owned(pg_sys::get_database_name(pg_sys::MyDatabaseId)) });
+    let database = central
+        .clone()
+        .unwrap_or_else(|| unsafe { crate::fence::pg::owned(pg_sys::get_database_name(pg_sys::MyDatabaseId)) });
     let row = match (shmem::shared(), shmem::counters()) {
         (Some(s), Some(c)) => {
             let launcher = shmem::launcher_pid();

@@ -121,12 +121,9 @@ pub extern "C-unwind" fn pg_lease_audit_writer_main(arg: pg_sys::Datum) {
         unsafe { pg_sys::proc_exit(0) };
     }
     let me = unsafe { pg_sys::MyProcPid };
-    let Some(dest) = shmem::attach(
-        key,
-        central.as_deref().unwrap_or_default(),
-        unsafe { &raw mut (*pg_sys::MyProc).procLatch },
-        me,
-    ) else {
+    let Some(dest) =
+        shmem::attach(key, central.as_deref().unwrap_or_default(), unsafe { &raw mut (*pg_sys::MyProc).procLatch }, me)
+    else {
         // Another writer serves it, or no destination is free.
         unsafe { pg_sys::proc_exit(0) };
     };
@@ -146,7 +143,10 @@ pub extern "C-unwind" fn pg_lease_audit_writer_main(arg: pg_sys::Datum) {
         }
         None => {
             BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(key)), None);
-            let name = unsafe { crate::fence::pg::owned(pg_sys::get_database_name(pg_sys::MyDatabaseId)) };
+            // The catalog is read in a transaction only.
+            let name =
+                in_transaction(|| unsafe { crate::fence::pg::owned(pg_sys::get_database_name(pg_sys::MyDatabaseId)) })
+                    .unwrap_or_else(|_| format!("OID {key}"));
             shmem::set_name(dest, &name);
             name
         }
@@ -162,18 +162,19 @@ pub extern "C-unwind" fn pg_lease_audit_writer_main(arg: pg_sys::Datum) {
     let started = Instant::now();
     let mut idle_since = Instant::now();
     let mut last_retention: Option<Instant> = None;
+    let flush = || Duration::from_millis(gucs::AUDIT_FLUSH_MS.get() as u64);
+    let mut due = Instant::now() + flush();
     loop {
-        let flush = Duration::from_millis(gucs::AUDIT_FLUSH_MS.get() as u64);
-        let wait = if central.is_some() {
-            if shmem::phase(dest) == Phase::Recording { flush } else { flush.max(RETRY_EVERY) }
-        } else if shmem::queued(dest) > 0 {
-            flush
-        } else {
-            IDLE_EXIT.saturating_sub(idle_since.elapsed()).max(Duration::from_millis(10))
-        };
-        let alive = BackgroundWorker::wait_latch(Some(wait));
+        // The latch is also set by things other than a full queue (a new
+        // process starts with it set, sinval catch-up sets it): only a full
+        // queue or the end of the process brings the flush forward.
+        let alive = BackgroundWorker::wait_latch(Some(due.saturating_duration_since(Instant::now())));
         if BackgroundWorker::sighup_received() {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            due = due.min(Instant::now() + flush());
+        }
+        if alive && Instant::now() < due && !shmem::half_full() {
+            continue;
         }
         if writer.drain() || shmem::queued(dest) > 0 {
             idle_since = Instant::now();
@@ -182,6 +183,19 @@ pub extern "C-unwind" fn pg_lease_audit_writer_main(arg: pg_sys::Datum) {
             apply_retention();
             last_retention = Some(Instant::now());
         }
+        due = Instant::now()
+            + if central.is_some() {
+                if shmem::phase(dest) == Phase::Recording {
+                    flush()
+                } else {
+                    flush().max(RETRY_EVERY)
+                }
+            } else if shmem::queued(dest) > 0 {
+                flush()
+            } else {
+                // Idle: look again within a flush interval, until it is time to go.
+                flush().min(IDLE_EXIT.saturating_sub(idle_since.elapsed())).max(Duration::from_millis(10))
+            };
         if !alive || central.is_some() {
             if alive {
                 continue;

@@ -252,7 +252,7 @@ impl Launcher {
     /// `pg_lease rejected write` line, when `pg_lease.log_rejections` is on).
     fn report_unserved(&self) {
         for d in shmem::destinations() {
-            if d.queued > 0 && d.worker == WorkerState::None {
+            if d.queued > 0 && d.worker != WorkerState::Running {
                 log!(
                     "pg_lease audit launcher: shutting down with {} refusal(s) of database \"{}\" not recorded (no writer was running for it)",
                     d.queued,

@@ -576,40 +576,51 @@ pub fn queued(i: usize) -> u64 {
     lock.state().dests[i].queued
 }
 
+/// Keeps `error` as a destination's last error; the same error again keeps
+/// its first time, since it has lasted since then. Whether it changed.
+fn keep_error(d: &mut Dest, error: &str, now: i64) -> bool {
+    let mut note = FixedStr::EMPTY;
+    note.set(error);
+    if d.last_error.as_str() != note.as_str() || d.last_error_at == 0 {
+        d.last_error = note;
+        d.last_error_at = now;
+        return true;
+    }
+    false
+}
+
 /// Records why destination `i`'s writer cannot record; `None` clears it.
 /// Whether the note changed (a new error, or a cleared one).
 pub fn set_last_error(i: usize, error: Option<&str>, now: i64) -> bool {
     if shared().is_none() {
         return false;
     }
-    unsafe {
-        // From the writer's error hook the lock may already be ours (an
-        // error raised while holding it): then the note is skipped rather
-        // than self-deadlocking.
-        if pg_sys::LWLockHeldByMe(LOCK) {
-            return false;
-        }
-    }
     let lock = Locked::acquire();
     let d = &mut lock.state().dests[i];
     match error {
-        Some(e) => {
-            let mut note = FixedStr::EMPTY;
-            note.set(e);
-            // The same error again: it has lasted since the first time.
-            if d.last_error.as_str() != note.as_str() || d.last_error_at == 0 {
-                d.last_error = note;
-                d.last_error_at = now;
-                return true;
-            }
-            false
-        }
+        Some(e) => keep_error(d, e, now),
         None => {
             let had = !d.last_error.is_empty();
             d.last_error = FixedStr::EMPTY;
             d.last_error_at = 0;
             had
         }
+    }
+}
+
+/// From a writer's error hook: the error that ends it is why destination
+/// `i` is failing (unless it waits for the extension). Skipped when the lock
+/// is already this process's (an error raised while holding it), rather than
+/// self-deadlocking.
+pub fn note_failure(i: usize, error: &str, now: i64) {
+    if shared().is_none() || unsafe { pg_sys::LWLockHeldByMe(LOCK) } {
+        return;
+    }
+    let lock = Locked::acquire();
+    let d = &mut lock.state().dests[i];
+    keep_error(d, error, now);
+    if d.phase != Phase::WaitingExtension {
+        d.phase = Phase::Failing;
     }
 }
 

@@ -69,10 +69,7 @@ unsafe extern "C-unwind" fn on_writer_log(edata: *mut pg_sys::ErrorData) {
             && !(*edata).message.is_null()
         {
             let message = CStr::from_ptr((*edata).message).to_string_lossy();
-            shmem::set_last_error(dest, Some(&message), pg_sys::GetCurrentTimestamp());
-            if shmem::phase(dest) != Phase::WaitingExtension {
-                shmem::set_phase(dest, Phase::Failing);
-            }
+            shmem::note_failure(dest, &message, pg_sys::GetCurrentTimestamp());
         }
     }
     if let Some(prev) = PREV_EMIT_LOG_HOOK {

@@ -257,14 +257,19 @@ fn retention_purges_old_audit_rows() {
     c.batch_execute(old_row).unwrap();
     assert_eq!(one_i64(&mut c, "SELECT lease.purge_rejected_writes('1 day')"), 1);
     expect_error(&mut c, "SELECT lease.purge_rejected_writes('-1 day')", "22023");
-    // Automatic retention, run by the worker once the setting is on.
+    // Automatic retention, applied in every database once the setting is on
+    // (also where nothing was refused since the server started).
     c.batch_execute(old_row).unwrap();
+    c.batch_execute("CREATE DATABASE kept").unwrap();
+    let mut kept = cluster.connect_db("kept");
+    kept.batch_execute("CREATE EXTENSION pg_lease").unwrap();
+    kept.batch_execute(old_row).unwrap();
     c.batch_execute("ALTER SYSTEM SET pg_lease.audit_retention = '1d'").unwrap();
     c.batch_execute("SELECT pg_reload_conf()").unwrap();
-    wait_for("the worker's retention", Duration::from_secs(10), || {
-        one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes WHERE rejected_at < now() - interval '2 days'") == 0
-    });
+    let old = "SELECT count(*) FROM lease.rejected_writes WHERE rejected_at < now() - interval '2 days'";
+    wait_for("the retention", Duration::from_secs(10), || one_i64(&mut c, old) == 0 && one_i64(&mut kept, old) == 0);
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes"), 2);
+    assert_eq!(one_i64(&mut kept, "SELECT count(*) FROM lease.rejected_writes"), 1);
 }
 
 // ---------------------------------------------------------------------------

@@ -844,3 +844,26 @@ fn many_databases_refusing_at_once_share_a_bounded_number_of_writers() {
         one_i64(&mut c, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_lease audit writer'") == 0
     });
 }
+
+#[test]
+fn without_a_free_worker_slot_records_wait_and_the_status_says_why() {
+    // The launcher takes the only background worker slot: no writer can start.
+    let cluster = Cluster::start_with(
+        "audit_noslot",
+        54445,
+        &["max_worker_processes = 1", "max_logical_replication_workers = 0", "max_parallel_workers = 0"],
+    );
+    let mut c = cluster.connect();
+    c.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER}")).unwrap();
+    refuse_n(&mut c, 3, 4);
+    let s = wait_for_status(&mut c, "waiting for a worker slot", Duration::from_secs(10), |s| s.starts_with("waiting"));
+    assert!(s.contains("free background worker slot") && s.contains("max_worker_processes"), "{s}");
+    assert_eq!(destination(&mut c, "postgres").unwrap(), ("waiting".to_owned(), 3, 3, 0, 0));
+    // A clean shutdown cannot start a writer either: the launcher says what
+    // is lost (each refusal is also in the log).
+    drop(c);
+    cluster.stop();
+    let log = cluster.server_log();
+    assert!(log.contains("shutting down with 3 refusal(s) of database \"postgres\" not recorded"), "{log}");
+    assert_eq!(log.matches("pg_lease rejected write:").count(), 3);
+}

@@ -300,9 +300,21 @@ fn node(s: &mut Shared, i: u32) -> &mut Node {
     unsafe { &mut *nodes(s).add(i as usize) }
 }
 
+thread_local! {
+    /// The destination this process found last: a backend refuses in one
+    /// database, so a refusal usually finds its destination at once.
+    static LAST_DEST: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
 /// The index of the destination `key` (under the lock).
 fn find(s: &Shared, key: u32) -> Option<usize> {
-    s.dests.iter().position(|d| d.in_use && d.key == key)
+    let hint = LAST_DEST.with(|h| h.get());
+    if hint < DESTS && s.dests[hint].in_use && s.dests[hint].key == key {
+        return Some(hint);
+    }
+    let i = s.dests.iter().position(|d| d.in_use && d.key == key)?;
+    LAST_DEST.with(|h| h.set(i));
+    Some(i)
 }
 
 /// The destination `key`, claimed if new: a free slot, else the idle one

@@ -285,7 +285,6 @@ def setup():
     run(["cargo", "pgrx", "install", "--release", "--pg-config", shutil.which("pg_config")], cwd=ROOT)
     cluster("start", "bench", str(PORT), *SETTINGS)
     psql("CREATE DATABASE bench", db="postgres")
-    psql("CREATE EXTENSION pg_lease", db="postgres")   # the audit worker's database
     psql("CREATE EXTENSION pg_lease")
     psql((ROOT / "bench/reference.sql").read_text())
     psql("""

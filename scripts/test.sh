@@ -47,14 +47,14 @@ for f in sql/released/pg_lease--*.sql; do
 done
 
 echo "== multi-session tests (real connections, port $PORT)"
-scripts/cluster.sh start sessions "$PORT" "pg_lease.database = 'pg_lease_audit'"
+# The default audit: each database's refusals in its own lease.rejected_writes
+# (tests/sessions/tests/audit.rs also runs central-table clusters of its own).
+scripts/cluster.sh start sessions "$PORT"
 trap 'rc=$?; scripts/cluster.sh stop sessions; summary $rc' EXIT
-scripts/cluster.sh psql sessions "$PORT" -X -q -c "CREATE DATABASE pg_lease_audit"
-scripts/cluster.sh psql sessions "$PORT" -X -q -d pg_lease_audit -c "CREATE EXTENSION pg_lease"
-# The audit worker retries its connection every 5 s until its database exists.
+# The audit launcher starts once recovery is over.
 for _ in $(seq 150); do
-    pid=$(scripts/cluster.sh psql sessions "$PORT" -X -At -d pg_lease_audit -c "SELECT worker_pid FROM lease.audit_status()")
-    [ -n "$pid" ] && break
+    n=$(scripts/cluster.sh psql sessions "$PORT" -X -At -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_lease audit launcher'")
+    [ "$n" = 1 ] && break
     sleep 0.1
 done
 PG_LEASE_TEST_PORT=$PORT cargo test --manifest-path tests/sessions/Cargo.toml -- --test-threads=4

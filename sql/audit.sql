@@ -1,6 +1,7 @@
--- Audit of refused writes. Rows are written by pg_lease's background worker
--- (in the database named by pg_lease.database), never by the refused writer,
--- so they survive its rollback.
+-- Audit of refused writes. Rows are written by pg_lease's background writers
+-- (in the database where the refusal happened, or in the one database named
+-- by pg_lease.database), never by the refused writer, so they survive its
+-- rollback.
 
 CREATE TABLE lease.rejected_writes (
     id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -61,7 +62,7 @@ COMMENT ON FUNCTION lease.purge_rejected_writes(interval) IS 'Deletes audit rows
 -- Audit data and stats are for the roles the DBA grants, not PUBLIC; nobody
 -- but the worker (and superusers) writes audit rows.
 REVOKE ALL ON lease.rejected_writes, lease.stats FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION lease._stats(), lease.audit_status(), lease.stats_reset(),
+REVOKE EXECUTE ON FUNCTION lease._stats(), lease.audit_status(), lease.audit_databases(), lease.stats_reset(),
     lease.purge_rejected_writes(interval) FROM PUBLIC;
 
 DO $$

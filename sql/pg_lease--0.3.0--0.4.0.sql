@@ -602,3 +602,27 @@ SELECT coalesce(d.datname::text, '(dropped)') AS database,
   FROM lease._stats() s
   LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.database_oid
  CROSS JOIN lease.audit_status() a;
+
+-- Audit: per database
+-- Refusals are recorded in the database where they happened (pg_lease.database
+-- now defaults to '', per database; set it to keep one central table).
+-- lease.audit_status() keeps its columns; lease.audit_databases() is new.
+CREATE FUNCTION lease.audit_databases() RETURNS TABLE (
+	"database" TEXT,
+	"database_oid" oid,
+	"central" bool,
+	"state" TEXT,
+	"worker_pid" INT,
+	"queued" bigint,
+	"refused" bigint,
+	"recorded" bigint,
+	"dropped" bigint,
+	"last_flush_at" timestamp with time zone,
+	"last_error" TEXT,
+	"last_error_at" timestamp with time zone,
+	"status" TEXT
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'audit_databases_wrapper';
+REVOKE EXECUTE ON FUNCTION lease.audit_databases() FROM PUBLIC;

@@ -30,13 +30,15 @@ pub static AUDIT_ROW: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static AUDIT_RETENTION_MIN: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// One structured LOG line per refusal.
 pub static LOG_REJECTIONS: GucSetting<bool> = GucSetting::<bool>::new(true);
-/// The database whose `lease.rejected_writes` the audit worker writes.
-pub static DATABASE: GucSetting<Option<std::ffi::CString>> =
-    GucSetting::<Option<std::ffi::CString>>::new(Some(c"postgres"));
+/// The one database whose `lease.rejected_writes` takes every database's
+/// refusals; empty (the default): each database records its own.
+pub static DATABASE: GucSetting<Option<std::ffi::CString>> = GucSetting::<Option<std::ffi::CString>>::new(Some(c""));
+/// Most per-database audit writers running at once.
+pub static AUDIT_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(2);
 
-/// The audit database's name.
-pub fn database() -> String {
-    DATABASE.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_else(|| "postgres".to_owned())
+/// The central audit database, when `pg_lease.database` names one.
+pub fn central_database() -> Option<String> {
+    DATABASE.get().map(|c| c.to_string_lossy().trim().to_owned()).filter(|name| !name.is_empty())
 }
 
 /// Shortest lease TTL `lease.acquire`/`renew` accept, in milliseconds.
@@ -234,10 +236,20 @@ pub fn init() {
             );
             GucRegistry::define_string_guc(
                 c"pg_lease.database",
-                c"Database whose lease.rejected_writes the audit worker writes.",
-                c"Refusals from every database of the cluster are recorded there.",
+                c"One database whose lease.rejected_writes records the refusals of every database; empty: each database records its own.",
+                c"Empty (the default): refusals are recorded in the lease.rejected_writes of the database where they happened.",
                 &DATABASE,
                 GucContext::Postmaster,
+                GucFlags::default(),
+            );
+            GucRegistry::define_int_guc(
+                c"pg_lease.audit_workers",
+                c"Most per-database audit writers running at once.",
+                c"Each takes a max_worker_processes slot while it runs.",
+                &AUDIT_WORKERS,
+                1,
+                64,
+                GucContext::Sighup,
                 GucFlags::default(),
             );
         }

@@ -29,7 +29,14 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../sql/audit.sql",
     name = "audit",
-    requires = ["schema", "lease", audit::status::stats, audit::status::audit_status, audit::status::stats_reset]
+    requires = [
+        "schema",
+        "lease",
+        audit::status::stats,
+        audit::status::audit_status,
+        audit::status::audit_databases,
+        audit::status::stats_reset
+    ]
 );
 pgrx::extension_sql_file!(
     "../sql/lease.sql",

@@ -1138,7 +1138,7 @@ REVOKE EXECUTE ON FUNCTION lease.protect(regclass, text[], name, regclass, text[
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:34
+-- src/lib.rs:41
 -- requires:
 --   fence
 --   lease::token_floor
@@ -1644,7 +1644,30 @@ REVOKE EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]),
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:52
+-- src/audit/status.rs:119
+-- pg_lease::audit::status::audit_databases
+CREATE  FUNCTION "audit_databases"() RETURNS TABLE (
+	"database" TEXT,  /* String */
+	"database_oid" oid,  /* Option < pg_sys :: Oid > */
+	"central" bool,  /* bool */
+	"state" TEXT,  /* String */
+	"worker_pid" INT,  /* Option < i32 > */
+	"queued" bigint,  /* i64 */
+	"refused" bigint,  /* i64 */
+	"recorded" bigint,  /* i64 */
+	"dropped" bigint,  /* i64 */
+	"last_flush_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"last_error" TEXT,  /* Option < String > */
+	"last_error_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"status" TEXT  /* String */
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'audit_databases_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/audit/status.rs:54
 -- pg_lease::audit::status::audit_status
 CREATE  FUNCTION "audit_status"() RETURNS TABLE (
 	"preloaded" bool,  /* bool */
@@ -1665,7 +1688,7 @@ AS 'MODULE_PATHNAME', 'audit_status_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:172
+-- src/audit/status.rs:286
 -- pg_lease::audit::status::stats_reset
 CREATE  FUNCTION "stats_reset"() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE
@@ -1680,11 +1703,13 @@ AS 'MODULE_PATHNAME', 'stats_reset_wrapper';
 --   lease
 --   audit::status::stats
 --   audit::status::audit_status
+--   audit::status::audit_databases
 --   audit::status::stats_reset
 
--- Audit of refused writes. Rows are written by pg_lease's background worker
--- (in the database named by pg_lease.database), never by the refused writer,
--- so they survive its rollback.
+-- Audit of refused writes. Rows are written by pg_lease's background writers
+-- (in the database where the refusal happened, or in the one database named
+-- by pg_lease.database), never by the refused writer, so they survive its
+-- rollback.
 
 CREATE TABLE lease.rejected_writes (
     id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -1745,7 +1770,7 @@ COMMENT ON FUNCTION lease.purge_rejected_writes(interval) IS 'Deletes audit rows
 -- Audit data and stats are for the roles the DBA grants, not PUBLIC; nobody
 -- but the worker (and superusers) writes audit rows.
 REVOKE ALL ON lease.rejected_writes, lease.stats FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION lease._stats(), lease.audit_status(), lease.stats_reset(),
+REVOKE EXECUTE ON FUNCTION lease._stats(), lease.audit_status(), lease.audit_databases(), lease.stats_reset(),
     lease.purge_rejected_writes(interval) FROM PUBLIC;
 
 DO $$

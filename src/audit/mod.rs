@@ -1,8 +1,11 @@
 //! Audit of refused writes: every refusal is counted, logged as one
-//! structured LOG line, and queued in shared memory for the audit worker,
-//! which writes it to `lease.rejected_writes` in its own transaction, so it
-//! survives the writer's rollback.
+//! structured LOG line, and queued in shared memory for its destination (the
+//! refusing database, or the central one `pg_lease.database` names). The
+//! audit launcher starts a short-lived writer per destination with queued
+//! records, which writes them to its `lease.rejected_writes` in its own
+//! transaction, so they survive the writer's rollback.
 
+pub mod launcher;
 pub mod sanitize;
 pub mod shmem;
 pub mod status;
@@ -162,6 +165,7 @@ pub fn on_refusal(refusal: &Refusal) {
     record.presented = facts.presented.unwrap_or(0);
     record.has_current = facts.current.is_some();
     record.current = facts.current.unwrap_or(0);
+    record.database_oid = unsafe { pg_sys::MyDatabaseId }.to_u32();
     record.database.set(&who.database);
     record.role.set(&who.role);
     record.application_name.set(&who.application_name);
@@ -193,8 +197,8 @@ pub fn stat_slot(protected_relid: pg_sys::Oid, display: &str) -> Option<&'static
     shmem::stat_slot(unsafe { pg_sys::MyDatabaseId }, protected_relid, display)
 }
 
-/// Registers shared memory and the worker; from `_PG_init` during preload.
+/// Registers shared memory and the launcher; from `_PG_init` during preload.
 pub fn init_preloaded() {
     unsafe { shmem::install_hooks() };
-    worker::register();
+    launcher::register();
 }

@@ -1,14 +1,19 @@
-//! pg_lease's shared memory: the refusal queue, its counters and per-table
-//! stats. Present only when pg_lease is in `shared_preload_libraries`.
+//! pg_lease's shared memory: the refusal queue, its counters, the state of
+//! each audit destination, and per-table stats. Present only when pg_lease is
+//! in `shared_preload_libraries`.
 //!
-//! The queue is a ring of fixed-size records guarded by one LWLock that is
-//! held only to copy a record in or out and to move counters, so a refusing
-//! backend never waits on the audit table. Accounting closes exactly under
-//! that lock: `refused = recorded + dropped + (head - tail)`.
+//! The queue is a pool of fixed-size records, one FIFO list per
+//! *destination*: the database whose `lease.rejected_writes` takes them (the
+//! refusing database itself, or the one central database named by
+//! `pg_lease.database`). One LWLock guards the pool, the lists and every
+//! destination's counters and notes; it is held only to copy a record in or
+//! out and to move counters, so a refusing backend never waits on an audit
+//! table. Accounting closes exactly under that lock, for the whole queue and
+//! for each destination: `refused = recorded + dropped + queued`.
 
 use crate::gucs;
 use pgrx::pg_sys;
-use std::sync::atomic::{AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// A string truncated to fit, at a character boundary.
 #[repr(C)]
@@ -42,7 +47,7 @@ impl<const N: usize> FixedStr<N> {
     }
 }
 
-/// One refusal, as the worker will insert it into `lease.rejected_writes`.
+/// One refusal, as a writer will insert it into `lease.rejected_writes`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct AuditRecord {
@@ -51,6 +56,8 @@ pub struct AuditRecord {
     pub current: i64,
     pub backend_pid: i32,
     pub table_relid: u32,
+    /// The refusing database's OID (its name is in `database`).
+    pub database_oid: u32,
     pub has_presented: bool,
     pub has_current: bool,
     pub sqlstate: [u8; 5],
@@ -72,6 +79,7 @@ impl AuditRecord {
         current: 0,
         backend_pid: 0,
         table_relid: 0,
+        database_oid: 0,
         has_presented: false,
         has_current: false,
         sqlstate: [0; 5],
@@ -101,13 +109,21 @@ pub struct StatSlot {
 
 pub const STAT_SLOTS: usize = 1024;
 
-/// What the audit worker is doing, as it last said.
+/// Destinations tracked at once: databases with queued refusals or a running
+/// writer always keep theirs; an idle one is reused, oldest first.
+pub const DESTS: usize = 256;
+
+/// The destination key of the central table (`pg_lease.database` set);
+/// otherwise a destination's key is its database's OID.
+pub const CENTRAL: u32 = 0;
+
+/// What a destination's writer last found, as it said.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Phase {
-    /// Not started, or exited.
-    Stopped = 0,
-    /// Started, connecting to `pg_lease.database`.
+    /// No writer has looked yet.
+    Unknown = 0,
+    /// A writer started and is connecting to the database.
     Connecting = 1,
     /// Its last write (or check) of `lease.rejected_writes` succeeded.
     Recording = 2,
@@ -115,45 +131,82 @@ pub enum Phase {
     WaitingExtension = 3,
     /// It cannot write `lease.rejected_writes`; the error is in `last_error`.
     Failing = 4,
+    /// The database no longer exists: its queued records were discarded.
+    Dropped = 5,
 }
 
-impl Phase {
-    fn from_u32(v: u32) -> Phase {
-        match v {
-            1 => Phase::Connecting,
-            2 => Phase::Recording,
-            3 => Phase::WaitingExtension,
-            4 => Phase::Failing,
-            _ => Phase::Stopped,
-        }
-    }
+/// Whether a writer serves a destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum WorkerState {
+    None = 0,
+    /// Registered by the launcher, not yet attached.
+    Launched = 1,
+    Running = 2,
 }
 
 pub const NOTE_LEN: usize = 480;
+const NIL: u32 = u32::MAX;
+
+/// One destination: its list of queued records, counters, writer and notes.
+/// Every field is read and written under the lock only.
+#[repr(C)]
+struct Dest {
+    in_use: bool,
+    key: u32,
+    /// The database's name, as the refusing backend (or the writer) saw it.
+    name: FixedStr<64>,
+    head: u32,
+    tail: u32,
+    queued: u64,
+    refused: u64,
+    recorded: u64,
+    dropped: u64,
+    last_refusal: i64,
+    last_flush: i64,
+    phase: Phase,
+    worker: WorkerState,
+    worker_pid: i32,
+    worker_latch: *mut pg_sys::Latch,
+    launched_at: i64,
+    /// Since when the launcher could not start a writer (no free background
+    /// worker slot); 0 when it could.
+    no_slot_since: i64,
+    /// Why the writer cannot record (set when a write fails or the writer
+    /// dies, cleared when a later write succeeds), and since when.
+    last_error: FixedStr<NOTE_LEN>,
+    last_error_at: i64,
+    /// Why the writer last dropped records it could not write, and when.
+    last_drop: FixedStr<NOTE_LEN>,
+    last_drop_at: i64,
+}
+
+/// A queued record and the index of the next one in its list.
+#[repr(C)]
+struct Node {
+    next: u32,
+    record: AuditRecord,
+}
 
 #[repr(C)]
 pub struct Shared {
     capacity: u64,
     // Under the lock:
-    head: u64,
-    tail: u64,
+    free: u32,
+    queued: u64,
     refused: u64,
     recorded: u64,
     dropped: u64,
-    /// Why the worker cannot record (set when a write fails or the worker
-    /// dies, cleared when a later write succeeds), and since when.
-    last_error: FixedStr<NOTE_LEN>,
-    last_error_at: i64,
-    /// Why the worker last dropped a record it could not write, and when.
-    last_drop: FixedStr<NOTE_LEN>,
-    last_drop_at: i64,
+    dests: [Dest; DESTS],
     // Lock-free:
     pub last_flush: AtomicI64,
-    pub worker_pid: AtomicI32,
-    phase: AtomicU32,
-    worker_latch: AtomicPtr<pg_sys::Latch>,
+    launcher_pid: AtomicI32,
+    launcher_latch: AtomicPtr<pg_sys::Latch>,
+    /// Set by the launcher while destinations with records wait for a writer
+    /// because `pg_lease.audit_workers` are busy: writers then end their turn.
+    pub starved: AtomicBool,
     pub stats: [StatSlot; STAT_SLOTS],
-    // `capacity` records follow.
+    // `capacity` nodes follow.
 }
 
 static mut SHARED: *mut Shared = std::ptr::null_mut();
@@ -164,7 +217,7 @@ static mut PREV_STARTUP: pg_sys::shmem_startup_hook_type = None;
 const TRANCHE: &std::ffi::CStr = c"pg_lease";
 
 fn size_for(capacity: usize) -> usize {
-    std::mem::size_of::<Shared>() + capacity * std::mem::size_of::<AuditRecord>()
+    std::mem::size_of::<Shared>() + capacity * std::mem::size_of::<Node>()
 }
 
 /// Installs the shared-memory hooks; only from `_PG_init` during preload.
@@ -194,8 +247,15 @@ unsafe extern "C-unwind" fn startup() {
     let mut found = false;
     let shared = pg_sys::ShmemInitStruct(c"pg_lease".as_ptr(), size_for(capacity), &mut found) as *mut Shared;
     if !found {
+        // All zero is a valid state for every field (no destination in use,
+        // Phase::Unknown, WorkerState::None), except the free list.
         std::ptr::write_bytes(shared as *mut u8, 0, size_for(capacity));
         (*shared).capacity = capacity as u64;
+        let nodes = nodes(shared);
+        for i in 0..capacity {
+            (*nodes.add(i)).next = if i + 1 < capacity { (i + 1) as u32 } else { NIL };
+        }
+        (*shared).free = if capacity > 0 { 0 } else { NIL };
     }
     LOCK = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
     SHARED = shared;
@@ -207,12 +267,21 @@ pub fn shared() -> Option<&'static Shared> {
     unsafe { (!SHARED.is_null()).then(|| &*SHARED) }
 }
 
+/// The lock, held until dropped; gives the locked state.
 struct Locked;
 
 impl Locked {
+    /// Precondition: shared memory exists (callers check [`shared`]) and this
+    /// process does not hold the lock already (LWLocks are not re-entrant).
     fn acquire() -> Locked {
         unsafe { pg_sys::LWLockAcquire(LOCK, pg_sys::LWLockMode::LW_EXCLUSIVE) };
         Locked
+    }
+
+    /// The shared state: only through a guard, so only under the lock.
+    #[allow(clippy::mut_from_ref)]
+    fn state(&self) -> &mut Shared {
+        unsafe { &mut *SHARED }
     }
 }
 
@@ -222,163 +291,450 @@ impl Drop for Locked {
     }
 }
 
-unsafe fn records(shared: *mut Shared) -> *mut AuditRecord {
-    (shared as *mut u8).add(std::mem::size_of::<Shared>()) as *mut AuditRecord
+unsafe fn nodes(shared: *mut Shared) -> *mut Node {
+    (shared as *mut u8).add(std::mem::size_of::<Shared>()) as *mut Node
 }
 
-/// Counts a refusal and queues its record, or counts it dropped when the
-/// queue is full (or auditing is off). The worker flushes every
-/// `pg_lease.audit_flush_ms`; it is woken early once the queue is half full.
+fn node(s: &mut Shared, i: u32) -> &mut Node {
+    debug_assert!((i as u64) < s.capacity);
+    unsafe { &mut *nodes(s).add(i as usize) }
+}
+
+thread_local! {
+    /// The destination this process found last: a backend refuses in one
+    /// database, so a refusal usually finds its destination at once.
+    static LAST_DEST: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+/// The index of the destination `key` (under the lock).
+fn find(s: &Shared, key: u32) -> Option<usize> {
+    let hint = LAST_DEST.with(|h| h.get());
+    if hint < DESTS && s.dests[hint].in_use && s.dests[hint].key == key {
+        return Some(hint);
+    }
+    let i = s.dests.iter().position(|d| d.in_use && d.key == key)?;
+    LAST_DEST.with(|h| h.set(i));
+    Some(i)
+}
+
+/// The destination `key`, claimed if new: a free slot, else the idle one
+/// (nothing queued, no writer) whose last refusal is oldest. None when every
+/// destination has records or a writer (under the lock).
+fn find_or_claim(s: &mut Shared, key: u32, name: &str) -> Option<usize> {
+    if let Some(i) = find(s, key) {
+        return Some(i);
+    }
+    let i = s.dests.iter().position(|d| !d.in_use).or_else(|| {
+        (0..DESTS)
+            .filter(|&i| s.dests[i].queued == 0 && s.dests[i].worker == WorkerState::None)
+            .min_by_key(|&i| s.dests[i].last_refusal)
+    })?;
+    let d = &mut s.dests[i];
+    // Zero it whole: a reused destination starts with no counters or notes.
+    unsafe { std::ptr::write_bytes(d as *mut Dest as *mut u8, 0, std::mem::size_of::<Dest>()) };
+    d.in_use = true;
+    d.key = key;
+    d.name.set(name);
+    d.head = NIL;
+    d.tail = NIL;
+    Some(i)
+}
+
+/// How many records a destination whose writer cannot record (waiting for
+/// the extension, or failing) may keep queued, in per-database mode: a
+/// quarter of the queue, so that databases that record keep the rest.
+pub fn stuck_limit(capacity: u64) -> u64 {
+    (capacity / 4).max(1)
+}
+
+/// Counts a refusal and queues its record for its destination, or counts it
+/// dropped: queue full, its destination stuck at [`stuck_limit`], no
+/// destination free, or auditing off (`None`). Wakes the destination's writer
+/// when the queue is half full, or the launcher when the destination had
+/// nothing queued and has no writer. Takes the lock (see [`Locked`]).
 pub fn enqueue(record: Option<&AuditRecord>) {
-    let Some(_) = shared() else { return };
-    let half_full = unsafe {
-        let _lock = Locked::acquire();
-        let s = SHARED;
-        (*s).refused += 1;
-        match record {
-            Some(r) if (*s).head - (*s).tail < (*s).capacity => {
-                let slot = records(s).add(((*s).head % (*s).capacity) as usize);
-                std::ptr::copy_nonoverlapping(r, slot, 1);
-                (*s).head += 1;
-                (*s).head - (*s).tail >= (*s).capacity / 2
-            }
-            _ => {
-                (*s).dropped += 1;
-                false
-            }
+    if shared().is_none() {
+        return;
+    }
+    let central = gucs::central_database();
+    let wake = {
+        let lock = Locked::acquire();
+        let s = lock.state();
+        s.refused += 1;
+        let Some(record) = record else {
+            s.dropped += 1;
+            return;
+        };
+        let (key, name) = match &central {
+            Some(name) => (CENTRAL, name.as_str()),
+            None => (record.database_oid, record.database.as_str()),
+        };
+        let Some(i) = find_or_claim(s, key, name) else {
+            s.dropped += 1;
+            return;
+        };
+        let (capacity, free, queued_total) = (s.capacity, s.free, s.queued);
+        let d = &mut s.dests[i];
+        d.refused += 1;
+        d.last_refusal = record.rejected_at;
+        let stuck = matches!(d.phase, Phase::WaitingExtension | Phase::Failing);
+        if free == NIL || (central.is_none() && stuck && d.queued >= stuck_limit(capacity)) {
+            d.dropped += 1;
+            s.dropped += 1;
+            return;
+        }
+        let (was_empty, tail, worker, latch) = (d.queued == 0, d.tail, d.worker, d.worker_latch);
+        s.free = node(s, free).next;
+        let n = node(s, free);
+        n.next = NIL;
+        n.record = *record;
+        if tail == NIL {
+            s.dests[i].head = free;
+        } else {
+            node(s, tail).next = free;
+        }
+        let d = &mut s.dests[i];
+        d.tail = free;
+        d.queued += 1;
+        s.queued += 1;
+        // A running writer looks at least every flush interval; it is woken
+        // early only to keep the queue from filling.
+        match worker {
+            WorkerState::Running if queued_total + 1 >= capacity / 2 => latch,
+            WorkerState::None if was_empty => s.launcher_latch.load(Ordering::Acquire),
+            _ => std::ptr::null_mut(),
         }
     };
-    if half_full {
-        wake_worker();
+    if !wake.is_null() {
+        unsafe { pg_sys::SetLatch(wake) };
     }
 }
 
-fn wake_worker() {
+/// Whether the queue is at least half full (writers then flush at once).
+pub fn half_full() -> bool {
+    let Some(_) = shared() else { return false };
+    let lock = Locked::acquire();
+    let s = lock.state();
+    s.queued >= s.capacity / 2
+}
+
+/// Registers the calling process as the launcher (or unregisters it).
+pub fn set_launcher(latch: *mut pg_sys::Latch, pid: i32) {
     if let Some(s) = shared() {
-        let latch = s.worker_latch.load(Ordering::Acquire);
-        if !latch.is_null() {
-            unsafe { pg_sys::SetLatch(latch) };
-        }
+        s.launcher_latch.store(latch, Ordering::Release);
+        s.launcher_pid.store(pid, Ordering::Release);
     }
 }
 
-/// Registers the calling process as the queue's worker (or unregisters it).
-pub fn set_worker(latch: *mut pg_sys::Latch, pid: i32) {
-    if let Some(s) = shared() {
-        s.worker_latch.store(latch, Ordering::Release);
-        s.worker_pid.store(pid, Ordering::Release);
-    }
+pub fn launcher_pid() -> i32 {
+    shared().map_or(0, |s| s.launcher_pid.load(Ordering::Acquire))
 }
 
-/// Copies up to `max` of the oldest queued records, leaving them queued
-/// until [`commit_recorded`] says they are in the table.
-pub fn peek(max: usize, out: &mut Vec<AuditRecord>) {
+/// Makes the calling process the writer of destination `key` (claimed if
+/// new, named `name`). None when another writer runs for it, or no
+/// destination is free.
+pub fn attach(key: u32, name: &str, latch: *mut pg_sys::Latch, pid: i32) -> Option<usize> {
+    shared()?;
+    let lock = Locked::acquire();
+    let s = lock.state();
+    let i = find_or_claim(s, key, name)?;
+    let d = &mut s.dests[i];
+    if d.worker == WorkerState::Running && d.worker_pid != pid {
+        return None;
+    }
+    d.worker = WorkerState::Running;
+    d.worker_pid = pid;
+    d.worker_latch = latch;
+    d.no_slot_since = 0;
+    Some(i)
+}
+
+/// The writer `pid` of destination `i` stops serving it: only when nothing
+/// is queued for it if `only_if_idle` (so a record queued meanwhile always
+/// finds a writer or wakes the launcher). Whether it detached.
+pub fn detach(i: usize, pid: i32, only_if_idle: bool) -> bool {
+    if shared().is_none() {
+        return true;
+    }
+    let lock = Locked::acquire();
+    let d = &mut lock.state().dests[i];
+    if only_if_idle && d.queued > 0 {
+        return false;
+    }
+    if d.worker_pid == pid {
+        d.worker = WorkerState::None;
+        d.worker_pid = 0;
+        d.worker_latch = std::ptr::null_mut();
+    }
+    true
+}
+
+/// Claims destination `key` (named `name`) with nothing queued: the central
+/// one, which has a writer whatever is queued.
+pub fn claim(key: u32, name: &str) -> Option<usize> {
+    shared()?;
+    let lock = Locked::acquire();
+    find_or_claim(lock.state(), key, name)
+}
+
+/// Renames destination `i` (the writer knows its database's current name).
+pub fn set_name(i: usize, name: &str) {
+    if shared().is_none() {
+        return;
+    }
+    let lock = Locked::acquire();
+    lock.state().dests[i].name.set(name);
+}
+
+/// Copies up to `max` of destination `i`'s oldest queued records, leaving
+/// them queued until [`commit_recorded`] says they are in the table.
+pub fn peek(i: usize, max: usize, out: &mut Vec<AuditRecord>) {
     out.clear();
     if shared().is_none() {
         return;
     }
-    unsafe {
-        let _lock = Locked::acquire();
-        let s = SHARED;
-        let n = ((*s).head - (*s).tail).min(max as u64);
-        for i in 0..n {
-            out.push(*records(s).add((((*s).tail + i) % (*s).capacity) as usize));
-        }
+    let lock = Locked::acquire();
+    let s = lock.state();
+    let mut at = s.dests[i].head;
+    while at != NIL && out.len() < max {
+        let n = node(s, at);
+        out.push(n.record);
+        at = n.next;
     }
 }
 
-/// The first `n` queued records are done with: `dropped` of them could not
-/// be written and are counted as dropped, the others are committed to the
-/// audit table.
-pub fn commit_recorded(n: usize, dropped: usize, now: i64) {
-    if shared().is_none() {
-        return;
+/// Unlinks the first `n` records of destination `i`, back to the free list
+/// (under the lock).
+fn pop(s: &mut Shared, i: usize, n: u64) {
+    for _ in 0..n {
+        let at = s.dests[i].head;
+        if at == NIL {
+            break;
+        }
+        let next = node(s, at).next;
+        node(s, at).next = s.free;
+        s.free = at;
+        let d = &mut s.dests[i];
+        d.head = next;
+        if next == NIL {
+            d.tail = NIL;
+        }
+        d.queued -= 1;
+        s.queued -= 1;
     }
+}
+
+/// The first `n` queued records of destination `i` are done with: `dropped`
+/// of them could not be written and are counted as dropped, the others are
+/// committed to the audit table.
+pub fn commit_recorded(i: usize, n: usize, dropped: usize, now: i64) {
+    let Some(shared) = shared() else { return };
     debug_assert!(dropped <= n);
-    unsafe {
-        let _lock = Locked::acquire();
-        let s = SHARED;
-        (*s).tail += n as u64;
-        (*s).recorded += (n - dropped) as u64;
-        (*s).dropped += dropped as u64;
-        (*s).last_flush.store(now, Ordering::Relaxed);
+    let lock = Locked::acquire();
+    let s = lock.state();
+    pop(s, i, n as u64);
+    let recorded = (n - dropped) as u64;
+    s.recorded += recorded;
+    s.dropped += dropped as u64;
+    let d = &mut s.dests[i];
+    d.recorded += recorded;
+    d.dropped += dropped as u64;
+    d.last_flush = now;
+    shared.last_flush.store(now, Ordering::Relaxed);
+}
+
+/// Discards every record queued for destination `i` (its database was
+/// dropped), counting them as dropped; how many, and the database's name.
+pub fn discard(i: usize, why: &str, now: i64) -> (u64, String) {
+    if shared().is_none() {
+        return (0, String::new());
     }
-}
-
-pub fn set_phase(phase: Phase) {
-    if let Some(s) = shared() {
-        s.phase.store(phase as u32, Ordering::Release);
+    let lock = Locked::acquire();
+    let s = lock.state();
+    let n = s.dests[i].queued;
+    pop(s, i, n);
+    s.dropped += n;
+    let d = &mut s.dests[i];
+    d.dropped += n;
+    d.phase = Phase::Dropped;
+    if n > 0 {
+        d.last_drop.set(why);
+        d.last_drop_at = now;
     }
+    (n, d.name.as_str().to_owned())
 }
 
-pub fn phase() -> Phase {
-    shared().map_or(Phase::Stopped, |s| Phase::from_u32(s.phase.load(Ordering::Acquire)))
-}
-
-/// Records why the worker cannot record; `None` clears it.
-pub fn set_last_error(error: Option<&str>, now: i64) {
+pub fn set_phase(i: usize, phase: Phase) {
     if shared().is_none() {
         return;
     }
-    unsafe {
-        // From the worker's error hook the lock may already be ours (an
-        // error raised while holding it): then the note is skipped rather
-        // than self-deadlocking.
-        if pg_sys::LWLockHeldByMe(LOCK) {
-            return;
-        }
-        let _lock = Locked::acquire();
-        let s = SHARED;
-        match error {
-            Some(e) => {
-                let mut note = FixedStr::EMPTY;
-                note.set(e);
-                // The same error again: it has lasted since the first time.
-                if (*s).last_error.as_str() != note.as_str() || (*s).last_error_at == 0 {
-                    (*s).last_error = note;
-                    (*s).last_error_at = now;
-                }
-            }
-            None => {
-                (*s).last_error = FixedStr::EMPTY;
-                (*s).last_error_at = 0;
-            }
+    let lock = Locked::acquire();
+    lock.state().dests[i].phase = phase;
+}
+
+pub fn phase(i: usize) -> Phase {
+    if shared().is_none() {
+        return Phase::Unknown;
+    }
+    let lock = Locked::acquire();
+    lock.state().dests[i].phase
+}
+
+pub fn queued(i: usize) -> u64 {
+    if shared().is_none() {
+        return 0;
+    }
+    let lock = Locked::acquire();
+    lock.state().dests[i].queued
+}
+
+/// Keeps `error` as a destination's last error; the same error again keeps
+/// its first time, since it has lasted since then. Whether it changed.
+fn keep_error(d: &mut Dest, error: &str, now: i64) -> bool {
+    let mut note = FixedStr::EMPTY;
+    note.set(error);
+    if d.last_error.as_str() != note.as_str() || d.last_error_at == 0 {
+        d.last_error = note;
+        d.last_error_at = now;
+        return true;
+    }
+    false
+}
+
+/// Records why destination `i`'s writer cannot record; `None` clears it.
+/// Whether the note changed (a new error, or a cleared one).
+pub fn set_last_error(i: usize, error: Option<&str>, now: i64) -> bool {
+    if shared().is_none() {
+        return false;
+    }
+    let lock = Locked::acquire();
+    let d = &mut lock.state().dests[i];
+    match error {
+        Some(e) => keep_error(d, e, now),
+        None => {
+            let had = !d.last_error.is_empty();
+            d.last_error = FixedStr::EMPTY;
+            d.last_error_at = 0;
+            had
         }
     }
 }
 
-/// Records why the worker dropped a record.
-pub fn set_last_drop(why: &str, now: i64) {
+/// From a writer's error hook: the error that ends it is why destination
+/// `i` is failing (unless it waits for the extension). Skipped when the lock
+/// is already this process's (an error raised while holding it), rather than
+/// self-deadlocking.
+pub fn note_failure(i: usize, error: &str, now: i64) {
+    if shared().is_none() || unsafe { pg_sys::LWLockHeldByMe(LOCK) } {
+        return;
+    }
+    let lock = Locked::acquire();
+    let d = &mut lock.state().dests[i];
+    keep_error(d, error, now);
+    if d.phase != Phase::WaitingExtension {
+        d.phase = Phase::Failing;
+    }
+}
+
+/// Records why destination `i`'s writer dropped a record.
+pub fn set_last_drop(i: usize, why: &str, now: i64) {
     if shared().is_none() {
         return;
     }
-    unsafe {
-        let _lock = Locked::acquire();
-        let s = SHARED;
-        (*s).last_drop.set(why);
-        (*s).last_drop_at = now;
-    }
+    let lock = Locked::acquire();
+    let d = &mut lock.state().dests[i];
+    d.last_drop.set(why);
+    d.last_drop_at = now;
 }
 
-/// What the worker last said went wrong: (message, when).
-#[derive(Clone, Debug, Default)]
-pub struct WorkerNotes {
+/// A destination as the launcher and the status functions see it.
+#[derive(Clone, Debug)]
+pub struct DestView {
+    pub index: usize,
+    pub key: u32,
+    pub name: String,
+    pub queued: u64,
+    pub refused: u64,
+    pub recorded: u64,
+    pub dropped: u64,
+    pub last_flush: i64,
+    pub phase: Phase,
+    pub worker: WorkerState,
+    pub worker_pid: i32,
+    pub launched_at: i64,
+    pub no_slot_since: i64,
     pub last_error: Option<(String, i64)>,
     pub last_drop: Option<(String, i64)>,
 }
 
-pub fn notes() -> WorkerNotes {
-    if shared().is_none() {
-        return WorkerNotes::default();
+fn view(i: usize, d: &Dest) -> DestView {
+    let note = |text: &FixedStr<NOTE_LEN>, at: i64| (!text.is_empty()).then(|| (text.as_str().to_owned(), at));
+    DestView {
+        index: i,
+        key: d.key,
+        name: d.name.as_str().to_owned(),
+        queued: d.queued,
+        refused: d.refused,
+        recorded: d.recorded,
+        dropped: d.dropped,
+        last_flush: d.last_flush,
+        phase: d.phase,
+        worker: d.worker,
+        worker_pid: d.worker_pid,
+        launched_at: d.launched_at,
+        no_slot_since: d.no_slot_since,
+        last_error: note(&d.last_error, d.last_error_at),
+        last_drop: note(&d.last_drop, d.last_drop_at),
     }
-    unsafe {
-        let _lock = Locked::acquire();
-        let s = SHARED;
-        let note = |text: &FixedStr<NOTE_LEN>, at: i64| (!text.is_empty()).then(|| (text.as_str().to_owned(), at));
-        WorkerNotes {
-            last_error: note(&(*s).last_error, (*s).last_error_at),
-            last_drop: note(&(*s).last_drop, (*s).last_drop_at),
+}
+
+/// Every destination in use.
+pub fn destinations() -> Vec<DestView> {
+    if shared().is_none() {
+        return Vec::new();
+    }
+    let lock = Locked::acquire();
+    let s = lock.state();
+    (0..DESTS).filter(|&i| s.dests[i].in_use).map(|i| view(i, &s.dests[i])).collect()
+}
+
+/// The destination `key`, if in use.
+pub fn destination(key: u32) -> Option<DestView> {
+    shared()?;
+    let lock = Locked::acquire();
+    let s = lock.state();
+    find(s, key).map(|i| view(i, &s.dests[i]))
+}
+
+/// The launcher registered a writer for destination `i`, or (`launched`
+/// false) found no free background worker slot for it.
+pub fn set_launched(i: usize, launched: bool, now: i64) {
+    if shared().is_none() {
+        return;
+    }
+    let lock = Locked::acquire();
+    let d = &mut lock.state().dests[i];
+    if launched {
+        if d.worker == WorkerState::None {
+            d.worker = WorkerState::Launched;
+            d.launched_at = now;
         }
+        d.no_slot_since = 0;
+    } else if d.no_slot_since == 0 {
+        d.no_slot_since = now;
+    }
+}
+
+/// A writer the launcher registered for destination `i` never attached (it
+/// could not be started, or failed before attaching): no writer serves it.
+pub fn clear_launched(i: usize) {
+    if shared().is_none() {
+        return;
+    }
+    let lock = Locked::acquire();
+    let d = &mut lock.state().dests[i];
+    if d.worker == WorkerState::Launched {
+        d.worker = WorkerState::None;
     }
 }
 
@@ -394,31 +750,34 @@ pub struct Counters {
 /// A consistent snapshot of the queue counters.
 pub fn counters() -> Option<Counters> {
     shared()?;
-    unsafe {
-        let _lock = Locked::acquire();
-        let s = SHARED;
-        Some(Counters {
-            capacity: (*s).capacity,
-            queued: (*s).head - (*s).tail,
-            refused: (*s).refused,
-            recorded: (*s).recorded,
-            dropped: (*s).dropped,
-        })
-    }
+    let lock = Locked::acquire();
+    let s = lock.state();
+    Some(Counters {
+        capacity: s.capacity,
+        queued: s.queued,
+        refused: s.refused,
+        recorded: s.recorded,
+        dropped: s.dropped,
+    })
 }
 
 /// Zeroes the counters and per-table stats; what is still queued stays
 /// counted as refused, so the accounting keeps closing.
 pub fn reset() {
     let Some(shared) = shared() else { return };
-    unsafe {
-        let _lock = Locked::acquire();
-        let s = SHARED;
-        (*s).refused = (*s).head - (*s).tail;
-        (*s).recorded = 0;
-        (*s).dropped = 0;
-        (*s).last_drop = FixedStr::EMPTY;
-        (*s).last_drop_at = 0;
+    {
+        let lock = Locked::acquire();
+        let s = lock.state();
+        s.refused = s.queued;
+        s.recorded = 0;
+        s.dropped = 0;
+        for d in s.dests.iter_mut().filter(|d| d.in_use) {
+            d.refused = d.queued;
+            d.recorded = 0;
+            d.dropped = 0;
+            d.last_drop = FixedStr::EMPTY;
+            d.last_drop_at = 0;
+        }
     }
     for slot in &shared.stats {
         slot.accepted.store(0, Ordering::Relaxed);

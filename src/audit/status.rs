@@ -44,8 +44,10 @@ pub fn stats() -> TableIterator<
     TableIterator::new(rows)
 }
 
-/// Whether refusals reach `lease.rejected_writes`, and the queue's accounting:
-/// `refused = recorded + dropped + queued`, always.
+/// Whether the refusals of the calling database reach `lease.rejected_writes`
+/// (and which database's), and the whole queue's accounting:
+/// `refused = recorded + dropped + queued`, always. `worker_pid` is the audit
+/// launcher's; per-destination writers are in `lease.audit_databases()`.
 // pgrx reads the column names from `name!` in the signature itself, so the
 // type cannot move into an alias.
 #[allow(clippy::type_complexity)]
@@ -66,17 +68,23 @@ pub fn audit_status() -> TableIterator<
         name!(status, String),
     ),
 > {
-    let database = gucs::database();
     let audit = gucs::AUDIT.get();
+    let central = gucs::central_database();
+    let here = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let database = central
+        .clone()
+        .unwrap_or_else(|| unsafe { crate::fence::pg::owned(pg_sys::get_database_name(pg_sys::MyDatabaseId)) });
     let row = match (shmem::shared(), shmem::counters()) {
         (Some(s), Some(c)) => {
-            let pid = s.worker_pid.load(Ordering::Acquire);
-            let status = status_text(audit, &database, pid, c.queued);
+            let launcher = shmem::launcher_pid();
+            let dest = shmem::destination(if central.is_some() { shmem::CENTRAL } else { here });
+            let status = Destination { central: central.is_some(), name: &database, dest: dest.as_ref(), capacity: c.capacity }
+                .status(audit, launcher);
             (
                 true,
                 audit,
                 database,
-                (pid != 0).then_some(pid),
+                (launcher != 0).then_some(launcher),
                 c.capacity as i64,
                 c.queued as i64,
                 c.refused as i64,
@@ -104,68 +112,174 @@ pub fn audit_status() -> TableIterator<
     TableIterator::once(row)
 }
 
-fn database_exists(name: &str) -> bool {
-    let Ok(name) = std::ffi::CString::new(name) else { return false };
-    unsafe { pg_sys::get_database_oid(name.as_ptr(), true) != pg_sys::InvalidOid }
+/// One row per audit destination the server has seen since it started: each
+/// database with refusals (per database), or the central database. `state`
+/// is the first word of `status`.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_safe)]
+pub fn audit_databases() -> TableIterator<
+    'static,
+    (
+        name!(database, String),
+        name!(database_oid, Option<pg_sys::Oid>),
+        name!(central, bool),
+        name!(state, String),
+        name!(worker_pid, Option<i32>),
+        name!(queued, i64),
+        name!(refused, i64),
+        name!(recorded, i64),
+        name!(dropped, i64),
+        name!(last_flush_at, Option<TimestampWithTimeZone>),
+        name!(last_error, Option<String>),
+        name!(last_error_at, Option<TimestampWithTimeZone>),
+        name!(status, String),
+    ),
+> {
+    let audit = gucs::AUDIT.get();
+    let launcher = shmem::launcher_pid();
+    let capacity = shmem::counters().map_or(0, |c| c.capacity);
+    let rows: Vec<_> = shmem::destinations()
+        .into_iter()
+        .map(|d| {
+            let central = d.key == shmem::CENTRAL;
+            let oid = if central {
+                database_oid(&d.name)
+            } else {
+                let alive = unsafe { !pg_sys::get_database_name(pg_sys::Oid::from(d.key)).is_null() };
+                alive.then(|| pg_sys::Oid::from(d.key))
+            };
+            let name = match oid.filter(|_| !central) {
+                Some(oid) => unsafe { crate::fence::pg::owned(pg_sys::get_database_name(oid)) },
+                None => d.name.clone(),
+            };
+            let status = Destination { central, name: &name, dest: Some(&d), capacity }.status(audit, launcher);
+            let state = status.split([' ', ':']).next().unwrap_or_default().to_owned();
+            (
+                name.clone(),
+                if central { oid } else { Some(pg_sys::Oid::from(d.key)) },
+                central,
+                state,
+                (d.worker == shmem::WorkerState::Running).then_some(d.worker_pid),
+                d.queued as i64,
+                d.refused as i64,
+                d.recorded as i64,
+                d.dropped as i64,
+                timestamp(d.last_flush),
+                d.last_error.as_ref().map(|(e, _)| e.clone()),
+                d.last_error.as_ref().and_then(|(_, at)| timestamp(*at)),
+                status,
+            )
+        })
+        .collect();
+    TableIterator::new(rows)
+}
+
+fn database_oid(name: &str) -> Option<pg_sys::Oid> {
+    let name = std::ffi::CString::new(name).ok()?;
+    let oid = unsafe { pg_sys::get_database_oid(name.as_ptr(), true) };
+    (oid != pg_sys::InvalidOid).then_some(oid)
 }
 
 fn when(t: i64) -> String {
     unsafe { crate::fence::pg::owned(pg_sys::timestamptz_to_str(t)) }
 }
 
-/// What `status` says, first word first: `recording`, `waiting` (for the
-/// database or for the extension in it), `failing` (with the worker's last
-/// error), `starting`, `not running`; or that `pg_lease.audit is off`.
-fn status_text(audit: bool, database: &str, pid: i32, queued: u64) -> String {
-    let phase = shmem::phase();
-    let notes = shmem::notes();
-    let queue = match queued {
-        0 => "refusals will stay queued".to_owned(),
-        1 => "1 refusal waits in the queue".to_owned(),
-        n => format!("{n} refusals wait in the queue"),
-    };
-    let queue = format!("{queue} (counted as dropped once it is full)");
-    if !audit {
-        return "pg_lease.audit is off: refusals are counted as dropped and only logged".to_owned();
-    }
-    if !database_exists(database) {
-        return format!(
-            "waiting for database \"{database}\" (pg_lease.database) to exist: create it and CREATE EXTENSION pg_lease there; the audit worker retries every 5 s; {queue}"
-        );
-    }
-    if pid != 0 && phase == Phase::WaitingExtension {
-        return format!(
-            "waiting for CREATE EXTENSION pg_lease in database \"{database}\" (pg_lease.database); {queue}"
-        );
-    }
-    if let Some((error, at)) = notes.last_error.filter(|_| pid == 0 || phase == Phase::Failing) {
-        let running = if pid == 0 {
-            "the audit worker is not running (it restarts every 5 s)"
-        } else {
-            "the audit worker retries every second"
-        };
-        return format!("failing since {}: {error}; {running}; {queue}", when(at));
-    }
-    if pid == 0 {
-        return if unsafe { pg_sys::RecoveryInProgress() } {
-            "not running: this server is a standby, which refuses no writes; the audit worker starts once it is promoted"
-                .to_owned()
-        } else if phase == Phase::Connecting {
-            format!("starting: the audit worker is connecting to database \"{database}\"; {queue}")
+/// A destination as the status functions describe it.
+struct Destination<'a> {
+    central: bool,
+    /// The database's name.
+    name: &'a str,
+    /// Its shared state, once a refusal (or the central writer) claimed it.
+    dest: Option<&'a shmem::DestView>,
+    capacity: u64,
+}
+
+impl Destination<'_> {
+    /// What `status` says, first word first: `recording`, `waiting` (for the
+    /// database, the extension in it, or a background worker slot),
+    /// `failing` (with the last error), `starting`, `dropped`, `not running`;
+    /// or that `pg_lease.audit is off`.
+    fn status(&self, audit: bool, launcher: i32) -> String {
+        let database = self.name;
+        let queued = self.dest.map_or(0, |d| d.queued);
+        let phase = self.dest.map_or(Phase::Unknown, |d| d.phase);
+        let limit = if self.central {
+            "counted as dropped once the queue is full".to_owned()
         } else {
             format!(
-                "not running: the audit worker is not running (stopped by pg_terminate_backend or by an error, it restarts within 5 s); {queue} for database \"{database}\""
+                "while waiting or failing a database keeps at most {} queued, then they count as dropped",
+                shmem::stuck_limit(self.capacity)
             )
         };
+        let queue = match queued {
+            0 => format!("refusals will stay queued ({limit})"),
+            1 => format!("1 refusal waits in the queue ({limit})"),
+            n => format!("{n} refusals wait in the queue ({limit})"),
+        };
+        let setting = if self.central { " (pg_lease.database)" } else { "" };
+        if !audit {
+            return "pg_lease.audit is off: refusals are counted as dropped and only logged".to_owned();
+        }
+        if phase == Phase::Dropped {
+            let d = self.dest.expect("a dropped destination exists");
+            let what = match &d.last_drop {
+                Some((_, at)) => format!("its queued refusals were discarded at {} (counted as dropped)", when(*at)),
+                None => "nothing of it was queued".to_owned(),
+            };
+            return format!("dropped: database \"{database}\" was dropped; {what}");
+        }
+        if self.central && database_oid(database).is_none() {
+            return format!(
+                "waiting for database \"{database}\"{setting} to exist: create it and CREATE EXTENSION pg_lease there; the launcher looks every second; {queue}"
+            );
+        }
+        if phase == Phase::WaitingExtension {
+            return format!("waiting for CREATE EXTENSION pg_lease in database \"{database}\"{setting}; {queue}");
+        }
+        let running = self.dest.is_some_and(|d| d.worker == shmem::WorkerState::Running);
+        if let Some((error, at)) = self.dest.and_then(|d| d.last_error.clone()).filter(|_| phase != Phase::Recording) {
+            let retry = if launcher == 0 {
+                "the audit launcher is not running (it restarts within 5 s)"
+            } else {
+                "writing is retried every second"
+            };
+            return format!("failing since {}: {error}; {retry}; {queue}", when(at));
+        }
+        if launcher == 0 {
+            return if unsafe { pg_sys::RecoveryInProgress() } {
+                "not running: this server is a standby, which refuses no writes; the audit launcher starts once it is promoted"
+                    .to_owned()
+            } else {
+                format!(
+                    "not running: the audit launcher is not running (stopped by pg_terminate_backend or by an error, it restarts within 5 s); {queue} for database \"{database}\""
+                )
+            };
+        }
+        if let Some(since) = self.dest.map(|d| d.no_slot_since).filter(|&t| t != 0 && queued > 0 && !running) {
+            return format!(
+                "waiting since {} for a free background worker slot to start the writer of database \"{database}\" (raise max_worker_processes); {queue}",
+                when(since)
+            );
+        }
+        if queued > 0 && !running && phase != Phase::Recording {
+            return format!("starting: a writer for database \"{database}\" is being started; {queue}");
+        }
+        if phase == Phase::Connecting {
+            return format!("starting: the writer is connecting to database \"{database}\"; {queue}");
+        }
+        if self.central && phase == Phase::Unknown {
+            return format!("starting: the writer of database \"{database}\"{setting} is being started; {queue}");
+        }
+        let mut text = if self.central {
+            format!("recording refusals of every database in \"{database}\".lease.rejected_writes")
+        } else {
+            format!("recording refusals of database \"{database}\" in its own lease.rejected_writes")
+        };
+        if let Some((why, at)) = self.dest.and_then(|d| d.last_drop.clone()) {
+            text.push_str(&format!("; the last record it could not write was dropped at {}: {why}", when(at)));
+        }
+        text
     }
-    if phase == Phase::Connecting {
-        return format!("starting: the audit worker is checking database \"{database}\"; {queue}");
-    }
-    let mut text = format!("recording refusals of every database in \"{database}\".lease.rejected_writes");
-    if let Some((why, at)) = notes.last_drop {
-        text.push_str(&format!("; the last record it could not write was dropped at {}: {why}", when(at)));
-    }
-    text
 }
 
 /// Zeroes accepted/refused/recorded/dropped counters (queued records stay).

@@ -1,15 +1,21 @@
-//! The audit worker: drains the shared-memory queue into
-//! `lease.rejected_writes` of `pg_lease.database`, in batches, each in its own
-//! transaction; applies retention; drains once more on a clean shutdown.
+//! The audit writer: one per destination (a database with queued refusals,
+//! or the central database `pg_lease.database` names), started by the
+//! launcher. It drains its destination's records into that database's
+//! `lease.rejected_writes`, in batches, each in its own transaction; applies
+//! retention; drains once more on a clean shutdown. A per-database writer
+//! exits once it has had nothing to write for [`IDLE_EXIT`], or as soon as it
+//! cannot record (the launcher retries every second), so it never holds a
+//! connection that would keep `DROP DATABASE` waiting; the central writer
+//! stays, as the one audit worker always did.
 //!
 //! No record can stop it. A batch whose insert fails is told apart:
 //! - if the table takes no row at all (a probe row, inserted in a
 //!   subtransaction that is always rolled back, fails too), or the error is
 //!   of a kind no record causes (lock timeout, disk full, read-only, a changed
-//!   table...), the worker is *failing*: records stay queued (counted as
-//!   dropped only once the queue is full, as always), the error goes to
-//!   `lease.audit_status()` and, once per distinct error, to the log, and the
-//!   worker retries every second;
+//!   table...), the writer is *failing*: records stay queued (counted as
+//!   dropped only once the queue, or the destination's share of it, is full),
+//!   the error goes to `lease.audit_status()` and, once per distinct error, to
+//!   the log, and the writing is retried every second;
 //! - otherwise the batch is written record by record, each in its own
 //!   subtransaction (as PL/pgSQL's exception blocks do): a record that still
 //!   fails is counted as dropped, with one LOG line saying why, and the others
@@ -19,7 +25,7 @@ use super::sanitize::without_nul;
 use super::shmem::{self, AuditRecord, Phase};
 use crate::errors::LeaseError;
 use crate::gucs;
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
+use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use std::ffi::CStr;
@@ -27,117 +33,196 @@ use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
 const BATCH: usize = 512;
-const RETENTION_EVERY: Duration = Duration::from_secs(60);
-/// How often the worker retries while it cannot record (or waits for the
-/// extension), whatever `pg_lease.audit_flush_ms` says.
-const RETRY_EVERY: Duration = Duration::from_secs(1);
-/// How often an idle, recording worker checks the audit table is still there.
+pub const RETENTION_EVERY: Duration = Duration::from_secs(60);
+/// How often writing is retried while a destination cannot record (or waits
+/// for the extension), whatever `pg_lease.audit_flush_ms` says.
+pub const RETRY_EVERY: Duration = Duration::from_secs(1);
+/// How often an idle, recording central writer checks the audit table is
+/// still there.
 const IDLE_CHECK_EVERY: Duration = Duration::from_secs(5);
-/// The worker never waits longer than this for a lock on the audit table
-/// (it would look like it records while it does not).
+/// A per-database writer exits after this long with nothing to write.
+pub const IDLE_EXIT: Duration = Duration::from_secs(2);
+/// A per-database writer gives its worker slot up after this long when other
+/// databases wait for one.
+const TURN: Duration = Duration::from_secs(5);
+/// A writer never waits longer than this for a lock on the audit table (it
+/// would look like it records while it does not).
 const LOCK_TIMEOUT: &CStr = c"5s";
-
-pub fn register() {
-    BackgroundWorkerBuilder::new("pg_lease audit worker")
-        .set_type("pg_lease audit")
-        .set_library("pg_lease")
-        .set_function("pg_lease_audit_worker_main")
-        .enable_spi_access()
-        // Writes need a primary; a standby refuses no writes anyway.
-        .set_start_time(BgWorkerStartTime::RecoveryFinished)
-        .set_restart_time(Some(Duration::from_secs(5)))
-        .load();
-}
+/// In a writer's start argument, beside the destination key: only apply
+/// retention to the database, then exit.
+pub const RETENTION_ONLY: u64 = 1 << 32;
 
 static mut PREV_EMIT_LOG_HOOK: pg_sys::emit_log_hook_type = None;
+/// The destination this process writes (for its hooks).
+static mut DEST: Option<usize> = None;
 
-/// In the worker only: an error that ends the worker (it cannot connect, or
-/// something escaped) is what `lease.audit_status()` shows until a later
-/// write succeeds.
-unsafe extern "C-unwind" fn on_worker_log(edata: *mut pg_sys::ErrorData) {
-    // A missing database is not kept: audit_status sees it for itself, and
-    // stops saying so as soon as the database exists.
+/// In a writer only: an error that ends it (it cannot connect, or something
+/// escaped) is what `lease.audit_status()` shows until a later write succeeds.
+unsafe extern "C-unwind" fn on_writer_log(edata: *mut pg_sys::ErrorData) {
+    // A missing database is not kept: the launcher and audit_status see it
+    // for themselves.
     let missing_database = PgSqlErrorCode::ERRCODE_INVALID_CATALOG_NAME as isize as i32;
-    if !edata.is_null()
-        && (*edata).elevel >= pg_sys::PGERROR as i32
-        && (*edata).sqlerrcode != missing_database
-        && !(*edata).message.is_null()
-    {
-        let message = CStr::from_ptr((*edata).message).to_string_lossy();
-        shmem::set_last_error(Some(&message), pg_sys::GetCurrentTimestamp());
+    if let Some(dest) = DEST {
+        if !edata.is_null()
+            && (*edata).elevel >= pg_sys::PGERROR as i32
+            && (*edata).sqlerrcode != missing_database
+            && !(*edata).message.is_null()
+        {
+            let message = CStr::from_ptr((*edata).message).to_string_lossy();
+            shmem::note_failure(dest, &message, pg_sys::GetCurrentTimestamp());
+        }
     }
     if let Some(prev) = PREV_EMIT_LOG_HOOK {
         prev(edata);
     }
 }
 
-/// However the worker exits, it no longer claims to be running.
-unsafe extern "C-unwind" fn on_worker_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
-    shmem::set_worker(std::ptr::null_mut(), 0);
-    shmem::set_phase(Phase::Stopped);
+/// However the writer exits, it no longer serves its destination.
+unsafe extern "C-unwind" fn on_writer_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    if let Some(dest) = DEST {
+        shmem::detach(dest, pg_sys::MyProcPid, false);
+    }
 }
 
-#[pg_guard]
-#[no_mangle]
-pub extern "C-unwind" fn pg_lease_audit_worker_main(_arg: pg_sys::Datum) {
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    unsafe {
-        pg_sys::before_shmem_exit(Some(on_worker_exit), pg_sys::Datum::from(0));
-        PREV_EMIT_LOG_HOOK = pg_sys::emit_log_hook;
-        pg_sys::emit_log_hook = Some(on_worker_log);
-    }
-    shmem::set_phase(Phase::Connecting);
-    let database = gucs::database();
-    BackgroundWorker::connect_worker_to_spi(Some(&database), None);
-    unsafe {
-        for (name, value) in [
-            (c"lock_timeout", LOCK_TIMEOUT),
-            // Nothing a role created in the audit database resolves the
-            // worker's (superuser) statements.
-            (c"search_path", c"pg_catalog, pg_temp"),
-        ] {
+fn set_worker_gucs() {
+    for (name, value) in [
+        (c"lock_timeout", LOCK_TIMEOUT),
+        // Nothing a role created in the audit database resolves the
+        // writer's (superuser) statements.
+        (c"search_path", c"pg_catalog, pg_temp"),
+    ] {
+        unsafe {
             pg_sys::SetConfigOption(
                 name.as_ptr(),
                 value.as_ptr(),
                 pg_sys::GucContext::PGC_SUSET,
                 pg_sys::GucSource::PGC_S_OVERRIDE,
-            );
-        }
-        shmem::set_worker(&raw mut (*pg_sys::MyProc).procLatch, pg_sys::MyProcPid);
+            )
+        };
     }
-    log!("pg_lease audit worker started: recording refusals in database \"{database}\"");
+}
 
-    let mut worker = Worker::new(database);
+/// Started by the launcher with the destination key (a database OID, or
+/// [`shmem::CENTRAL`]) as its argument, maybe with [`RETENTION_ONLY`].
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn pg_lease_audit_writer_main(arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let arg = arg.value() as u64;
+    let key = arg as u32;
+    let central = gucs::central_database().filter(|_| key == shmem::CENTRAL);
+    if arg & RETENTION_ONLY != 0 {
+        BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(key)), None);
+        set_worker_gucs();
+        apply_retention();
+        unsafe { pg_sys::proc_exit(0) };
+    }
+    let me = unsafe { pg_sys::MyProcPid };
+    let Some(dest) =
+        shmem::attach(key, central.as_deref().unwrap_or_default(), unsafe { &raw mut (*pg_sys::MyProc).procLatch }, me)
+    else {
+        // Another writer serves it, or no destination is free.
+        unsafe { pg_sys::proc_exit(0) };
+    };
+    unsafe {
+        DEST = Some(dest);
+        pg_sys::before_shmem_exit(Some(on_writer_exit), pg_sys::Datum::from(0));
+        PREV_EMIT_LOG_HOOK = pg_sys::emit_log_hook;
+        pg_sys::emit_log_hook = Some(on_writer_log);
+    }
+    if matches!(shmem::phase(dest), Phase::Unknown | Phase::Dropped) {
+        shmem::set_phase(dest, Phase::Connecting);
+    }
+    let database = match &central {
+        Some(name) => {
+            BackgroundWorker::connect_worker_to_spi(Some(name), None);
+            name.clone()
+        }
+        None => {
+            BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(key)), None);
+            // The catalog is read in a transaction only.
+            let name =
+                in_transaction(|| unsafe { crate::fence::pg::owned(pg_sys::get_database_name(pg_sys::MyDatabaseId)) })
+                    .unwrap_or_else(|_| format!("OID {key}"));
+            shmem::set_name(dest, &name);
+            name
+        }
+    };
+    set_worker_gucs();
+    if central.is_some() {
+        log!("pg_lease audit writer started: recording refusals of every database in \"{database}\"");
+    } else {
+        debug1!("pg_lease audit writer started for database \"{database}\"");
+    }
+
+    let mut writer = Writer::new(dest, database);
+    let started = Instant::now();
+    let mut idle_since = Instant::now();
     let mut last_retention: Option<Instant> = None;
+    let flush = || Duration::from_millis(gucs::AUDIT_FLUSH_MS.get() as u64);
+    let mut due = Instant::now() + flush();
     loop {
-        let flush = Duration::from_millis(gucs::AUDIT_FLUSH_MS.get() as u64);
-        let wait = if shmem::phase() == Phase::Recording { flush } else { flush.max(RETRY_EVERY) };
-        let alive = BackgroundWorker::wait_latch(Some(wait));
+        // The latch is also set by things other than a full queue (a new
+        // process starts with it set, sinval catch-up sets it): only a full
+        // queue or the end of the process brings the flush forward.
+        let alive = BackgroundWorker::wait_latch(Some(due.saturating_duration_since(Instant::now())));
         if BackgroundWorker::sighup_received() {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            due = due.min(Instant::now() + flush());
         }
-        worker.drain();
+        if alive && Instant::now() < due && !shmem::half_full() {
+            continue;
+        }
+        if writer.drain() || shmem::queued(dest) > 0 {
+            idle_since = Instant::now();
+        }
         if gucs::AUDIT_RETENTION_MIN.get() > 0 && last_retention.is_none_or(|t| t.elapsed() >= RETENTION_EVERY) {
             apply_retention();
             last_retention = Some(Instant::now());
         }
-        if !alive {
+        due = Instant::now()
+            + if central.is_some() {
+                if shmem::phase(dest) == Phase::Recording {
+                    flush()
+                } else {
+                    flush().max(RETRY_EVERY)
+                }
+            } else if shmem::queued(dest) > 0 {
+                flush()
+            } else {
+                // Idle: look again within a flush interval, until it is time to go.
+                flush().min(IDLE_EXIT.saturating_sub(idle_since.elapsed())).max(Duration::from_millis(10))
+            };
+        if !alive || central.is_some() {
+            if alive {
+                continue;
+            }
+            break;
+        }
+        // A per-database writer: it does not wait here while it cannot
+        // record (the launcher retries), nor stays when idle, nor keeps its
+        // slot from databases waiting for one.
+        if shmem::phase(dest) != Phase::Recording {
+            break;
+        }
+        if idle_since.elapsed() >= IDLE_EXIT && shmem::detach(dest, me, true) {
+            break;
+        }
+        let starved = shmem::shared().is_some_and(|s| s.starved.load(std::sync::atomic::Ordering::Acquire));
+        if starved && started.elapsed() >= TURN {
             break;
         }
     }
-    shmem::set_worker(std::ptr::null_mut(), 0);
-    shmem::set_phase(Phase::Stopped);
-    log!("pg_lease audit worker stopped");
-    // Exit code 0 would unregister the worker for good: a SIGTERM that is not
-    // a server shutdown (pg_terminate_backend) would end the audit until the
-    // next restart. With 1 the postmaster starts it again after 5 s, unless
-    // it is shutting down.
-    unsafe { pg_sys::proc_exit(1) };
+    shmem::detach(dest, me, false);
+    if central.is_some() {
+        log!("pg_lease audit writer stopped");
+    }
+    unsafe { pg_sys::proc_exit(0) };
 }
 
 /// An error caught in the worker: its SQLSTATE and message.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Failure {
+pub(super) struct Failure {
     sqlstate: String,
     message: String,
 }
@@ -180,7 +265,7 @@ fn catch<R>(f: impl FnOnce() -> R) -> Result<R, Failure> {
 
 /// Runs `f` in a transaction of its own: committed if `f` returns, rolled
 /// back (and the error returned) if it or the commit fails.
-fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, Failure> {
+pub(super) fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, Failure> {
     unsafe {
         pg_sys::SetCurrentStatementStartTimestamp();
         pg_sys::StartTransactionCommand();
@@ -229,11 +314,11 @@ fn audit_table_exists() -> bool {
 
 /// Whether the audit table takes a row at all: a plain record, inserted in
 /// a subtransaction that is always rolled back.
-fn probe() -> Result<(), Failure> {
+fn probe(database: &str) -> Result<(), Failure> {
     let mut record = AuditRecord::EMPTY;
     record.rejected_at = unsafe { pg_sys::GetCurrentTimestamp() };
     record.sqlstate.copy_from_slice(LeaseError::StaleOwnerBoundaryWrite.sqlstate().as_bytes());
-    record.database.set(&gucs::database());
+    record.database.set(database);
     record.target_table.set("lease.rejected_writes");
     record.operation.set("INSERT");
     in_subtransaction(false, || insert(std::slice::from_ref(&record)))
@@ -250,7 +335,7 @@ enum Written {
     Failed(Failure),
 }
 
-fn write(batch: &[AuditRecord]) -> Written {
+fn write(batch: &[AuditRecord], database: &str) -> Written {
     let attempt = in_transaction(|| {
         if !audit_table_exists() {
             return Written::NoTable;
@@ -262,7 +347,7 @@ fn write(batch: &[AuditRecord]) -> Written {
         if error.is_environmental() {
             return Written::Failed(error);
         }
-        if probe().is_err() {
+        if probe(database).is_err() {
             // The table takes no row at all: no record is to blame.
             return Written::Failed(error);
         }
@@ -281,66 +366,66 @@ fn write(batch: &[AuditRecord]) -> Written {
     attempt.unwrap_or_else(Written::Failed)
 }
 
-struct Worker {
+struct Writer {
+    dest: usize,
     database: String,
     batch: Vec<AuditRecord>,
-    /// The failure last logged, so a persisting one is logged once.
-    logged_failure: Option<Failure>,
-    warned_missing: bool,
     last_check: Option<Instant>,
 }
 
-impl Worker {
-    fn new(database: String) -> Worker {
-        Worker {
-            database,
-            batch: Vec::with_capacity(BATCH),
-            logged_failure: None,
-            warned_missing: false,
-            last_check: None,
-        }
+impl Writer {
+    fn new(dest: usize, database: String) -> Writer {
+        Writer { dest, database, batch: Vec::with_capacity(BATCH), last_check: None }
     }
 
-    /// Writes queued records until the queue is empty or nothing can be
-    /// written; with nothing queued, checks that recording would work.
-    fn drain(&mut self) {
+    /// Writes queued records until none are left or nothing can be written;
+    /// with nothing queued, checks that recording would work. Whether it
+    /// wrote anything.
+    fn drain(&mut self) -> bool {
         let mut wrote = false;
         loop {
-            shmem::peek(BATCH, &mut self.batch);
+            shmem::peek(self.dest, BATCH, &mut self.batch);
             if self.batch.is_empty() {
                 break;
             }
-            match write(&self.batch) {
+            match write(&self.batch, &self.database) {
                 Written::Done { n, dropped } => {
                     let now = unsafe { pg_sys::GetCurrentTimestamp() };
-                    shmem::commit_recorded(n, dropped.len(), now);
+                    shmem::commit_recorded(self.dest, n, dropped.len(), now);
                     for (i, why) in &dropped {
                         self.report_drop(&self.batch[*i], why, now);
                     }
                     self.recording();
                     wrote = true;
                 }
-                Written::NoTable => return self.waiting_for_extension(),
-                Written::Failed(e) => return self.failing(e),
+                Written::NoTable => {
+                    self.waiting_for_extension();
+                    return wrote;
+                }
+                Written::Failed(e) => {
+                    self.failing(e);
+                    return wrote;
+                }
             }
         }
         let idle_check_due = self.last_check.is_none_or(|t| t.elapsed() >= IDLE_CHECK_EVERY);
-        if !wrote && (shmem::phase() != Phase::Recording || idle_check_due) {
+        if !wrote && (shmem::phase(self.dest) != Phase::Recording || idle_check_due) {
             self.check();
         }
+        wrote
     }
 
     /// With nothing to write: is the audit table there, and (after a failure)
     /// does it take rows again?
     fn check(&mut self) {
         self.last_check = Some(Instant::now());
-        let after_failure = shmem::phase() == Phase::Failing;
+        let after_failure = shmem::phase(self.dest) == Phase::Failing;
         let health = in_transaction(|| {
             if !audit_table_exists() {
                 return Ok(false);
             }
             if after_failure {
-                probe()?;
+                probe(&self.database)?;
             }
             Ok(true)
         });
@@ -351,45 +436,41 @@ impl Worker {
         }
     }
 
+    // The phase and notes live in shared memory, so that what a writer said
+    // (and logged) holds across the writers the launcher starts one after
+    // the other: a persisting failure is logged once, not once per writer.
+
     fn recording(&mut self) {
         self.last_check = Some(Instant::now());
-        if shmem::phase() != Phase::Recording {
-            shmem::set_phase(Phase::Recording);
-            shmem::set_last_error(None, 0);
+        let before = shmem::phase(self.dest);
+        if before != Phase::Recording {
+            shmem::set_phase(self.dest, Phase::Recording);
+            if shmem::set_last_error(self.dest, None, 0) && before == Phase::Failing {
+                log!("pg_lease audit worker: recording again in \"{}\".lease.rejected_writes", self.database);
+            }
         }
-        if self.logged_failure.take().is_some() {
-            log!("pg_lease audit worker: recording again in \"{}\".lease.rejected_writes", self.database);
-        }
-        self.warned_missing = false;
     }
 
     fn waiting_for_extension(&mut self) {
-        if shmem::phase() != Phase::WaitingExtension {
-            shmem::set_phase(Phase::WaitingExtension);
-            shmem::set_last_error(None, 0);
-        }
-        if !self.warned_missing {
+        if shmem::phase(self.dest) != Phase::WaitingExtension {
+            shmem::set_phase(self.dest, Phase::WaitingExtension);
+            shmem::set_last_error(self.dest, None, 0);
             warning!(
-                "pg_lease audit worker: database \"{}\" has no lease.rejected_writes; refusals stay queued (then count as dropped) until CREATE EXTENSION pg_lease runs there",
+                "pg_lease audit worker: database \"{}\" has no lease.rejected_writes; its refusals stay queued (up to a quarter of the queue per database, then they count as dropped) until CREATE EXTENSION pg_lease runs there",
                 self.database
             );
-            self.warned_missing = true;
         }
     }
 
     fn failing(&mut self, error: Failure) {
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
-        shmem::set_phase(Phase::Failing);
-        shmem::set_last_error(
-            Some(&format!("cannot write to \"{}\".lease.rejected_writes: {error}", self.database)),
-            now,
-        );
-        if self.logged_failure.as_ref() != Some(&error) {
+        shmem::set_phase(self.dest, Phase::Failing);
+        let note = format!("cannot write to \"{}\".lease.rejected_writes: {error}", self.database);
+        if shmem::set_last_error(self.dest, Some(&note), now) {
             log!(
-                "pg_lease audit worker: cannot write to \"{}\".lease.rejected_writes, refusals stay queued and the worker retries every second: {error}",
+                "pg_lease audit worker: cannot write to \"{}\".lease.rejected_writes, refusals stay queued and writing is retried every second: {error}",
                 self.database
             );
-            self.logged_failure = Some(error);
         }
     }
 
@@ -403,7 +484,7 @@ impl Worker {
             record.backend_pid,
         );
         log!("pg_lease audit worker: dropped {what}: it cannot be written to lease.rejected_writes: {why}");
-        shmem::set_last_drop(&format!("{what}: {why}"), now);
+        shmem::set_last_drop(self.dest, &format!("{what}: {why}"), now);
     }
 }
 
@@ -450,7 +531,7 @@ fn insert(batch: &[AuditRecord]) {
     .expect("inserting into lease.rejected_writes");
 }
 
-fn apply_retention() {
+pub(super) fn apply_retention() {
     let purged = in_transaction(|| {
         if audit_table_exists() {
             Spi::run_with_args(

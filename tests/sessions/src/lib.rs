@@ -89,14 +89,6 @@ pub fn one_i64(c: &mut Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
 }
 
-/// The database `make test` points `pg_lease.database` at: where the audit
-/// worker records refusals of every database in the cluster.
-pub const AUDIT_DB: &str = "pg_lease_audit";
-
-pub fn audit_db() -> Client {
-    connect_to(AUDIT_DB, "postgres")
-}
-
 /// The poker schema from the incident: owner rows in `tables`, fenced `payouts`.
 pub const POKER: &str = "
     CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint);

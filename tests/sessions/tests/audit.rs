@@ -37,7 +37,7 @@ fn refusal_in_a_rolled_back_transaction_is_recorded() {
         c.batch_execute(POKER).unwrap();
         (db, c)
     };
-    let mut audit = audit_db();
+    let mut audit = db.connect();
     c.batch_execute(
         "SET application_name = 'game-server-7';
          SET pg_lease.audit_statement = on; SET pg_lease.audit_row = on;
@@ -169,12 +169,17 @@ fn a_clean_shutdown_drains_the_queue() {
     }
     let a = accounting(&mut c);
     assert_eq!((a.queued, a.recorded), (20, 0), "{a:?}");
+    // The database's writer is up (started at the first refusal), waiting
+    // out its flush interval.
+    wait_for("the writer", Duration::from_secs(10), || {
+        one_i64(&mut c, "SELECT count(worker_pid) FROM lease.audit_databases() WHERE database = 'postgres'") == 1
+    });
     drop(c);
     cluster.stop();
     cluster.restart();
     let mut c = cluster.connect();
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes WHERE resource_key = '(table_id)=(2)'"), 20);
-    assert!(cluster.server_log().contains("pg_lease audit worker stopped"));
+    assert!(cluster.server_log().contains("pg_lease audit launcher stopped"));
 }
 
 #[test]
@@ -216,6 +221,7 @@ fn audit_rows_and_stats_are_for_granted_roles_only() {
     expect_error(&mut app, "SELECT * FROM lease.rejected_writes", "42501");
     expect_error(&mut app, "SELECT * FROM lease.stats", "42501");
     expect_error(&mut app, "SELECT * FROM lease.audit_status()", "42501");
+    expect_error(&mut app, "SELECT * FROM lease.audit_databases()", "42501");
     expect_error(
         &mut app,
         "INSERT INTO lease.rejected_writes (rejected_at, database, target_table, operation, sqlstate)
@@ -224,10 +230,13 @@ fn audit_rows_and_stats_are_for_granted_roles_only() {
     );
     c.batch_execute(&format!(
         "GRANT SELECT ON lease.rejected_writes, lease.stats TO {role};
-         GRANT EXECUTE ON FUNCTION lease._stats(), lease.audit_status() TO {role};"
+         GRANT EXECUTE ON FUNCTION lease._stats(), lease.audit_status(), lease.audit_databases() TO {role};"
     ))
     .unwrap();
-    app.batch_execute("SELECT * FROM lease.rejected_writes; SELECT * FROM lease.stats").unwrap();
+    app.batch_execute(
+        "SELECT * FROM lease.rejected_writes; SELECT * FROM lease.stats; SELECT * FROM lease.audit_databases()",
+    )
+    .unwrap();
     // Reading is not writing: audit rows cannot be forged or erased.
     expect_error(&mut app, "DELETE FROM lease.rejected_writes", "42501");
     expect_error(&mut app, "UPDATE lease.rejected_writes SET sqlstate = 'x'", "42501");
@@ -248,14 +257,19 @@ fn retention_purges_old_audit_rows() {
     c.batch_execute(old_row).unwrap();
     assert_eq!(one_i64(&mut c, "SELECT lease.purge_rejected_writes('1 day')"), 1);
     expect_error(&mut c, "SELECT lease.purge_rejected_writes('-1 day')", "22023");
-    // Automatic retention, run by the worker once the setting is on.
+    // Automatic retention, applied in every database once the setting is on
+    // (also where nothing was refused since the server started).
     c.batch_execute(old_row).unwrap();
+    c.batch_execute("CREATE DATABASE kept").unwrap();
+    let mut kept = cluster.connect_db("kept");
+    kept.batch_execute("CREATE EXTENSION pg_lease").unwrap();
+    kept.batch_execute(old_row).unwrap();
     c.batch_execute("ALTER SYSTEM SET pg_lease.audit_retention = '1d'").unwrap();
     c.batch_execute("SELECT pg_reload_conf()").unwrap();
-    wait_for("the worker's retention", Duration::from_secs(10), || {
-        one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes WHERE rejected_at < now() - interval '2 days'") == 0
-    });
+    let old = "SELECT count(*) FROM lease.rejected_writes WHERE rejected_at < now() - interval '2 days'";
+    wait_for("the retention", Duration::from_secs(10), || one_i64(&mut c, old) == 0 && one_i64(&mut kept, old) == 0);
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes"), 2);
+    assert_eq!(one_i64(&mut kept, "SELECT count(*) FROM lease.rejected_writes"), 1);
 }
 
 // ---------------------------------------------------------------------------
@@ -442,7 +456,7 @@ fn invalid_utf8_from_a_sql_ascii_database_is_recorded() {
                                EXECUTE format('DROP ROLE %I', '{role}' || E'\\xfc'); END $$"
     ))
     .unwrap();
-    let mut audit = audit_db();
+    let mut audit = db.connect();
     wait_for("the audit row", Duration::from_secs(10), || {
         one_i64(&mut audit, &format!("SELECT count(*) FROM lease.rejected_writes WHERE database = '{}'", db.name)) == 1
     });
@@ -478,7 +492,7 @@ fn oversized_values_are_cut_to_their_documented_limits() {
         "INSERT INTO docs (room, body, fencing_token) VALUES (repeat('k', 2000), '{literal}' || repeat('x', 5000000), 4)"
     );
     assert_eq!(try_sql(&mut c, &sql), "LF001");
-    let mut audit = audit_db();
+    let mut audit = db.connect();
     wait_for("the audit row", Duration::from_secs(10), || {
         one_i64(&mut audit, &format!("SELECT count(*) FROM lease.rejected_writes WHERE database = '{}'", db.name)) == 1
     });
@@ -499,7 +513,9 @@ fn oversized_values_are_cut_to_their_documented_limits() {
 
 #[test]
 fn audit_status_says_when_the_worker_fails_and_when_it_recovers() {
-    let cluster = Cluster::start("audit_failing", 54437);
+    // The central table (pg_lease.database set): every database's refusals
+    // in postgres's lease.rejected_writes, as before 0.4.0's default.
+    let cluster = Cluster::start_with("audit_failing", 54437, &["pg_lease.database = 'postgres'"]);
     let mut c = cluster.connect();
     c.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER}")).unwrap();
     c.batch_execute("CREATE DATABASE doomed").unwrap();
@@ -531,12 +547,21 @@ fn audit_status_says_when_the_worker_fails_and_when_it_recovers() {
     let a = accounting(&mut c);
     assert_eq!((a.refused, a.recorded, a.dropped), (2, 2, 0), "{a:?}");
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes WHERE database = 'doomed'"), 1);
-    // A worker terminated by an administrator comes back.
+    // A launcher or a writer terminated by an administrator comes back.
     let old_pid: i32 = c.query_one("SELECT worker_pid FROM lease.audit_status()", &[]).unwrap().get(0);
     c.batch_execute("SELECT pg_terminate_backend(worker_pid) FROM lease.audit_status()").unwrap();
-    wait_for("the worker to come back", Duration::from_secs(15), || {
+    wait_for("the launcher to come back", Duration::from_secs(15), || {
         let r = c.query_one("SELECT worker_pid, status FROM lease.audit_status()", &[]).unwrap();
         r.get::<_, Option<i32>>(0).is_some_and(|p| p != old_pid) && r.get::<_, String>(1).starts_with("recording")
+    });
+    let writer = |c: &mut Client| -> Option<i32> {
+        c.query_one("SELECT worker_pid FROM lease.audit_databases() WHERE central", &[]).unwrap().get(0)
+    };
+    wait_for("the central writer", Duration::from_secs(10), || writer(&mut c).is_some());
+    let old_writer = writer(&mut c).unwrap();
+    c.batch_execute(&format!("SELECT pg_terminate_backend({old_writer})")).unwrap();
+    wait_for("the central writer to come back", Duration::from_secs(10), || {
+        writer(&mut c).is_some_and(|p| p != old_writer)
     });
     assert_eq!(try_sql(&mut c, "INSERT INTO payouts (table_id, fencing_token) VALUES (2, 4)"), "LF001");
     wait_for("a refusal after the restart", Duration::from_secs(10), || {
@@ -603,11 +628,11 @@ fn audit_status_says_what_the_worker_waits_for() {
     let mut c = cluster.connect();
     let s = wait_for_status(&mut c, "failing to connect", Duration::from_secs(20), |s| s.starts_with("failing"));
     assert!(s.contains("not currently accepting connections"), "{s}");
-    assert!(c
-        .query_one("SELECT worker_pid FROM lease.audit_status()", &[])
-        .unwrap()
-        .get::<_, Option<i32>>(0)
-        .is_none());
+    let r =
+        c.query_one("SELECT worker_pid, state, last_error FROM lease.audit_databases() WHERE central", &[]).unwrap();
+    assert!(r.get::<_, Option<i32>>(0).is_none());
+    assert_eq!(r.get::<_, String>(1), "failing");
+    assert!(r.get::<_, String>(2).contains("not currently accepting connections"));
     c.batch_execute("ALTER DATABASE audit_home ALLOW_CONNECTIONS true").unwrap();
     wait_for_status(&mut c, "recording after reconnecting", Duration::from_secs(20), |s| s.starts_with("recording"));
 
@@ -615,4 +640,230 @@ fn audit_status_says_what_the_worker_waits_for() {
     c.batch_execute("ALTER SYSTEM SET pg_lease.audit = off").unwrap();
     c.batch_execute("SELECT pg_reload_conf()").unwrap();
     wait_for_status(&mut c, "off", Duration::from_secs(10), |s| s.contains("pg_lease.audit is off"));
+}
+
+// ---------------------------------------------------------------------------
+// Per database (the default): each database's refusals in its own table.
+// ---------------------------------------------------------------------------
+
+/// One row of `lease.audit_databases()`: (state, queued, refused, recorded, dropped).
+fn destination(c: &mut Client, database: &str) -> Option<(String, i64, i64, i64, i64)> {
+    c.query_opt(
+        "SELECT state, queued, refused, recorded, dropped FROM lease.audit_databases() WHERE database = $1",
+        &[&database],
+    )
+    .unwrap()
+    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+}
+
+#[track_caller]
+fn refuse_n(c: &mut Client, n: usize, token: i64) {
+    c.batch_execute(&format!(
+        "DO $$ BEGIN FOR i IN 1..{n} LOOP
+             BEGIN INSERT INTO payouts (table_id, fencing_token) VALUES (1, {token});
+             EXCEPTION WHEN SQLSTATE 'LF001' THEN NULL; END;
+         END LOOP; END $$"
+    ))
+    .unwrap();
+}
+
+#[test]
+fn refusals_land_in_the_refusing_database_without_any_setting() {
+    let dbs = [TestDb::new("audit_own_a"), TestDb::new("audit_own_b")];
+    for db in &dbs {
+        db.connect().batch_execute(POKER).unwrap();
+    }
+    let mut c = dbs[0].connect();
+    assert_eq!(c.query_one("SHOW pg_lease.database", &[]).unwrap().get::<_, String>(0), "", "no setting");
+    // Both databases refuse at once, from two sessions each.
+    const EACH: usize = 50;
+    let flooders: Vec<_> = dbs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, db)| (0..2).map(move |_| (i, db.connect())))
+        .map(|(i, mut s)| thread::spawn(move || refuse_n(&mut s, EACH, 3 + i as i64)))
+        .collect();
+    for f in flooders {
+        f.join().unwrap();
+    }
+    for (i, db) in dbs.iter().enumerate() {
+        let mut own = db.connect();
+        wait_for("every refusal in its own database", Duration::from_secs(20), || {
+            one_i64(&mut own, "SELECT count(*) FROM lease.rejected_writes") == 2 * EACH as i64
+        });
+        let r = own
+            .query_one(
+                "SELECT count(*) FILTER (WHERE database <> current_database()),
+                        count(*) FILTER (WHERE presented_token <> $1), count(DISTINCT backend_pid)
+                   FROM lease.rejected_writes",
+                &[&(3 + i as i64)],
+            )
+            .unwrap();
+        assert_eq!((r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, i64>(2)), (0, 0, 2), "{}", db.name);
+        let status = own.query_one("SELECT audit_database, status FROM lease.audit_status()", &[]).unwrap();
+        assert_eq!(status.get::<_, String>(0), db.name);
+        let text: String = status.get(1);
+        assert!(
+            text.starts_with(&format!(
+                "recording refusals of database \"{}\" in its own lease.rejected_writes",
+                db.name
+            )),
+            "{text}"
+        );
+    }
+    // Per database truth, seen from either: nothing queued, lost or doubled.
+    thread::sleep(Duration::from_millis(500));
+    for db in &dbs {
+        assert_eq!(one_i64(&mut db.connect(), "SELECT count(*) FROM lease.rejected_writes"), 2 * EACH as i64);
+        let d = destination(&mut c, &db.name).unwrap_or_else(|| panic!("no audit_databases row for {}", db.name));
+        assert_eq!(d, ("recording".to_owned(), 0, 2 * EACH as i64, 2 * EACH as i64, 0), "{}", db.name);
+    }
+}
+
+#[test]
+fn a_database_that_cannot_record_waits_bounded_and_a_dropped_one_is_discarded() {
+    let cluster = Cluster::start_with(
+        "audit_perdb",
+        54439,
+        &["pg_lease.audit_queue_size = 16", "pg_lease.audit_flush_ms = 50", "pg_lease.log_rejections = off"],
+    );
+    let mut c = cluster.connect();
+    c.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER}")).unwrap();
+    // A database created after the server started, the extension later still.
+    c.batch_execute("CREATE DATABASE later").unwrap();
+    let mut later = cluster.connect_db("later");
+    later.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER}")).unwrap();
+    refuse_n(&mut later, 1, 4);
+    wait_for("the refusal in later", Duration::from_secs(10), || {
+        one_i64(&mut later, "SELECT count(*) FROM lease.rejected_writes WHERE database = 'later'") == 1
+    });
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes"), 0, "nothing lands in postgres");
+
+    // Its audit table goes away: its records wait, at most a quarter of the
+    // queue (4 of 16), while postgres goes on recording.
+    later.batch_execute("ALTER TABLE lease.rejected_writes RENAME TO rejected_writes_away").unwrap();
+    refuse_n(&mut later, 1, 4);
+    wait_for("later to wait", Duration::from_secs(10), || {
+        destination(&mut c, "later").is_some_and(|d| d.0 == "waiting")
+    });
+    let s: String = later.query_one("SELECT status FROM lease.audit_status()", &[]).unwrap().get(0);
+    assert!(
+        s.starts_with("waiting for CREATE EXTENSION pg_lease in database \"later\"") && s.contains("at most 4"),
+        "{s}"
+    );
+    refuse_n(&mut later, 6, 4);
+    assert_eq!(destination(&mut c, "later").unwrap(), ("waiting".to_owned(), 4, 8, 1, 3));
+    refuse_n(&mut c, 2, 4);
+    wait_for("postgres's refusals", Duration::from_secs(10), || {
+        one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes") == 2
+    });
+
+    // The table is back: the waiting records land, once each.
+    later.batch_execute("ALTER TABLE lease.rejected_writes_away RENAME TO rejected_writes").unwrap();
+    wait_for("the waiting records", Duration::from_secs(10), || {
+        destination(&mut c, "later").is_some_and(|d| d.0 == "recording" && d.1 == 0)
+    });
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(one_i64(&mut later, "SELECT count(*) FROM lease.rejected_writes"), 5);
+    assert_eq!(destination(&mut c, "later").unwrap(), ("recording".to_owned(), 0, 8, 5, 3));
+
+    // Dropped while records wait: they are discarded, counted, and logged.
+    later.batch_execute("ALTER TABLE lease.rejected_writes RENAME TO rejected_writes_away").unwrap();
+    refuse_n(&mut later, 2, 4);
+    wait_for("later to wait again", Duration::from_secs(10), || {
+        destination(&mut c, "later").is_some_and(|d| d.0 == "waiting" && d.1 == 2)
+    });
+    drop(later);
+    c.batch_execute("DROP DATABASE later WITH (FORCE)").unwrap();
+    wait_for("the records of the dropped database to be discarded", Duration::from_secs(10), || {
+        destination(&mut c, "later").is_some_and(|d| d.0 == "dropped")
+    });
+    assert_eq!(destination(&mut c, "later").unwrap(), ("dropped".to_owned(), 0, 10, 5, 5));
+    let a = accounting(&mut c);
+    assert_eq!((a.refused, a.recorded, a.dropped, a.queued), (12, 7, 5, 0), "{a:?}");
+    let log = cluster.server_log();
+    assert_eq!(log.matches("discarded 2 queued refusal(s) of database \"later\"").count(), 1, "{log}");
+}
+
+#[test]
+fn many_databases_refusing_at_once_share_a_bounded_number_of_writers() {
+    let cluster = Cluster::start_with(
+        "audit_many",
+        54440,
+        &[
+            "pg_lease.audit_workers = 1",
+            "pg_lease.audit_queue_size = 8192",
+            "pg_lease.audit_flush_ms = 50",
+            "pg_lease.log_rejections = off",
+        ],
+    );
+    let mut c = cluster.connect();
+    c.batch_execute("CREATE EXTENSION pg_lease").unwrap();
+    const DBS: usize = 4;
+    const EACH: usize = 1000;
+    for i in 0..DBS {
+        c.batch_execute(&format!("CREATE DATABASE many_{i}")).unwrap();
+        cluster.connect_db(&format!("many_{i}")).batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER}")).unwrap();
+    }
+    let flooders: Vec<_> = (0..DBS)
+        .map(|i| {
+            let mut s = cluster.connect_db(&format!("many_{i}"));
+            thread::spawn(move || refuse_n(&mut s, EACH, 4))
+        })
+        .collect();
+    let mut most = 0;
+    let writers = "SELECT count(worker_pid) FROM lease.audit_databases()";
+    while flooders.iter().any(|f| !f.is_finished()) {
+        most = most.max(one_i64(&mut c, writers));
+        thread::sleep(Duration::from_millis(10));
+    }
+    for f in flooders {
+        f.join().unwrap();
+    }
+    wait_for("every database's records", Duration::from_secs(60), || {
+        most = most.max(one_i64(&mut c, writers));
+        accounting(&mut c).queued == 0
+    });
+    assert!(most <= 1, "{most} writers at once, with pg_lease.audit_workers = 1");
+    let a = accounting(&mut c);
+    assert_eq!((a.refused, a.recorded, a.dropped), ((DBS * EACH) as i64, (DBS * EACH) as i64, 0), "{a:?}");
+    for i in 0..DBS {
+        let name = format!("many_{i}");
+        let mut own = cluster.connect_db(&name);
+        let r = own
+            .query_one(
+                "SELECT count(*), count(*) FILTER (WHERE database <> current_database()) FROM lease.rejected_writes",
+                &[],
+            )
+            .unwrap();
+        assert_eq!((r.get::<_, i64>(0), r.get::<_, i64>(1)), (EACH as i64, 0), "{name}");
+        assert_eq!(destination(&mut c, &name).unwrap(), ("recording".to_owned(), 0, EACH as i64, EACH as i64, 0));
+    }
+    // Idle writers leave: none is connected a few seconds later.
+    wait_for("the writers to exit", Duration::from_secs(10), || {
+        one_i64(&mut c, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_lease audit writer'") == 0
+    });
+}
+
+#[test]
+fn without_a_free_worker_slot_records_wait_and_the_status_says_why() {
+    // The launcher takes the only background worker slot: no writer can start.
+    let cluster = Cluster::start_with(
+        "audit_noslot",
+        54445,
+        &["max_worker_processes = 1", "max_logical_replication_workers = 0", "max_parallel_workers = 0"],
+    );
+    let mut c = cluster.connect();
+    c.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER}")).unwrap();
+    refuse_n(&mut c, 3, 4);
+    let s = wait_for_status(&mut c, "waiting for a worker slot", Duration::from_secs(10), |s| s.starts_with("waiting"));
+    assert!(s.contains("free background worker slot") && s.contains("max_worker_processes"), "{s}");
+    assert_eq!(destination(&mut c, "postgres").unwrap(), ("waiting".to_owned(), 3, 3, 0, 0));
+    // A clean shutdown cannot start a writer either: the launcher says what
+    // is lost (each refusal is also in the log).
+    drop(c);
+    cluster.stop();
+    let log = cluster.server_log();
+    assert!(log.contains("shutting down with 3 refusal(s) of database \"postgres\" not recorded"), "{log}");
+    assert_eq!(log.matches("pg_lease rejected write:").count(), 3);
 }

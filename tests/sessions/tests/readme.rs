@@ -230,7 +230,7 @@ fn readme_sql_runs_and_each_role_can_do_its_work_and_no_more() {
         x.batch_execute(&sql).unwrap_or_else(|e| panic!("exporter query as metrics:\n{sql}\n{e}"));
         queries += 1;
     }
-    assert_eq!(queries, 3);
+    assert!(queries >= 4, "{queries} exporter queries found");
     refused(&mut x, "SELECT * FROM lease.rejected_writes", "42501");
     refused(&mut x, "SELECT * FROM lease.sessions", "42501");
     refused(&mut x, "SELECT * FROM payouts", "42501");

@@ -331,7 +331,7 @@ fn only_granted_owners_fence_and_guards_run_only_where_they_guard() {
     // The audit queue is drained in order: once a later, real refusal is
     // recorded, anything forged before it would be too.
     a.batch_execute("INSERT INTO payouts (table_id, fencing_token) VALUES (1, 1)").unwrap_err();
-    let mut audit = audit_db();
+    let mut audit = db.connect();
     let recorded = |audit: &mut Client, table: &str| -> i64 {
         audit
             .query_one(

@@ -135,6 +135,17 @@ fn readme_sql_runs_and_each_role_can_do_its_work_and_no_more() {
     run_readme(&name);
 
     let mut su = connect_to(&name, "postgres");
+    // The walkthrough's refused write is recorded in this database's own
+    // lease.rejected_writes, with no setting (the audit writer runs async).
+    let mut recorded = 0;
+    for _ in 0..100 {
+        recorded = one_i64(&mut su, "SELECT count(*) FROM lease.rejected_writes WHERE sqlstate = 'LF001'");
+        if recorded > 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(recorded, 1, "the walkthrough's stale write in {name}'s own audit table");
     su.batch_execute(
         "CREATE TABLE admin_only (table_id int, fencing_token bigint);
          CREATE TABLE ledger (k int, token bigint)",

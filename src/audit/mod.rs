@@ -51,9 +51,9 @@ pub fn row_json(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> Option<Str
 /// (without detoasting them).
 unsafe fn row_size(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> usize {
     let natts = (*desc).natts as usize;
-    let attrs = (*desc).attrs.as_slice(natts);
     let mut size = 0usize;
-    for (i, att) in attrs.iter().enumerate() {
+    for i in 0..natts {
+        let att = attribute(desc, i);
         if att.attisdropped {
             continue;
         }
@@ -69,6 +69,19 @@ unsafe fn row_size(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> usize {
         };
     }
     size
+}
+
+/// The `i`th (0-based) attribute of a tuple descriptor. PostgreSQL 18 moved
+/// the attribute array behind `compact_attrs` (TupleDescAttr is then a function).
+unsafe fn attribute<'a>(desc: pg_sys::TupleDesc, i: usize) -> &'a pg_sys::FormData_pg_attribute {
+    #[cfg(feature = "pg18")]
+    {
+        &*pg_sys::TupleDescAttr(desc, i as i32)
+    }
+    #[cfg(not(feature = "pg18"))]
+    {
+        &(*desc).attrs.as_slice((*desc).natts as usize)[i]
+    }
 }
 
 struct Session {

@@ -27,7 +27,17 @@ if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION"; then
     cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
 fi
 
-# cargo-pgrx knows 15 always, and 18 once it has been asked for.
+# cargo-pgrx knows 15 always, and 18 once it has been asked for. A registered
+# pg_config that is gone (a removed build) would break every build, 15's too.
+config_toml=${PGRX_HOME:-$HOME/.pgrx}/config.toml
+if [ -f "$config_toml" ]; then
+    while read -r label path; do
+        if [ ! -x "$path" ]; then
+            echo "setup: $path is gone; unregistering $label from cargo-pgrx"
+            sed -i "/^$label = /d" "$config_toml"
+        fi
+    done < <(sed -n 's/^\(pg[0-9]*\) = "\(.*\)"$/\1 \2/p' "$config_toml")
+fi
 declare -A pg_configs=([15]="$(PG=15 scripts/pg.sh pg_config)")
 [ "$major" = 15 ] || pg_configs[$major]=$(scripts/build-postgres.sh "$major")
 init=()
@@ -36,7 +46,7 @@ for m in "${!pg_configs[@]}"; do
         echo "setup: ${pg_configs[$m]} (pg_config of PostgreSQL $m) does not exist" >&2
         exit 1
     fi
-    grep -qs "^pg$m = \"${pg_configs[$m]}\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml" || init+=("--pg$m" "${pg_configs[$m]}")
+    grep -qs "^pg$m = \"${pg_configs[$m]}\"" "$config_toml" || init+=("--pg$m" "${pg_configs[$m]}")
 done
 if [ ${#init[@]} -gt 0 ]; then
     cargo pgrx init "${init[@]}" >/dev/null

@@ -16,6 +16,9 @@ dir_var=PG_LEASE_PG${major}_DIR
 prefix=${!dir_var:-/opt/pg_lease/pg$major}
 stamp=$prefix/.pg_lease-build
 say() { echo "build-postgres: $*" >&2; }
+# Under `make test PG=18` this runs inside another make: PostgreSQL's makefiles
+# build their generated headers first only when they are the top-level make.
+unset MAKELEVEL MAKEFLAGS MFLAGS
 trap 'echo "build-postgres: failed (line $LINENO)" >&2' ERR
 
 if [ -f "$stamp" ] && "$prefix/bin/pg_config" --version 2>/dev/null | grep -q "^PostgreSQL $major\."; then

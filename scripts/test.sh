@@ -66,6 +66,8 @@ if [ "$PG" != 15 ]; then
     export PG_LEASE_UPGRADE_FROM
     echo "== install into PostgreSQL 15 too ($PG_LEASE_UPGRADE_FROM), for the pg_upgrade test"
     install_into "$PG_LEASE_UPGRADE_FROM"
+else
+    unset PG_LEASE_UPGRADE_FROM   # no older major to upgrade from: that test says so and passes
 fi
 
 echo "== multi-session tests (real connections, port $PORT)"

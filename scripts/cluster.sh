@@ -2,6 +2,7 @@
 # Scratch PostgreSQL clusters for tests and the demo, run as the postgres user
 # (Postgres refuses to run as root).
 #   scripts/cluster.sh start NAME PORT [extra postgresql.conf lines...]
+#   scripts/cluster.sh init NAME PORT [extra postgresql.conf lines...]   initdb and configure, not started
 #   scripts/cluster.sh stop NAME
 #   scripts/cluster.sh psql NAME PORT [psql args...]
 #   scripts/cluster.sh crash NAME        pg_ctl stop -m immediate (no shutdown checkpoint)
@@ -9,8 +10,13 @@
 #   scripts/cluster.sh restart NAME      start an existing cluster again (after a stop or crash)
 #   scripts/cluster.sh standby NAME PORT PRIMARY_PORT   streaming standby via pg_basebackup -R
 #   scripts/cluster.sh promote NAME
+#   scripts/cluster.sh upgrade NAME OLD OLD_PG_CONFIG   pg_upgrade the stopped cluster OLD (run by the
+#                                          binaries of OLD_PG_CONFIG) into NAME (from init), then start NAME
+# The binaries are those of $PG_CONFIG (default: the pg_config on PATH), so
+# PG_CONFIG=<PostgreSQL 18's pg_config> runs 18 clusters. PG_LEASE_INITDB_ARGS
+# adds initdb options (e.g. --no-data-checksums).
 set -euo pipefail
-BIN=$(pg_config --bindir)
+BIN=$("${PG_CONFIG:-pg_config}" --bindir)
 ROOT=${PG_LEASE_SCRATCH:-/var/tmp/pg_lease}
 RUNAS=(sudo -u postgres --preserve-env=PGOPTIONS)
 [ "$(id -un)" = postgres ] && RUNAS=()
@@ -26,13 +32,14 @@ fi
 cmd=$1; name=$2
 dir=$ROOT/$name
 case "$cmd" in
-start)
+start|init)
     port=$3; shift 3
     mkdir -p "$ROOT"; chown postgres: "$ROOT"
     if [ -f "$dir/postmaster.pid" ]; then "${RUNAS[@]}" "$BIN/pg_ctl" -D "$dir" -m fast stop >/dev/null 2>&1 || true; fi
     rm -rf "$dir" "$dir.sock"
     mkdir -p "$dir.sock"; chown postgres: "$dir.sock"
-    "${RUNAS[@]}" "$BIN/initdb" -D "$dir" -U postgres --auth=trust --no-sync >/dev/null
+    read -ra initdb_args <<< "${PG_LEASE_INITDB_ARGS:-}"
+    "${RUNAS[@]}" "$BIN/initdb" -D "$dir" -U postgres --auth=trust --no-sync "${initdb_args[@]}" >/dev/null
     {
         echo "port = $port"
         echo "listen_addresses = '127.0.0.1'"
@@ -43,7 +50,7 @@ start)
         echo "log_min_messages = warning"
         for line in "$@"; do echo "$line"; done
     } | "${RUNAS[@]}" tee -a "$dir/postgresql.conf" >/dev/null
-    "${RUNAS[@]}" "${FAKE[@]}" "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w start >/dev/null
+    [ "$cmd" = init ] || "${RUNAS[@]}" "${FAKE[@]}" "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w start >/dev/null
     ;;
 stop)
     if [ -f "$dir/postmaster.pid" ]; then "${RUNAS[@]}" "$BIN/pg_ctl" -D "$dir" -m fast -w stop >/dev/null; fi
@@ -84,9 +91,20 @@ standby)
 promote)
     "${RUNAS[@]}" "$BIN/pg_ctl" -D "$dir" -w promote >/dev/null
     ;;
+upgrade)
+    old=$ROOT/$3; old_bin=$("$4" --bindir)
+    # pg_upgrade writes its reports into the current directory and runs both
+    # servers on Unix sockets only (no TCP port is taken).
+    (cd "$ROOT" && "${RUNAS[@]}" "$BIN/pg_upgrade" -b "$old_bin" -B "$BIN" -d "$old" -D "$dir" \
+        -p "$(sed -n 's/^port = //p' "$old/postgresql.conf" | tail -1)" \
+        -P "$(sed -n 's/^port = //p' "$dir/postgresql.conf" | tail -1)" \
+        --socketdir "$dir.sock" >"$dir.pg_upgrade.log" 2>&1) \
+        || { cat "$dir.pg_upgrade.log" >&2; exit 1; }
+    "${RUNAS[@]}" "${FAKE[@]}" "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w start >/dev/null
+    ;;
 psql)
     port=$3; shift 3
-    exec psql -h 127.0.0.1 -p "$port" -U postgres "$@"
+    exec "$BIN/psql" -h 127.0.0.1 -p "$port" -U postgres "$@"
     ;;
-*) echo "usage: $0 start|stop|crash|kill9|restart|standby|promote|psql NAME [PORT]" >&2; exit 2 ;;
+*) echo "usage: $0 start|init|stop|crash|kill9|restart|standby|promote|upgrade|psql NAME [PORT]" >&2; exit 2 ;;
 esac

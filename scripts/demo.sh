@@ -7,14 +7,18 @@ cd "$(dirname "$0")/.."
 PORT=${PG_LEASE_DEMO_PORT:-54402}
 
 scripts/setup.sh
+# PG=18 runs the demo on PostgreSQL 18 (scripts/pg.sh).
+PG_CONFIG=$(scripts/pg.sh pg_config)
+export PG_CONFIG
+read -ra features <<< "$(scripts/pg.sh features)"
 echo "Building and installing pg_lease..."
-cargo pgrx install --release --pg-config "$(command -v pg_config)" >/dev/null 2>&1 \
-    || cargo pgrx install --release --pg-config "$(command -v pg_config)"
+cargo pgrx install --release --pg-config "$PG_CONFIG" "${features[@]}" >/dev/null 2>&1 \
+    || cargo pgrx install --release --pg-config "$PG_CONFIG" "${features[@]}"
 scripts/cluster.sh start demo "$PORT"
 trap 'scripts/cluster.sh stop demo' EXIT
 
 # One psql per "process", so each step is a separate client connection.
-as() { local who=$1; shift; PGAPPNAME=$who psql -X -q -v ON_ERROR_STOP=0 -h 127.0.0.1 -p "$PORT" -U postgres -d postgres "$@"; }
+as() { local who=$1; shift; PGAPPNAME=$who "$("$PG_CONFIG" --bindir)/psql" -X -q -v ON_ERROR_STOP=0 -h 127.0.0.1 -p "$PORT" -U postgres -d postgres "$@"; }
 say() { printf '\n\033[1m%s\033[0m\n' "$*"; }
 
 say "== Setup: the game database with pg_lease"

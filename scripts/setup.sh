@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Installs everything pg_lease's build, tests and demo need on a fresh Debian 12
 # machine (run as root). Idempotent and quick when all is present.
+# With PG=18 it also builds PostgreSQL 18 from Debian's source package (once,
+# scripts/build-postgres.sh) and registers it with cargo-pgrx beside 15.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 PGRX_VERSION=0.18.0
+major=$(scripts/pg.sh major)
 
 # `setup.sh bench` also installs what `make bench` compares against.
 packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo faketime pgbouncer)
@@ -23,7 +27,27 @@ if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION"; then
     cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
 fi
 
-PG_CONFIG=$(command -v pg_config)
-if ! grep -qs "^pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-    cargo pgrx init --pg15 "$PG_CONFIG" >/dev/null
+# cargo-pgrx knows 15 always, and 18 once it has been asked for. A registered
+# pg_config that is gone (a removed build) would break every build, 15's too.
+config_toml=${PGRX_HOME:-$HOME/.pgrx}/config.toml
+if [ -f "$config_toml" ]; then
+    while read -r label path; do
+        if [ ! -x "$path" ]; then
+            echo "setup: $path is gone; unregistering $label from cargo-pgrx"
+            sed -i "/^$label = /d" "$config_toml"
+        fi
+    done < <(sed -n 's/^\(pg[0-9]*\) = "\(.*\)"$/\1 \2/p' "$config_toml")
+fi
+declare -A pg_configs=([15]="$(PG=15 scripts/pg.sh pg_config)")
+[ "$major" = 15 ] || pg_configs[$major]=$(scripts/build-postgres.sh "$major")
+init=()
+for m in "${!pg_configs[@]}"; do
+    if [ ! -x "${pg_configs[$m]}" ]; then
+        echo "setup: ${pg_configs[$m]} (pg_config of PostgreSQL $m) does not exist" >&2
+        exit 1
+    fi
+    grep -qs "^pg$m = \"${pg_configs[$m]}\"" "$config_toml" || init+=("--pg$m" "${pg_configs[$m]}")
+done
+if [ ${#init[@]} -gt 0 ]; then
+    cargo pgrx init "${init[@]}" >/dev/null
 fi

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # `make test`: lint, in-process pgrx tests, then multi-session tests over real
 # connections against a scratch cluster with pg_lease preloaded.
+# PG=18 (`make test PG=18`) runs all of it against PostgreSQL 18 instead of 15,
+# and adds the pg_upgrade 15 -> 18 test (tests/sessions/tests/pg_upgrade.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOG=$(mktemp)
@@ -21,11 +23,18 @@ SCRATCH=${PG_LEASE_SCRATCH:-/var/tmp/pg_lease}
 PORT=${PG_LEASE_TEST_PORT:-61001}
 export PG_LEASE_PORT_OFFSET=${PG_LEASE_PORT_OFFSET:-6600}
 
+export PG=${PG:-15}
 scripts/setup.sh
+# The chosen major's pg_config: scripts/cluster.sh and the multi-session tests
+# take their binaries (initdb, pg_ctl, psql, pg_dump...) from its --bindir.
+PG_CONFIG=$(scripts/pg.sh pg_config)
+export PG_CONFIG
+read -ra features <<< "$(scripts/pg.sh features)"
+echo "== PostgreSQL $PG: $("$PG_CONFIG" --version) ($PG_CONFIG)"
 
 echo "== lint"
 cargo fmt --check
-cargo clippy --quiet --all-targets --features pg_test -- -D warnings
+cargo clippy --quiet --all-targets "${features[@]}" --features pg_test -- -D warnings
 cargo fmt --check --manifest-path tests/sessions/Cargo.toml
 cargo clippy --quiet --manifest-path tests/sessions/Cargo.toml --all-targets -- -D warnings
 
@@ -33,18 +42,33 @@ echo "== pgrx tests (in-process)"
 mkdir -p "$SCRATCH"; chown postgres: "$SCRATCH"
 # The pgrx test cluster is rebuilt from scratch each run.
 rm -rf "$SCRATCH/pgrx-data"
-cargo pgrx test pg15 --runas postgres --pgdata "$SCRATCH/pgrx-data"
+cargo pgrx test "pg$PG" --runas postgres --pgdata "$SCRATCH/pgrx-data"
 
 echo "== schema and upgrade scripts"
 scripts/check-schema.sh
 
+# pg_lease and the earlier releases' full scripts (so the extension-upgrade
+# test can install them) into the PostgreSQL of pg_config $1.
+install_into() {
+    local pg_config=$1; shift
+    cargo pgrx install --pg-config "$pg_config" "$@" >/dev/null
+    local version f
+    version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+    for f in sql/released/pg_lease--*.sql; do
+        [ "$f" = "sql/released/pg_lease--$version.sql" ] || cp "$f" "$("$pg_config" --sharedir)/extension/"
+    done
+}
 echo "== install"
-cargo pgrx install --pg-config "$(command -v pg_config)" >/dev/null
-# Earlier releases' full scripts, so the upgrade test can install them.
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
-for f in sql/released/pg_lease--*.sql; do
-    [ "$f" = "sql/released/pg_lease--$version.sql" ] || cp "$f" "$(pg_config --sharedir)/extension/"
-done
+install_into "$PG_CONFIG" "${features[@]}"
+if [ "$PG" != 15 ]; then
+    # The pg_upgrade test starts from a PostgreSQL 15 cluster with pg_lease.
+    PG_LEASE_UPGRADE_FROM=${PG_LEASE_UPGRADE_FROM:-$(PG=15 scripts/pg.sh pg_config)}
+    export PG_LEASE_UPGRADE_FROM
+    echo "== install into PostgreSQL 15 too ($PG_LEASE_UPGRADE_FROM), for the pg_upgrade test"
+    install_into "$PG_LEASE_UPGRADE_FROM"
+else
+    unset PG_LEASE_UPGRADE_FROM   # no older major to upgrade from: that test says so and passes
+fi
 
 echo "== multi-session tests (real connections, port $PORT)"
 # The default audit: each database's refusals in its own lease.rejected_writes

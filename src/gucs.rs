@@ -71,7 +71,7 @@ fn find_token_guc() -> *const pg_sys::config_generic {
     unsafe {
         #[cfg(feature = "pg18")]
         {
-            pg_sys::find_option(c"pg_lease.token".as_ptr(), false, true, pg_sys::ERROR as i32)
+            pg_sys::find_option(c"pg_lease.token".as_ptr(), false, true, pg_sys::PGERROR as i32)
         }
         #[cfg(not(feature = "pg18"))]
         {
@@ -254,7 +254,6 @@ pub fn init() {
             );
         }
         // Typos such as `SET pg_lease.tokne` then fail instead of creating a placeholder.
-        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]
         pg_sys::MarkGUCPrefixReserved(c"pg_lease".as_ptr());
     }
 }

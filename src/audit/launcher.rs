@@ -95,7 +95,7 @@ pub extern "C-unwind" fn pg_lease_audit_launcher_main(_arg: pg_sys::Datum) {
     // server shutdown (pg_terminate_backend) would end the audit until the
     // next restart. With 1 the postmaster starts it again after 5 s, unless
     // it is shutting down.
-    unsafe { pg_sys::proc_exit(1) };
+    super::exit_process(1)
 }
 
 enum Database {

@@ -32,6 +32,16 @@ pub struct AuditFacts {
     pub row_json: Option<String>,
 }
 
+/// Ends this background worker's process: `proc_exit` runs the exit
+/// callbacks and never returns (pgrx's binding says so on 15, not on 18).
+#[allow(unreachable_code)]
+pub fn exit_process(code: i32) -> ! {
+    // SAFETY: called from a background worker's main function with nothing
+    // left to unwind; proc_exit is how Postgres ends a process.
+    unsafe { pg_sys::proc_exit(code) };
+    unreachable!("proc_exit returned")
+}
+
 /// The refused row as the `row_data` document (valid jsonb, at most
 /// [`sanitize::ROW_DATA_MAX`] bytes), if `pg_lease.audit_row` asks for it.
 pub fn row_json(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> Option<String> {
@@ -54,9 +64,9 @@ pub fn row_json(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> Option<Str
 /// (without detoasting them).
 unsafe fn row_size(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> usize {
     let natts = (*desc).natts as usize;
-    let attrs = (*desc).attrs.as_slice(natts);
     let mut size = 0usize;
-    for (i, att) in attrs.iter().enumerate() {
+    for i in 0..natts {
+        let att = attribute(desc, i);
         if att.attisdropped {
             continue;
         }
@@ -72,6 +82,19 @@ unsafe fn row_size(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> usize {
         };
     }
     size
+}
+
+/// The `i`th (0-based) attribute of a tuple descriptor. PostgreSQL 18 moved
+/// the attribute array behind `compact_attrs` (TupleDescAttr is then a function).
+unsafe fn attribute<'a>(desc: pg_sys::TupleDesc, i: usize) -> &'a pg_sys::FormData_pg_attribute {
+    #[cfg(feature = "pg18")]
+    {
+        &*pg_sys::TupleDescAttr(desc, i as i32)
+    }
+    #[cfg(not(feature = "pg18"))]
+    {
+        &(*desc).attrs.as_slice((*desc).natts as usize)[i]
+    }
 }
 
 struct Session {

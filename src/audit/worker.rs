@@ -115,14 +115,14 @@ pub extern "C-unwind" fn pg_lease_audit_writer_main(arg: pg_sys::Datum) {
         BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(key)), None);
         set_worker_gucs();
         apply_retention();
-        unsafe { pg_sys::proc_exit(0) };
+        super::exit_process(0)
     }
     let me = unsafe { pg_sys::MyProcPid };
     let Some(dest) =
         shmem::attach(key, central.as_deref().unwrap_or_default(), unsafe { &raw mut (*pg_sys::MyProc).procLatch }, me)
     else {
         // Another writer serves it, or no destination is free.
-        unsafe { pg_sys::proc_exit(0) };
+        super::exit_process(0)
     };
     unsafe {
         DEST = Some(dest);
@@ -217,7 +217,7 @@ pub extern "C-unwind" fn pg_lease_audit_writer_main(arg: pg_sys::Datum) {
     if central.is_some() {
         log!("pg_lease audit writer stopped");
     }
-    unsafe { pg_sys::proc_exit(0) };
+    super::exit_process(0)
 }
 
 /// An error caught in the worker: its SQLSTATE and message.

@@ -110,6 +110,30 @@ pub const POKER: &str = "
 pub struct Cluster {
     pub name: String,
     pub port: u16,
+    /// The pg_config whose binaries run it; `None`: the suite's (`$PG_CONFIG`).
+    pub pg_config: Option<String>,
+}
+
+/// The suite's pg_config: `$PG_CONFIG` (scripts/test.sh sets it to the chosen
+/// major's), else the one on PATH.
+pub fn pg_config() -> String {
+    std::env::var("PG_CONFIG").unwrap_or_else(|_| "pg_config".to_owned())
+}
+
+/// The path of a PostgreSQL program (`pg_dump`, `psql`...) of the given
+/// pg_config's installation.
+pub fn pg_bin_of(pg_config: &str, program: &str) -> std::path::PathBuf {
+    let out = std::process::Command::new(pg_config)
+        .arg("--bindir")
+        .output()
+        .unwrap_or_else(|e| panic!("running {pg_config} --bindir: {e}"));
+    assert!(out.status.success(), "{pg_config} --bindir failed");
+    std::path::Path::new(String::from_utf8_lossy(&out.stdout).trim()).join(program)
+}
+
+/// The path of a program of the suite's PostgreSQL (see [`pg_config`]).
+pub fn pg_bin(program: &str) -> std::path::PathBuf {
+    pg_bin_of(&pg_config(), program)
 }
 
 /// Added to every [`Cluster`] port, so that two checkouts can run their
@@ -120,12 +144,19 @@ pub fn port_offset() -> u16 {
     std::env::var("PG_LEASE_PORT_OFFSET").ok().and_then(|p| p.parse().ok()).unwrap_or(0)
 }
 
-fn cluster_sh(args: &[&str]) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/cluster.sh");
-    let status = std::process::Command::new(script)
-        .args(args)
-        .status()
-        .unwrap_or_else(|e| panic!("running cluster.sh {args:?}: {e}"));
+/// scripts/cluster.sh, run with the binaries of `pg_config` (else the suite's).
+fn cluster_sh_command(pg_config: Option<&str>, args: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/cluster.sh"));
+    command.args(args);
+    if let Some(pg_config) = pg_config {
+        command.env("PG_CONFIG", pg_config);
+    }
+    command
+}
+
+fn cluster_sh(pg_config: Option<&str>, args: &[&str]) {
+    let status =
+        cluster_sh_command(pg_config, args).status().unwrap_or_else(|e| panic!("running cluster.sh {args:?}: {e}"));
     assert!(status.success(), "cluster.sh {args:?} failed");
 }
 
@@ -137,12 +168,33 @@ impl Cluster {
 
     /// Same, with extra postgresql.conf lines (later lines win).
     pub fn start_with(name: &str, port: u16, conf: &[&str]) -> Cluster {
+        Self::start_on(None, name, port, conf)
+    }
+
+    /// Same, on the PostgreSQL of `pg_config` (`None`: the suite's).
+    pub fn start_on(pg_config: Option<&str>, name: &str, port: u16, conf: &[&str]) -> Cluster {
         let port = port + port_offset();
         let port_s = port.to_string();
         let mut args = vec!["start", name, &port_s];
         args.extend_from_slice(conf);
-        cluster_sh(&args);
-        Cluster { name: name.to_owned(), port }
+        cluster_sh(pg_config, &args);
+        Cluster { name: name.to_owned(), port, pg_config: pg_config.map(str::to_owned) }
+    }
+
+    /// A new cluster of the suite's PostgreSQL made from the stopped cluster
+    /// `old` by pg_upgrade (initdb'd with `initdb_args`, then upgraded and started).
+    pub fn pg_upgrade(old: &Cluster, name: &str, port: u16, initdb_args: &str) -> Cluster {
+        let port = port + port_offset();
+        let port_s = port.to_string();
+        let status = cluster_sh_command(None, &["init", name, &port_s])
+            .env("PG_LEASE_INITDB_ARGS", initdb_args)
+            .status()
+            .unwrap_or_else(|e| panic!("running cluster.sh init: {e}"));
+        assert!(status.success(), "cluster.sh init {name} failed");
+        let new = Cluster { name: name.to_owned(), port, pg_config: None };
+        let old_pg_config = old.pg_config.clone().unwrap_or_else(pg_config);
+        cluster_sh(None, &["upgrade", name, &old.name, &old_pg_config]);
+        new
     }
 
     /// The server log, for tests that check what reached it.
@@ -169,8 +221,9 @@ impl Cluster {
     /// A streaming standby of `primary` (asynchronous, via pg_basebackup -R).
     pub fn standby_of(primary: &Cluster, name: &str, port: u16) -> Cluster {
         let port = port + port_offset();
-        cluster_sh(&["standby", name, &port.to_string(), &primary.port.to_string()]);
-        Cluster { name: name.to_owned(), port }
+        let pg_config = primary.pg_config.as_deref();
+        cluster_sh(pg_config, &["standby", name, &port.to_string(), &primary.port.to_string()]);
+        Cluster { name: name.to_owned(), port, pg_config: pg_config.map(str::to_owned) }
     }
 
     pub fn connect(&self) -> Client {
@@ -194,26 +247,28 @@ impl Cluster {
     }
 
     pub fn stop(&self) {
-        cluster_sh(&["stop", &self.name]);
+        self.cluster_sh("stop");
     }
     pub fn crash(&self) {
-        cluster_sh(&["crash", &self.name]);
+        self.cluster_sh("crash");
     }
     pub fn kill9(&self) {
-        cluster_sh(&["kill9", &self.name]);
+        self.cluster_sh("kill9");
     }
     pub fn restart(&self) {
-        cluster_sh(&["restart", &self.name]);
+        self.cluster_sh("restart");
     }
     pub fn promote(&self) {
-        cluster_sh(&["promote", &self.name]);
+        self.cluster_sh("promote");
+    }
+
+    fn cluster_sh(&self, command: &str) {
+        cluster_sh(self.pg_config.as_deref(), &[command, &self.name]);
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let _ = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/cluster.sh"))
-            .args(["stop", &self.name])
-            .status();
+        let _ = cluster_sh_command(self.pg_config.as_deref(), &["stop", &self.name]).status();
     }
 }

@@ -65,7 +65,7 @@ fn tokens_and_fences_survive_dump_and_restore() {
     let before = take(&mut c);
     let dump = std::env::temp_dir().join(format!("pg_lease_dump_{}.dump", std::process::id()));
     let port = port().to_string();
-    let status = Command::new("pg_dump")
+    let status = Command::new(pg_bin("pg_dump"))
         .args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-Fc", "-f"])
         .arg(&dump)
         .arg(&src.name)
@@ -78,7 +78,7 @@ fn tokens_and_fences_survive_dump_and_restore() {
     let mut admin = connect_to("postgres", "postgres");
     admin.batch_execute(&format!("CREATE DATABASE {dst_name}")).unwrap();
     let dst = TestDb { name: dst_name };
-    let out = Command::new("pg_restore")
+    let out = Command::new(pg_bin("pg_restore"))
         .args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "--exit-on-error", "-d", &dst.name])
         .arg(&dump)
         .output()
@@ -171,7 +171,7 @@ fn a_token_lost_in_failover_after_a_restore_is_never_issued_twice() {
     .unwrap();
     let dump = std::env::temp_dir().join(format!("pg_lease_epoch_{}.sql", std::process::id()));
     let old_port = old.port.to_string();
-    let status = Command::new("pg_dump")
+    let status = Command::new(pg_bin("pg_dump"))
         .args(["-h", "127.0.0.1", "-p", &old_port, "-U", "postgres", "-f"])
         .arg(&dump)
         .arg("postgres")
@@ -184,7 +184,7 @@ fn a_token_lost_in_failover_after_a_restore_is_never_issued_twice() {
     // Restored into a new cluster (timeline 1), with an async standby.
     let primary = Cluster::start("dur_epoch_primary", 54442);
     let primary_port = primary.port.to_string();
-    let status = Command::new("psql")
+    let status = Command::new(pg_bin("psql"))
         .args([
             "-X",
             "-q",

@@ -30,7 +30,7 @@ fn sql_blocks(text: &str) -> Vec<Block> {
     for (i, line) in text.lines().enumerate() {
         match &mut current {
             None => {
-                if let Some(info) = line.strip_prefix("```sql") {
+                if let Some(info) = line.trim_start().strip_prefix("```sql") {
                     let expect = info.trim().strip_prefix("expect=").map(str::to_owned);
                     assert!(
                         info.trim().is_empty() || expect.is_some(),
@@ -41,7 +41,7 @@ fn sql_blocks(text: &str) -> Vec<Block> {
                 }
             }
             Some(block) => {
-                if line.starts_with("```") {
+                if line.trim_start().starts_with("```") {
                     blocks.push(current.take().unwrap());
                 } else {
                     block.sql.push_str(line);

@@ -466,7 +466,8 @@ fn behind_a_transaction_pooler_every_forgetful_client_gets_lf003() {
     let (db, mut c) = poker("tx_pooler");
     c.batch_execute("CREATE TABLE bound (table_id int, amount int); SELECT lease.protect('bound', '{table_id}')")
         .unwrap();
-    let bouncer = Bouncer::start(6431, 2);
+    // A port of its own, moved with the suite's other servers (PG_LEASE_PORT_OFFSET).
+    let bouncer = Bouncer::start(54460 + port_offset(), 2);
     // The stale process binds its token for its session, not its transaction...
     let mut stale = bouncer.connect(&db.name);
     stale.batch_execute("SET pg_lease.token = '5'").unwrap();

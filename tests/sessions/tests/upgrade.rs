@@ -8,6 +8,9 @@ use pg_lease_sessions::*;
 const PREVIOUS: &str = "0.1.0";
 
 /// Every object of the extension with a digest of its definition and grants.
+/// (Lists are aggregated in the order of their own text: `ORDER BY 1` inside an
+/// aggregate sorts by a constant, and PostgreSQL 18 keeps NOT NULL constraints
+/// in pg_constraint, where their order beside others follows the catalog's heap.)
 const FINGERPRINT: &str = "
     SELECT pg_describe_object(d.classid, d.objid, 0) || ' ' || coalesce(
         CASE d.classid
@@ -19,9 +22,11 @@ const FINGERPRINT: &str = "
                                                 ',' ORDER BY a.attnum), '')
                             || coalesce(pg_get_viewdef(d.objid), '')
                             || coalesce((SELECT relacl::text FROM pg_class WHERE oid = d.objid), '')
-                            || coalesce((SELECT string_agg(pg_get_indexdef(i.indexrelid), ';' ORDER BY 1)
+                            || coalesce((SELECT string_agg(pg_get_indexdef(i.indexrelid), ';'
+                                                           ORDER BY pg_get_indexdef(i.indexrelid))
                                            FROM pg_index i WHERE i.indrelid = d.objid), '')
-                            || coalesce((SELECT string_agg(pg_get_constraintdef(c.oid), ';' ORDER BY 1)
+                            || coalesce((SELECT string_agg(pg_get_constraintdef(c.oid), ';'
+                                                           ORDER BY pg_get_constraintdef(c.oid))
                                            FROM pg_constraint c WHERE c.conrelid = d.objid), ''))
                    FROM pg_attribute a LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
                   WHERE a.attrelid = d.objid AND a.attnum > 0 AND NOT a.attisdropped)

@@ -24,6 +24,23 @@ SELECT l.lost_by, l.name, l.lost_token, now() FROM lease.lease_state l WHERE l.l
 DROP INDEX lease.lease_state_lost_by;
 ALTER TABLE lease.lease_state DROP COLUMN lost_by, DROP COLUMN lost_token;
 
+-- The highest token epoch issued so far (since 0.4.0), written when an acquire
+-- first issues a token in a higher epoch. A timeline that restarts below it
+-- (pg_upgrade, a restore into a new cluster) is detected by the next acquire,
+-- which raises the base above it: a token lost in a failover before the upgrade
+-- or dump cannot be issued again, as long as one token was issued on the
+-- timeline the failover started (see lease.acquire and README, Upgrades).
+CREATE TABLE lease.token_epoch_issued (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    epoch     bigint  NOT NULL
+);
+COMMENT ON TABLE lease.token_epoch_issued IS 'The highest fencing-token epoch issued so far (one row).';
+REVOKE ALL ON lease.token_epoch_issued FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('lease.token_epoch_issued', '');
+-- The epoch reached when this version is installed counts as issued.
+INSERT INTO lease.token_epoch_issued (epoch)
+SELECT coalesce(max(e.base), 0) + (lease._token_floor() >> 40) FROM lease.token_epoch e;
+
 -- Heartbeat sessions (since 0.4.0): one row per owner that has called
 -- lease.heartbeat or lease.renew_all. The session is alive from live_since
 -- (when its current unbroken life began) to expires_at; each heartbeat moves
@@ -91,6 +108,8 @@ DECLARE
     p_owner_key ALIAS FOR $5;
     timeline bigint := lease._token_floor() >> 40;   -- also refuses on a standby
     epoch bigint;
+    issued bigint;
+    high bigint;
     stored bigint;
     ttl integer := lease._check_ttl(p_ttl_ms);
     cur lease.lease_state;
@@ -175,15 +194,22 @@ BEGIN
         END IF;
     END IF;
 
-    -- Epoch = base + timeline. A stored token from a higher epoch (restored
-    -- from a dump, or carried through pg_upgrade, where timelines restart)
-    -- raises base to that epoch: the new epoch is then above it, and above
-    -- what any earlier, lower timeline computed from the same stored token.
+    -- Epoch = base + timeline. A stored token from a higher epoch, or an
+    -- epoch issued before (restored from a dump, or carried through
+    -- pg_upgrade, where timelines restart) raises base to that epoch: the new
+    -- epoch is then above it, and above what any earlier, lower timeline
+    -- computed from the same stored token.
     stored := greatest(cur.token, owner_token, 0);
     SELECT coalesce(max(e.base), 0) + timeline INTO epoch FROM lease.token_epoch e;
-    IF (stored >> 40) > epoch THEN
-        INSERT INTO lease.token_epoch (base) VALUES (stored >> 40) ON CONFLICT DO NOTHING;
-        epoch := (stored >> 40) + timeline;
+    SELECT i.epoch INTO issued FROM lease.token_epoch_issued i;
+    high := greatest(stored >> 40, issued);
+    IF high > epoch THEN
+        INSERT INTO lease.token_epoch (base) VALUES (high) ON CONFLICT DO NOTHING;
+        epoch := high + timeline;
+    END IF;
+    IF epoch > coalesce(issued, 0) AND epoch < 8388608 THEN
+        INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES (epoch)
+        ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
     END IF;
     IF stored = 9223372036854775807 OR epoch >= 8388608 THEN   -- 2^63 - 1, 2^23
         RAISE EXCEPTION 'pg_lease: lease "%" has no fencing token left (current %)', p_name, stored

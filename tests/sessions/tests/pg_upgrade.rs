@@ -235,13 +235,11 @@ fn pg_upgrade_keeps_every_fence_raises_every_token_and_continues_the_audit() {
 
 /// The steps README's Upgrades section asks for on the old cluster right
 /// before it stops, in every database with pg_lease.
+///
+/// The token epoch is not carried over by hand here: tokens were issued on
+/// timeline 2, so lease.token_epoch_issued records epoch 2, and the first
+/// acquire on the new cluster (timeline 1) raises the base above it.
 const PRE_UPGRADE: &str = "
-    -- pg_upgrade starts the new cluster on timeline 1, and a token lost in a
-    -- failover of the old cluster's last timeline is recorded nowhere: carry
-    -- the epoch reached (base + timeline) over as the new epoch base.
-    INSERT INTO lease.token_epoch (base)
-    SELECT coalesce(max(base), 0) + (lease._token_floor() >> 40) FROM lease.token_epoch
-    ON CONFLICT DO NOTHING;
     -- Debian's PostgreSQL 15.20 stamps every column with an attribute option
     -- (pg_attver) that PostgreSQL 18.6 rejects, failing pg_upgrade on any table.
     UPDATE pg_catalog.pg_attribute

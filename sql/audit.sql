@@ -28,6 +28,9 @@ CREATE INDEX rejected_writes_rejected_at ON lease.rejected_writes (rejected_at);
 CREATE INDEX rejected_writes_table_at ON lease.rejected_writes (target_table, rejected_at);
 COMMENT ON TABLE lease.rejected_writes IS 'Every write pg_lease refused, recorded even though the writer rolled back.';
 SELECT pg_catalog.pg_extension_config_dump('lease.rejected_writes', '');
+-- Its identity sequence too (since 0.4.0): a restored audit table continues
+-- after its highest id instead of colliding with its own rows.
+SELECT pg_catalog.pg_extension_config_dump('lease.rejected_writes_id_seq', '');
 
 -- Live counters from shared memory, per protected table (of every database).
 CREATE VIEW lease.stats AS

@@ -823,8 +823,7 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION lease._boundary_problem(regclass, jsonb, text, text) IS
-    'The element and column a fenced_boundary_write data error comes from (internal).';
-REVOKE EXECUTE ON FUNCTION lease._boundary_problem(regclass, jsonb, text, text) FROM PUBLIC;
+    'The element and column a fenced_boundary_write data error comes from (internal; runs as its caller, writes nothing).';
 
 CREATE FUNCTION lease.fenced_boundary_write(target regclass, token bigint, rows jsonb) RETURNS bigint
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$

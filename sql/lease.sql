@@ -513,6 +513,9 @@ COMMENT ON FUNCTION lease.release_all(text) IS 'Releases every lease of owner (t
 
 -- Lease operations write pg_lease's state and bound owner rows as the
 -- extension owner; the DBA grants them to the game server's role.
+-- The owner-row helpers lock and write owner rows as the owner table's owner:
+-- only the lease functions above (run as the extension owner) may call them.
+REVOKE EXECUTE ON FUNCTION lease._lock_owner_row(oid, text[]), lease._set_owner_token(oid, text[], bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]), lease.try_acquire(text, text, integer, regclass, text[]),
     lease.renew(text, text, bigint, integer), lease.renew_all(text, integer), lease.heartbeat(text, integer),
     lease.release(text, text, bigint), lease.release_all(text) FROM PUBLIC;

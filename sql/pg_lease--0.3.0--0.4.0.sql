@@ -469,6 +469,9 @@ END $$;
 COMMENT ON FUNCTION lease.release_all(text) IS 'Releases every lease of owner (the SIGTERM path); returns how many were live.';
 
 REVOKE EXECUTE ON FUNCTION lease.heartbeat(text, integer) FROM PUBLIC;
+-- 0.3.0 left the owner-row helpers executable by PUBLIC: any role could write
+-- or lock an owner row's token as the owner table's owner.
+REVOKE EXECUTE ON FUNCTION lease._lock_owner_row(oid, text[]), lease._set_owner_token(oid, text[], bigint) FROM PUBLIC;
 
 -- Which element and column of a fenced_boundary_write call a data error
 -- (22xxx, or 23502 for a missing NOT NULL column) comes from: 'rows[3].amount',
@@ -503,8 +506,7 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION lease._boundary_problem(regclass, jsonb, text, text) IS
-    'The element and column a fenced_boundary_write data error comes from (internal).';
-REVOKE EXECUTE ON FUNCTION lease._boundary_problem(regclass, jsonb, text, text) FROM PUBLIC;
+    'The element and column a fenced_boundary_write data error comes from (internal; runs as its caller, writes nothing).';
 
 CREATE OR REPLACE FUNCTION lease.fenced_boundary_write(target regclass, token bigint, rows jsonb) RETURNS bigint
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -652,3 +654,7 @@ STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'audit_databases_wrapper';
 REVOKE EXECUTE ON FUNCTION lease.audit_databases() FROM PUBLIC;
+
+-- The audit table's identity sequence is dumped with it, so a restored audit
+-- continues after its highest id.
+SELECT pg_catalog.pg_extension_config_dump('lease.rejected_writes_id_seq', '');

@@ -116,10 +116,6 @@ pub struct Refusal {
     pub table: Option<String>,
     /// Set for refused writes: what the audit records.
     pub audit: Option<Box<crate::audit::AuditFacts>>,
-    /// Raised without CONTEXT lines: pg_lease's own PL/pgSQL frames (and the
-    /// call of `lease._raise` with its arguments) are internals, not news to
-    /// the client; the message and DETAIL already say everything.
-    pub without_context: bool,
 }
 
 impl Refusal {
@@ -131,7 +127,6 @@ impl Refusal {
             schema: None,
             table: None,
             audit: None,
-            without_context: false,
         }
     }
 
@@ -195,15 +190,16 @@ unsafe fn build_error_data(refusal: Refusal) -> *mut pg_sys::ErrorData {
 /// Must be called from an unguarded `extern "C-unwind"` frame (a [`c_function!`])
 /// whose locals have no destructors still to run: the longjmp skips them.
 pub unsafe fn raise(refusal: Refusal) -> ! {
-    let without_context = refusal.without_context;
     let edata = pgrx::pg_sys::panic::pgrx_extern_c_guard(|| build_error_data(refusal));
-    if without_context {
-        // SAFETY: the callbacks on this stack only add CONTEXT lines; every
-        // handler that catches the error (PG_TRY, PL/pgSQL exception blocks,
-        // the top-level sigsetjmp) restores the stack it saved, so clearing it
-        // for this throw affects this error's report and nothing after it.
-        pg_sys::error_context_stack = std::ptr::null_mut();
-    }
+    // No CONTEXT lines on an LF error: pg_lease's own PL/pgSQL frames
+    // (fenced_boundary_write's generated INSERT, the call of `lease._raise`
+    // with its arguments) are internals, not news to the client; the message
+    // and DETAIL already say everything.
+    // SAFETY: the callbacks on this stack only add CONTEXT lines; every
+    // handler that catches the error (PG_TRY, PL/pgSQL exception blocks, the
+    // top-level sigsetjmp) restores the stack it saved, so clearing it for
+    // this throw affects this error's report and nothing after it.
+    pg_sys::error_context_stack = std::ptr::null_mut();
     throw_error_data(edata);
     // ThrowErrorData at ERROR level always longjmps.
     std::process::abort()
@@ -259,9 +255,7 @@ unsafe fn raise_by_name(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datu
     let Some(error) = LeaseError::from_name(&name) else {
         pgrx::error!("pg_lease: unknown error name \"{name}\"");
     };
-    let mut refusal = Refusal::new(error, arg(1), arg(2));
-    refusal.without_context = true;
-    Err(refusal)
+    Err(Refusal::new(error, arg(1), arg(2)))
 }
 
 c_function!(pg_lease_raise, pg_finfo_pg_lease_raise, raise_by_name);

@@ -1014,8 +1014,7 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION lease._boundary_problem(regclass, jsonb, text, text) IS
-    'The element and column a fenced_boundary_write data error comes from (internal).';
-REVOKE EXECUTE ON FUNCTION lease._boundary_problem(regclass, jsonb, text, text) FROM PUBLIC;
+    'The element and column a fenced_boundary_write data error comes from (internal; runs as its caller, writes nothing).';
 
 CREATE FUNCTION lease.fenced_boundary_write(target regclass, token bigint, rows jsonb) RETURNS bigint
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -1661,6 +1660,9 @@ COMMENT ON FUNCTION lease.release_all(text) IS 'Releases every lease of owner (t
 
 -- Lease operations write pg_lease's state and bound owner rows as the
 -- extension owner; the DBA grants them to the game server's role.
+-- The owner-row helpers lock and write owner rows as the owner table's owner:
+-- only the lease functions above (run as the extension owner) may call them.
+REVOKE EXECUTE ON FUNCTION lease._lock_owner_row(oid, text[]), lease._set_owner_token(oid, text[], bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]), lease.try_acquire(text, text, integer, regclass, text[]),
     lease.renew(text, text, bigint, integer), lease.renew_all(text, integer), lease.heartbeat(text, integer),
     lease.release(text, text, bigint), lease.release_all(text) FROM PUBLIC;
@@ -1759,6 +1761,9 @@ CREATE INDEX rejected_writes_rejected_at ON lease.rejected_writes (rejected_at);
 CREATE INDEX rejected_writes_table_at ON lease.rejected_writes (target_table, rejected_at);
 COMMENT ON TABLE lease.rejected_writes IS 'Every write pg_lease refused, recorded even though the writer rolled back.';
 SELECT pg_catalog.pg_extension_config_dump('lease.rejected_writes', '');
+-- Its identity sequence too (since 0.4.0): a restored audit table continues
+-- after its highest id instead of colliding with its own rows.
+SELECT pg_catalog.pg_extension_config_dump('lease.rejected_writes_id_seq', '');
 
 -- Live counters from shared memory, per protected table (of every database).
 CREATE VIEW lease.stats AS

@@ -126,3 +126,125 @@ fn stats_name_databases_and_dropped_ones() {
     let oids = one_i64(&mut c, "SELECT count(*) FROM lease.stats WHERE database ~ '^[0-9]+$'");
     assert_eq!(oids, 0, "no bare OIDs");
 }
+
+/// What a role without any grant may execute in schema lease: only functions
+/// that act as their caller and change nothing of pg_lease's (0.3.0 let any
+/// role write or lock an owner row's token through `_set_owner_token` and
+/// `_lock_owner_row`, which run as the owner table's owner).
+#[test]
+fn a_role_without_grants_executes_only_harmless_functions() {
+    let db = TestDb::new("errors_public");
+    let mut c = db.connect();
+    c.batch_execute(POKER).unwrap();
+    let role = format!("nobody_{}", std::process::id());
+    c.batch_execute(&format!("CREATE ROLE {role} LOGIN")).unwrap();
+    let executable: Vec<String> = c
+        .query(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p
+              WHERE p.pronamespace = 'lease'::regnamespace AND has_function_privilege($1, p.oid, 'EXECUTE')
+                AND p.prorettype NOT IN ('trigger'::regtype, 'event_trigger'::regtype)
+              ORDER BY 1",
+            &[&role],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let allowed = [
+        "lease._boundary_problem(regclass,jsonb,text,text)",
+        "lease._bound_token()",
+        "lease._check_columns(regclass,text,text[],text)",
+        "lease._check_label(text,text)",
+        "lease._check_not_protected(regclass)",
+        "lease._check_ttl(integer)",
+        "lease._column_type(regclass,text)",
+        "lease._concerned(oid[])",
+        "lease._expiry(timestamp with time zone,timestamp with time zone,timestamp with time zone)",
+        "lease._fence_problems(oid[])",
+        "lease._install_owner_guards(regclass,text)",
+        "lease._install_owner_truncate_guard(regclass)",
+        "lease._install_target_triggers(regclass)",
+        "lease._install_truncate_guard(regclass)",
+        "lease._key_identity_problem(oid,oid)",
+        // Check that the caller holds EXECUTE on protect/unprotect and owns the tables.
+        "lease._register(oid,text,text[],text,oid,text[],text)",
+        "lease._token_floor()",
+        "lease._unregister(oid)",
+        "lease.bind_token(bigint)",
+        "lease.bound_token()",
+        "lease.fenced_boundary_write(regclass,bigint,jsonb)",
+    ];
+    let unexpected: Vec<_> = executable.iter().filter(|f| !allowed.contains(&f.as_str())).collect();
+    assert!(unexpected.is_empty(), "executable by a role without grants: {unexpected:?}");
+    let mut nobody = db.connect_as(&role);
+    let t = one_i64(&mut c, "SELECT owner_fencing_token FROM tables WHERE id = 1");
+    expect_error(&mut nobody, "SELECT lease._set_owner_token('tables'::regclass, '{1}', 99)", "42501");
+    expect_error(&mut nobody, "SELECT lease._lock_owner_row('tables'::regclass, '{1}')", "42501");
+    assert_eq!(one_i64(&mut c, "SELECT owner_fencing_token FROM tables WHERE id = 1"), t);
+    drop(nobody);
+    c.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).unwrap();
+}
+
+/// fenced_boundary_write's errors as the application role: the documented
+/// codes with the element and column, and no CONTEXT with pg_lease's frames.
+#[test]
+fn fenced_boundary_write_errors_as_the_application_role() {
+    let db = TestDb::new("errors_app_boundary");
+    let mut c = db.connect();
+    c.batch_execute(POKER).unwrap();
+    let role = format!("app_{}", std::process::id());
+    c.batch_execute(&format!(
+        "CREATE ROLE {role} LOGIN; GRANT SELECT, INSERT ON payouts TO {role}; GRANT USAGE ON SEQUENCE payouts_id_seq TO {role}"
+    ))
+    .unwrap();
+    let mut app = db.connect_as(&role);
+    let e =
+        db_error(&mut app, r#"SELECT lease.fenced_boundary_write('payouts', 5, '[{"table_id":1,"amount":"ten"}]')"#);
+    assert_eq!(e.code().code(), "22P02", "{}", e.message());
+    assert!(e.message().contains("rows[0].amount"), "{}", e.message());
+    let e = db_error(&mut app, r#"SELECT lease.fenced_boundary_write('payouts', 4, '[{"table_id":1}]')"#);
+    assert_eq!(e.code().code(), "LF001");
+    assert!(e.where_().is_none(), "CONTEXT: {:?}", e.where_());
+    let e = db_error(&mut app, r#"SELECT lease.fenced_boundary_write('payouts', NULL, '[{"table_id":1}]')"#);
+    assert_eq!(e.code().code(), "LF003");
+    assert!(e.where_().is_none(), "CONTEXT: {:?}", e.where_());
+    assert_eq!(one_i64(&mut app, r#"SELECT lease.fenced_boundary_write('payouts', 5, '[{"table_id":1}]')"#), 1);
+    drop(app);
+    c.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).unwrap();
+}
+
+/// pg_dump / pg_restore of a database with audit rows: the restored audit
+/// table continues after its highest id (its sequence is dumped with it).
+#[test]
+fn a_restored_audit_table_continues_after_its_highest_id() {
+    let src = TestDb::new("errors_dump_src");
+    let mut c = src.connect();
+    c.batch_execute(
+        "INSERT INTO lease.rejected_writes (rejected_at, database, target_table, operation, sqlstate)
+         SELECT now(), current_database(), 'public.payouts', 'INSERT', 'LF001' FROM generate_series(1, 5)",
+    )
+    .unwrap();
+    let dst = TestDb::new("errors_dump_dst");
+    dst.connect().batch_execute("DROP EXTENSION pg_lease; DROP SCHEMA IF EXISTS lease").unwrap();
+    let dump = std::process::Command::new(pg_bin("pg_dump"))
+        .args(["-h", "127.0.0.1", "-p", &port().to_string(), "-U", "postgres", "-Fc", &src.name])
+        .output()
+        .unwrap();
+    assert!(dump.status.success(), "{}", String::from_utf8_lossy(&dump.stderr));
+    let mut restore = std::process::Command::new(pg_bin("pg_restore"))
+        .args(["-h", "127.0.0.1", "-p", &port().to_string(), "-U", "postgres", "--single-transaction", "-d", &dst.name])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    restore.stdin.take().unwrap().write_all(&dump.stdout).unwrap();
+    assert!(restore.wait().unwrap().success());
+    let mut d = dst.connect();
+    assert_eq!(one_i64(&mut d, "SELECT count(*) FROM lease.rejected_writes"), 5);
+    let id = one_i64(
+        &mut d,
+        "INSERT INTO lease.rejected_writes (rejected_at, database, target_table, operation, sqlstate)
+         VALUES (now(), current_database(), 'public.payouts', 'INSERT', 'LF001') RETURNING id",
+    );
+    assert_eq!(id, 6);
+}

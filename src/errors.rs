@@ -120,14 +120,7 @@ pub struct Refusal {
 
 impl Refusal {
     pub fn new(error: LeaseError, summary: impl Into<String>, detail: impl Into<String>) -> Self {
-        Refusal {
-            error,
-            summary: summary.into(),
-            detail: detail.into(),
-            schema: None,
-            table: None,
-            audit: None,
-        }
+        Refusal { error, summary: summary.into(), detail: detail.into(), schema: None, table: None, audit: None }
     }
 
     pub fn audited(mut self, facts: crate::audit::AuditFacts) -> Self {

@@ -152,7 +152,13 @@ pub fn audit_databases() -> TableIterator<
                 Some(oid) => unsafe { crate::fence::pg::owned(pg_sys::get_database_name(oid)) },
                 None => d.name.clone(),
             };
-            let status = Destination { central, name: &name, dest: Some(&d), capacity }.status(audit, launcher);
+            let status = if !central && oid.is_none() {
+                // Dropped after its records were written (a drop with records
+                // still queued says so itself).
+                "dropped: the database no longer exists".to_owned()
+            } else {
+                Destination { central, name: &name, dest: Some(&d), capacity }.status(audit, launcher)
+            };
             let state = status.split([' ', ':']).next().unwrap_or_default().to_owned();
             (
                 name.clone(),

@@ -90,6 +90,9 @@ fn set_worker_gucs() {
         // Nothing a role created in the audit database resolves the
         // writer's (superuser) statements.
         (c"search_path", c"pg_catalog, pg_temp"),
+        // A database owner's ALTER DATABASE ... SET cannot stall the audit.
+        (c"default_transaction_read_only", c"off"),
+        (c"statement_timeout", c"0"),
     ] {
         unsafe {
             pg_sys::SetConfigOption(

@@ -867,3 +867,31 @@ fn without_a_free_worker_slot_records_wait_and_the_status_says_why() {
     assert!(log.contains("shutting down with 3 refusal(s) of database \"postgres\" not recorded"), "{log}");
     assert_eq!(log.matches("pg_lease rejected write:").count(), 3);
 }
+
+/// A database owner's ALTER DATABASE ... SET default_transaction_read_only
+/// (or a statement_timeout) does not stall its audit; a database dropped
+/// after its refusals were recorded says `dropped`, not `recording`.
+#[test]
+fn database_settings_cannot_stall_the_audit_and_a_dropped_database_says_so() {
+    let db = TestDb::new("audit_db_settings");
+    let mut c = db.connect();
+    c.batch_execute(POKER).unwrap();
+    c.batch_execute(&format!(
+        "ALTER DATABASE {0} SET default_transaction_read_only = on; ALTER DATABASE {0} SET statement_timeout = '1ms'",
+        db.name
+    ))
+    .unwrap();
+    let mut fresh = db.connect();
+    fresh.batch_execute("SET default_transaction_read_only = off; SET statement_timeout = 0").unwrap();
+    refuse_n(&mut fresh, 3, 4);
+    wait_for("refusals recorded despite the database's settings", Duration::from_secs(20), || {
+        one_i64(&mut fresh, "SELECT count(*) FROM lease.rejected_writes") == 3
+    });
+    drop((c, fresh));
+    let name = db.name.clone();
+    drop(db);
+    let other = TestDb::new("audit_db_settings_watch");
+    let mut w = other.connect();
+    let (state, ..) = destination(&mut w, &name).expect("the dropped database keeps its row");
+    assert_eq!(state, "dropped");
+}

@@ -404,9 +404,7 @@ struct Bouncer {
 }
 
 impl Bouncer {
-    /// Listens on `listen` + `PG_LEASE_PORT_OFFSET`, like every test cluster.
     fn start(listen: u16, pool_size: u32) -> Bouncer {
-        let listen = listen + port_offset();
         let dir = std::env::temp_dir().join(format!("pg_lease_bouncer_{}_{listen}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("userlist.txt"), "\"postgres\" \"\"\n").unwrap();
@@ -514,7 +512,7 @@ fn leases_fenced_writes_and_error_fields_through_a_transaction_pooler() {
         .unwrap();
     c.batch_execute("INSERT INTO tables VALUES (3, NULL), (4, NULL), (5, NULL), (6, NULL), (7, NULL), (8, NULL)")
         .unwrap();
-    let bouncer = Bouncer::start(6433, 2);
+    let bouncer = Bouncer::start(54461 + port_offset(), 2);
     let mut hosts: Vec<Client> = (0..8).map(|_| bouncer.connect(&db.name)).collect();
     let one = |c: &mut Client, sql: &str| -> String {
         c.simple_query(sql)

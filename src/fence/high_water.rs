@@ -85,15 +85,17 @@ fn resource_datum(cfg: &FenceConfig, row: Row) -> pg_sys::Datum {
 /// The resource's mark as this statement's snapshot sees it, without a lock:
 /// for the DETAIL of a refusal that needs no verdict.
 pub fn peek(cfg: &FenceConfig, row: Row) -> Option<i64> {
-    let p = plans();
-    let mut args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row)];
-    unsafe { run_plan_for_token(p.peek, &mut args, p.role) }.flatten()
+    read_mark(plans().peek, cfg, row)
 }
 
 pub fn read_and_lock(cfg: &FenceConfig, row: Row) -> Option<i64> {
-    let p = plans();
+    read_mark(plans().select, cfg, row)
+}
+
+/// Runs one of the mark lookups (`select` or `peek`) for the row's resource.
+fn read_mark(plan: pg_sys::SPIPlanPtr, cfg: &FenceConfig, row: Row) -> Option<i64> {
     let mut args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row)];
-    unsafe { run_plan_for_token(p.select, &mut args, p.role) }.flatten()
+    unsafe { run_plan_for_token(plan, &mut args, plans().role) }.flatten()
 }
 
 fn raise_mark(cfg: &FenceConfig, row: Row, token: i64) -> i64 {

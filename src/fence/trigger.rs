@@ -326,18 +326,19 @@ fn verdict(cfg: &FenceConfig, row: Row, token: Option<i64>, op: Op) -> Result<()
 /// The owner row's token as this statement's snapshot sees it, without a
 /// lock; None also when the row is missing or not of the owner table.
 fn peek_owner_row(cfg: &FenceConfig, owner: &OwnerLookup, row: Row) -> Option<i64> {
-    let mut args: Vec<pg_sys::Datum> =
-        cfg.keys.iter().map(|k| row.attr(k.attnum).expect("key checked non-NULL")).collect();
-    let (found, tableoid) = unsafe { run_plan(owner.peek, &mut args, owner.rel_owner) };
+    let (found, tableoid) = unsafe { run_plan(owner.peek, &mut key_args(cfg, row), owner.rel_owner) };
     found.flatten().filter(|_| owner.tables.contains(&tableoid))
+}
+
+/// The row's key values: the arguments of both owner-row lookups.
+fn key_args(cfg: &FenceConfig, row: Row) -> Vec<pg_sys::Datum> {
+    cfg.keys.iter().map(|k| row.attr(k.attnum).expect("key checked non-NULL")).collect()
 }
 
 /// `SELECT token ... FOR SHARE` on the owner row, as the owner table's owner.
 /// None: no owner row. Some(None): the owner row's token is NULL.
 fn lock_owner_row(cfg: &FenceConfig, owner: &OwnerLookup, row: Row) -> Option<Option<i64>> {
-    let mut args: Vec<pg_sys::Datum> =
-        cfg.keys.iter().map(|k| row.attr(k.attnum).expect("key checked non-NULL")).collect();
-    let (found, tableoid) = unsafe { run_plan(owner.plan, &mut args, owner.rel_owner) };
+    let (found, tableoid) = unsafe { run_plan(owner.plan, &mut key_args(cfg, row), owner.rel_owner) };
     // The saved plan names the owner table by its schema-qualified name, and
     // Postgres re-parses that text when it revalidates the plan: after a
     // schema or table rename it could find a look-alike table. Only rows of

@@ -1,15 +1,16 @@
-//! The `LF` SQLSTATE class and the one place that raises it.
+//! The `LF` SQLSTATE class: its codes, the facts of a refusal, and the one
+//! place that raises it. A leaf: depends only on `pg_sys`.
 //!
 //! pgrx's `PgSqlErrorCode` is a closed enum and every pgrx guard rewrites an
 //! unknown SQLSTATE to XX000, so an `LF001` raised through `ereport!` would
 //! reach clients as an internal error. Functions that can refuse are therefore
-//! exported as plain version-1 C functions (see [`c_function!`]): their work runs
+//! exported as plain version-1 C functions (`crate::boundary`): their work runs
 //! inside `pgrx_extern_c_guard` and returns a [`Refusal`], which [`raise`] turns
 //! into an `ErrorData` thrown with our own binding of `ThrowErrorData`, from a
 //! frame that owns nothing with a destructor.
 
 use pgrx::pg_sys;
-use std::ffi::{c_char, CStr};
+use std::ffi::c_char;
 
 /// Every error pg_lease raises itself. The codes are public API: never renumber.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,80 +25,96 @@ pub enum LeaseError {
     FenceTampering,
 }
 
-impl LeaseError {
-    pub const ALL: [LeaseError; 8] = [
+/// One row per error: (error, SQLSTATE, name, hint). The only place an LF
+/// code, its name or its hint is written down.
+const TABLE: [(LeaseError, &str, &str, &str); 8] = [
+    (
         LeaseError::StaleOwnerBoundaryWrite,
+        "LF001",
+        "StaleOwnerBoundaryWrite",
+        "This writer is a stale owner: another process took over the resource. Stop writing for it and do not retry; retrying cannot succeed.",
+    ),
+    (
         LeaseError::FencingTokenAhead,
+        "LF002",
+        "FencingTokenAhead",
+        "The writer presents a token the database never recorded (for example one issued by a primary whose WAL was lost in a failover). Stop writing and re-acquire the lease.",
+    ),
+    (
         LeaseError::MissingFencingToken,
+        "LF003",
+        "MissingFencingToken",
+        "Stamp the writer's fencing token into the token column, or bind it for the transaction with lease.bind_token(token).",
+    ),
+    (
         LeaseError::FencingTokenRegression,
+        "LF004",
+        "FencingTokenRegression",
+        "Fencing tokens only rise. Issue a new, higher token instead of lowering or clearing the current one.",
+    ),
+    (
         LeaseError::LeaseOwnedElsewhere,
+        "LF005",
+        "LeaseOwnedElsewhere",
+        "Another live owner holds this lease. Wait for it to expire or be released, or use lease.try_acquire.",
+    ),
+    (
         LeaseError::LeaseLost,
+        "LF006",
+        "LeaseLost",
+        "This owner no longer holds the lease. Freeze the resource and stop writing for it.",
+    ),
+    (
         LeaseError::FenceOwnerMissing,
+        "LF007",
+        "FenceOwnerMissing",
+        "Every fenced row must match an owner row. Create the owner row first, or check the key columns.",
+    ),
+    (
         LeaseError::FenceTampering,
-    ];
+        "LF008",
+        "FenceTampering",
+        "pg_lease's triggers and fenced columns can only be removed with lease.unprotect(table).",
+    ),
+];
+
+impl LeaseError {
+    pub const ALL: [LeaseError; 8] = {
+        let mut all = [LeaseError::StaleOwnerBoundaryWrite; 8];
+        let mut i = 0;
+        while i < TABLE.len() {
+            // `row` indexes TABLE by discriminant: keep both in one order.
+            assert!(TABLE[i].0 as usize == i);
+            all[i] = TABLE[i].0;
+            i += 1;
+        }
+        all
+    };
+
+    fn row(self) -> &'static (LeaseError, &'static str, &'static str, &'static str) {
+        // The table lists the variants in declaration order.
+        &TABLE[self as usize]
+    }
 
     pub fn sqlstate(self) -> &'static str {
-        match self {
-            LeaseError::StaleOwnerBoundaryWrite => "LF001",
-            LeaseError::FencingTokenAhead => "LF002",
-            LeaseError::MissingFencingToken => "LF003",
-            LeaseError::FencingTokenRegression => "LF004",
-            LeaseError::LeaseOwnedElsewhere => "LF005",
-            LeaseError::LeaseLost => "LF006",
-            LeaseError::FenceOwnerMissing => "LF007",
-            LeaseError::FenceTampering => "LF008",
-        }
+        self.row().1
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            LeaseError::StaleOwnerBoundaryWrite => "StaleOwnerBoundaryWrite",
-            LeaseError::FencingTokenAhead => "FencingTokenAhead",
-            LeaseError::MissingFencingToken => "MissingFencingToken",
-            LeaseError::FencingTokenRegression => "FencingTokenRegression",
-            LeaseError::LeaseOwnedElsewhere => "LeaseOwnedElsewhere",
-            LeaseError::LeaseLost => "LeaseLost",
-            LeaseError::FenceOwnerMissing => "FenceOwnerMissing",
-            LeaseError::FenceTampering => "FenceTampering",
-        }
+        self.row().2
     }
 
     /// What the operator (or the client's error handler) should do about it.
     pub fn hint(self) -> &'static str {
-        match self {
-            LeaseError::StaleOwnerBoundaryWrite => {
-                "This writer is a stale owner: another process took over the resource. Stop writing for it and do not retry; retrying cannot succeed."
-            }
-            LeaseError::FencingTokenAhead => {
-                "The writer presents a token the database never recorded (for example one issued by a primary whose WAL was lost in a failover). Stop writing and re-acquire the lease."
-            }
-            LeaseError::MissingFencingToken => {
-                "Stamp the writer's fencing token into the token column, or bind it for the transaction with lease.bind_token(token)."
-            }
-            LeaseError::FencingTokenRegression => {
-                "Fencing tokens only rise. Issue a new, higher token instead of lowering or clearing the current one."
-            }
-            LeaseError::LeaseOwnedElsewhere => {
-                "Another live owner holds this lease. Wait for it to expire or be released, or use lease.try_acquire."
-            }
-            LeaseError::LeaseLost => {
-                "This owner no longer holds the lease. Freeze the resource and stop writing for it."
-            }
-            LeaseError::FenceOwnerMissing => {
-                "Every fenced row must match an owner row. Create the owner row first, or check the key columns."
-            }
-            LeaseError::FenceTampering => {
-                "pg_lease's triggers and fenced columns can only be removed with lease.unprotect(table)."
-            }
-        }
+        self.row().3
     }
 
     pub fn from_name(name: &str) -> Option<LeaseError> {
-        Self::ALL.into_iter().find(|e| e.name() == name)
+        TABLE.iter().find(|r| r.2 == name).map(|r| r.0)
     }
 
     pub fn from_sqlstate(code: &str) -> Option<LeaseError> {
-        Self::ALL.into_iter().find(|e| e.sqlstate() == code)
+        TABLE.iter().find(|r| r.1 == code).map(|r| r.0)
     }
 
     /// The MAKE_SQLSTATE encoding Postgres keeps in `ErrorData.sqlerrcode`.
@@ -115,7 +132,24 @@ pub struct Refusal {
     pub schema: Option<String>,
     pub table: Option<String>,
     /// Set for refused writes: what the audit records.
-    pub audit: Option<Box<crate::audit::AuditFacts>>,
+    pub audit: Option<Box<Facts>>,
+}
+
+/// What a refused write leaves behind beyond the error itself: the audit's
+/// record of it (`lease.rejected_writes`, the LOG line).
+pub struct Facts {
+    /// The protected (or owner) table the refusal happened on.
+    pub relid: pg_sys::Oid,
+    /// Its `schema.table`, quoted as needed.
+    pub table: String,
+    /// INSERT, UPDATE, DELETE or TRUNCATE.
+    pub operation: &'static str,
+    /// The resource key as `(col, ...)=(value, ...)`; empty for TRUNCATE.
+    pub resource: String,
+    pub presented: Option<i64>,
+    pub current: Option<i64>,
+    /// The refused row as JSON, when `pg_lease.audit_row` asked for it.
+    pub row_json: Option<String>,
 }
 
 impl Refusal {
@@ -123,7 +157,7 @@ impl Refusal {
         Refusal { error, summary: summary.into(), detail: detail.into(), schema: None, table: None, audit: None }
     }
 
-    pub fn audited(mut self, facts: crate::audit::AuditFacts) -> Self {
+    pub fn audited(mut self, facts: Facts) -> Self {
         self.audit = Some(Box::new(facts));
         self
     }
@@ -180,7 +214,7 @@ unsafe fn build_error_data(refusal: Refusal) -> *mut pg_sys::ErrorData {
 /// Raises `refusal` as an ERROR with its `LF` SQLSTATE. Never returns.
 ///
 /// # Safety
-/// Must be called from an unguarded `extern "C-unwind"` frame (a [`c_function!`])
+/// Must be called from an unguarded `extern "C-unwind"` frame (a `c_function!`)
 /// whose locals have no destructors still to run: the longjmp skips them.
 pub unsafe fn raise(refusal: Refusal) -> ! {
     let edata = pgrx::pg_sys::panic::pgrx_extern_c_guard(|| build_error_data(refusal));
@@ -197,61 +231,6 @@ pub unsafe fn raise(refusal: Refusal) -> ! {
     // ThrowErrorData at ERROR level always longjmps.
     std::process::abort()
 }
-
-/// Runs `work` under pgrx's guard (so Rust panics and Postgres errors inside it
-/// are reported normally), audits its refusal, if any, and raises it with our
-/// SQLSTATE.
-///
-/// # Safety
-/// Call only as the whole body of a version-1 C function.
-#[inline(always)]
-pub unsafe fn run_guarded(work: impl FnOnce() -> Result<pg_sys::Datum, Refusal>) -> pg_sys::Datum {
-    let guarded = || work().inspect_err(crate::audit::on_refusal);
-    match pgrx::pg_sys::panic::pgrx_extern_c_guard(guarded) {
-        Ok(datum) => datum,
-        Err(refusal) => raise(refusal),
-    }
-}
-
-/// Exports `$name` as a version-1 C function whose body is `$body(fcinfo)`,
-/// run through [`run_guarded`]. Declare it in SQL with `LANGUAGE C`.
-#[macro_export]
-macro_rules! c_function {
-    ($name:ident, $finfo:ident, $body:path) => {
-        #[no_mangle]
-        pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
-            const V1: ::pgrx::pg_sys::Pg_finfo_record = ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
-            &V1
-        }
-
-        #[no_mangle]
-        pub unsafe extern "C-unwind" fn $name(fcinfo: ::pgrx::pg_sys::FunctionCallInfo) -> ::pgrx::pg_sys::Datum {
-            $crate::errors::run_guarded(|| $body(fcinfo))
-        }
-    };
-}
-
-/// `lease._raise(name text, summary text, detail text)`: lets pg_lease's own
-/// PL/pgSQL (the DDL event trigger) raise through this module, so every LF
-/// error carries the same message shape and hint.
-unsafe fn raise_by_name(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Refusal> {
-    let arg = |i: usize| -> String {
-        let a = &*(*fcinfo).args.as_ptr().add(i);
-        if a.isnull {
-            String::new()
-        } else {
-            let cstr = pg_sys::text_to_cstring(a.value.cast_mut_ptr());
-            CStr::from_ptr(cstr).to_string_lossy().into_owned()
-        }
-    };
-    let name = arg(0);
-    let Some(error) = LeaseError::from_name(&name) else {
-        pgrx::error!("pg_lease: unknown error name \"{name}\"");
-    };
-    Err(Refusal::new(error, arg(1), arg(2)))
-}
-
-c_function!(pg_lease_raise, pg_finfo_pg_lease_raise, raise_by_name);
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]

@@ -5,7 +5,7 @@
 //! constraints and casts on a user's owner table never run with more than that
 //! user's rights.
 
-use crate::fence::pg::{as_table_owner, attribute, display, key_match, quote_ident};
+use crate::pg::{as_table_owner, attribute, display, key_match, quote_ident};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use std::ffi::CString;

@@ -12,24 +12,40 @@ pub mod status;
 pub mod worker;
 
 use crate::errors::Refusal;
-use crate::fence::pg::owned;
 use crate::gucs;
+use crate::pg::owned;
 use pgrx::pg_sys;
 use shmem::{AuditRecord, StatSlot};
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
 
-/// What a refused write leaves behind, beyond the error itself.
-pub struct AuditFacts {
+/// What one SQL-callable function decided: the datum to return or a
+/// refusal, and the counters of the protected table whose row it judged
+/// (None for calls that judge no row of a protected table).
+pub struct Outcome {
     pub stats: Option<&'static StatSlot>,
-    pub relid: pg_sys::Oid,
-    pub table: String,
-    pub operation: &'static str,
-    pub resource: String,
-    pub presented: Option<i64>,
-    pub current: Option<i64>,
-    /// The refused row as JSON, when `pg_lease.audit_row` is on.
-    pub row_json: Option<String>,
+    pub result: Result<pg_sys::Datum, Refusal>,
+}
+
+impl From<Result<pg_sys::Datum, Refusal>> for Outcome {
+    fn from(result: Result<pg_sys::Datum, Refusal>) -> Outcome {
+        Outcome { stats: None, result }
+    }
+}
+
+/// Counts one judged row of a protected table as accepted or refused: the
+/// one place `lease.stats` counters move (from `crate::boundary`).
+pub fn count(stats: Option<&'static StatSlot>, accepted: bool) {
+    let Some(slot) = stats else {
+        return;
+    };
+    if accepted {
+        slot.accepted.fetch_add(1, Ordering::Relaxed);
+    } else {
+        slot.refused.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: reads the clock.
+        slot.last_refusal.store(unsafe { pg_sys::GetCurrentTimestamp() }, Ordering::Relaxed);
+    }
 }
 
 /// Ends this background worker's process: `proc_exit` runs the exit
@@ -143,7 +159,8 @@ thread_local! {
     static WARNED_NO_PRELOAD: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Called for every refusal raised through `c_function!`, before the error.
+/// Called for every refusal raised through `crate::boundary`, before the error:
+/// the LOG line and the queued record.
 pub fn on_refusal(refusal: &Refusal) {
     let Some(facts) = refusal.audit.as_deref() else {
         return;
@@ -166,10 +183,6 @@ pub fn on_refusal(refusal: &Refusal) {
             sanitize::json_string(&who.client_addr),
             who.pid
         );
-    }
-    if let Some(slot) = facts.stats {
-        slot.refused.fetch_add(1, Ordering::Relaxed);
-        slot.last_refusal.store(now, Ordering::Relaxed);
     }
     if shmem::shared().is_none() {
         warn_once_without_preload();

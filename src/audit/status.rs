@@ -71,9 +71,8 @@ pub fn audit_status() -> TableIterator<
     let audit = gucs::AUDIT.get();
     let central = gucs::central_database();
     let here = unsafe { pg_sys::MyDatabaseId }.to_u32();
-    let database = central
-        .clone()
-        .unwrap_or_else(|| unsafe { crate::fence::pg::owned(pg_sys::get_database_name(pg_sys::MyDatabaseId)) });
+    let database =
+        central.clone().unwrap_or_else(|| unsafe { crate::pg::owned(pg_sys::get_database_name(pg_sys::MyDatabaseId)) });
     let row = match (shmem::shared(), shmem::counters()) {
         (Some(s), Some(c)) => {
             let launcher = shmem::launcher_pid();
@@ -149,7 +148,7 @@ pub fn audit_databases() -> TableIterator<
                 alive.then(|| pg_sys::Oid::from(d.key))
             };
             let name = match oid.filter(|_| !central) {
-                Some(oid) => unsafe { crate::fence::pg::owned(pg_sys::get_database_name(oid)) },
+                Some(oid) => unsafe { crate::pg::owned(pg_sys::get_database_name(oid)) },
                 None => d.name.clone(),
             };
             let status = if !central && oid.is_none() {
@@ -187,7 +186,7 @@ fn database_oid(name: &str) -> Option<pg_sys::Oid> {
 }
 
 fn when(t: i64) -> String {
-    unsafe { crate::fence::pg::owned(pg_sys::timestamptz_to_str(t)) }
+    unsafe { crate::pg::owned(pg_sys::timestamptz_to_str(t)) }
 }
 
 /// A destination as the status functions describe it.

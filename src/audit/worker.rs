@@ -144,9 +144,8 @@ pub extern "C-unwind" fn pg_lease_audit_writer_main(arg: pg_sys::Datum) {
         None => {
             BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(key)), None);
             // The catalog is read in a transaction only.
-            let name =
-                in_transaction(|| unsafe { crate::fence::pg::owned(pg_sys::get_database_name(pg_sys::MyDatabaseId)) })
-                    .unwrap_or_else(|_| format!("OID {key}"));
+            let name = in_transaction(|| unsafe { crate::pg::owned(pg_sys::get_database_name(pg_sys::MyDatabaseId)) })
+                .unwrap_or_else(|_| format!("OID {key}"));
             shmem::set_name(dest, &name);
             name
         }
@@ -478,7 +477,7 @@ impl Writer {
     }
 
     fn report_drop(&self, record: &AuditRecord, why: &Failure, now: i64) {
-        let at = unsafe { crate::fence::pg::owned(pg_sys::timestamptz_to_str(record.rejected_at)) };
+        let at = unsafe { crate::pg::owned(pg_sys::timestamptz_to_str(record.rejected_at)) };
         let what = format!(
             "the refusal ({}) of {} in database \"{}\" at {at} by pid {}",
             String::from_utf8_lossy(&record.sqlstate),

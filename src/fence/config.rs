@@ -8,10 +8,11 @@
 
 use crate::errors::{LeaseError, Refusal};
 use crate::fence::identity::Canon;
-use crate::fence::pg::{
-    attcollation, attribute, key_match, prepare_saved, qualified_name, quote_ident, rel_owner, relation_names,
-};
 use crate::fence::FastMap;
+use crate::pg::{
+    attcollation, attribute, is_token_type, key_match, prepare_saved, qualified_name, quote_ident, rel_owner,
+    relation_names,
+};
 use pgrx::prelude::*;
 use pgrx::spi::Spi;
 use std::cell::{Cell, RefCell};
@@ -224,13 +225,11 @@ fn misconfigured(display: &str, what: String) -> Refusal {
     Refusal::new(LeaseError::FenceTampering, format!("the fence on {display} is inconsistent"), what)
 }
 
-fn column(relid: pg_sys::Oid, display: &str, name: &str) -> Result<(i16, pg_sys::Oid), Refusal> {
+/// (attnum, type) of column `name` of `relid` (`display`), which a fence or
+/// guard needs: LF008 when it no longer exists.
+pub fn column(relid: pg_sys::Oid, display: &str, name: &str) -> Result<(i16, pg_sys::Oid), Refusal> {
     attribute(relid, name)
         .ok_or_else(|| misconfigured(display, format!("column \"{name}\" of {display} no longer exists")))
-}
-
-fn is_token_type(typid: pg_sys::Oid) -> bool {
-    typid == pg_sys::INT8OID || typid == pg_sys::INT4OID || typid == pg_sys::INT2OID
 }
 
 fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {

@@ -35,7 +35,7 @@ pub unsafe fn retyped_columns(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
             }
         }
     }
-    Ok(crate::fence::pg::text_array(&names))
+    Ok(crate::pg::text_array(&names))
 }
 
 /// `lease._exists_as_owner(rel, query)`: runs `query` (a SELECT EXISTS ...
@@ -44,7 +44,7 @@ pub unsafe fn retyped_columns(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
 /// with its own rights. Not executable by PUBLIC.
 #[pgrx::pg_extern(name = "_exists_as_owner", volatile, parallel_unsafe)]
 pub fn exists_as_owner(rel: pg_sys::Oid, query: &str) -> bool {
-    crate::fence::pg::as_table_owner(rel, || {
+    crate::pg::as_table_owner(rel, || {
         pgrx::spi::Spi::get_one::<bool>(query).unwrap_or_else(|e| pgrx::error!("pg_lease: {e}")).unwrap_or(false)
     })
 }
@@ -91,7 +91,7 @@ pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
             std::ptr::null_mut(),
         );
         if relid != pg_sys::InvalidOid && crate::fence::config::is_owner_table(relid) {
-            let display = crate::fence::pg::display(relid);
+            let display = crate::pg::display(relid);
             return Err(Refusal::new(
                 crate::errors::LeaseError::FencingTokenRegression,
                 format!("DETACH PARTITION of owner table {display} would take owner rows out of it"),

@@ -8,9 +8,8 @@
 
 use crate::errors::{LeaseError, Refusal};
 use crate::fence::config::FenceConfig;
-use crate::fence::pg::{own_relid, prepare_saved, rel_owner, text_array};
-use crate::fence::trigger::{refusal, run_plan_for_token, Op, Row};
-use crate::fence::verified;
+use crate::fence::{key, refusal, verified};
+use crate::pg::{own_relid, prepare_saved, rel_owner, run_token_plan, text_array, Row, TriggerOp};
 use pgrx::pg_sys;
 use std::cell::Cell;
 
@@ -81,13 +80,13 @@ fn resource_datum(cfg: &FenceConfig, row: Row) -> pg_sys::Datum {
     text_array(&elems)
 }
 
-/// The resource's mark, share-locked; None if it has none yet.
 /// The resource's mark as this statement's snapshot sees it, without a lock:
 /// for the DETAIL of a refusal that needs no verdict.
 pub fn peek(cfg: &FenceConfig, row: Row) -> Option<i64> {
     read_mark(plans().peek, cfg, row)
 }
 
+/// The resource's mark, share-locked; None if it has none yet.
 pub fn read_and_lock(cfg: &FenceConfig, row: Row) -> Option<i64> {
     read_mark(plans().select, cfg, row)
 }
@@ -95,13 +94,15 @@ pub fn read_and_lock(cfg: &FenceConfig, row: Row) -> Option<i64> {
 /// Runs one of the mark lookups (`select` or `peek`) for the row's resource.
 fn read_mark(plan: pg_sys::SPIPlanPtr, cfg: &FenceConfig, row: Row) -> Option<i64> {
     let mut args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row)];
-    unsafe { run_plan_for_token(plan, &mut args, plans().role) }.flatten()
+    // SAFETY: both lookups take (regclass, text[]) and return the token.
+    unsafe { run_token_plan(plan, &mut args, plans().role) }.0.flatten()
 }
 
 fn raise_mark(cfg: &FenceConfig, row: Row, token: i64) -> i64 {
     let p = plans();
     let mut args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row), pg_sys::Datum::from(token)];
-    unsafe { run_plan_for_token(p.upsert, &mut args, p.role) }.flatten().expect("the upsert returns the mark")
+    // SAFETY: the upsert takes (regclass, text[], int8) and returns the mark.
+    unsafe { run_token_plan(p.upsert, &mut args, p.role) }.0.flatten().expect("the upsert returns the mark")
 }
 
 /// Verdict for `token` against `mark`. `key` is Some when the mark was just
@@ -109,7 +110,7 @@ fn raise_mark(cfg: &FenceConfig, row: Row, token: i64) -> i64 {
 pub fn check(
     cfg: &FenceConfig,
     row: Row,
-    op: Op,
+    op: TriggerOp,
     token: i64,
     mark: Option<i64>,
     key: Option<Box<[u8]>>,
@@ -122,17 +123,17 @@ pub fn check(
             if token == m {
                 Ok(())
             } else {
-                Err(refusal(LeaseError::StaleOwnerBoundaryWrite, cfg, row, op, Some(token), Some(m)))
+                Err(refusal::of_row(LeaseError::StaleOwnerBoundaryWrite, cfg, row, op, Some(token), Some(m)))
             }
         }
         _ => {
             let raised = raise_mark(cfg, row, token);
-            let key = key.unwrap_or_else(|| crate::fence::trigger::key_of(cfg, row));
+            let key = key.unwrap_or_else(|| key::of(cfg, row));
             verified::remember(&key, Some(raised));
             if raised == token {
                 Ok(())
             } else {
-                Err(refusal(LeaseError::StaleOwnerBoundaryWrite, cfg, row, op, Some(token), Some(raised)))
+                Err(refusal::of_row(LeaseError::StaleOwnerBoundaryWrite, cfg, row, op, Some(token), Some(raised)))
             }
         }
     }

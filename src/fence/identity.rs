@@ -57,7 +57,7 @@ impl Canon {
             _ => {
                 return Err(format!(
                     "type {} has no canonical form pg_lease knows (use an integer, numeric, text, varchar, char, uuid, bool, date, timestamp, timestamptz or bytea key)",
-                    crate::fence::pg::type_name(typid)
+                    crate::pg::type_name(typid)
                 ))
             }
         };
@@ -94,7 +94,7 @@ impl Canon {
                 let end = bytes.iter().rposition(|&b| b != b' ').map_or(0, |i| i + 1);
                 out.extend_from_slice(&bytes[..end]);
             }
-            Canon::Output => out.extend_from_slice(crate::fence::pg::datum_text(datum, typid).as_bytes()),
+            Canon::Output => out.extend_from_slice(crate::pg::datum_text(datum, typid).as_bytes()),
             Canon::Bytea => {
                 out.extend_from_slice(b"\\x");
                 for b in varlena_bytes(datum) {

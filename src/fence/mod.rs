@@ -1,53 +1,31 @@
-//! Enforcement: the row trigger on protected tables, its config cache, the
-//! per-transaction verified-resource cache, and the guards around them.
+//! Enforcement: the row trigger on protected tables (trigger.rs, the verdict
+//! path), its config cache (config.rs), the resource key (key.rs), the owner
+//! and high-water lookups (owner.rs, high_water.rs), the per-transaction
+//! verified-resource cache (verified.rs), the refusals (refusal.rs) and the
+//! guards around them (guards.rs, ddl.rs, register.rs).
+//!
+//! Inside fence, modules depend one way too: identity ← config ← key ←
+//! verified ← refusal ← owner ← high_water ← trigger; guards, ddl and register
+//! use the lower ones. The C entry points live in `crate::boundary`.
 
 mod config;
 pub(crate) mod ddl;
-mod guards;
+pub(crate) mod guards;
 mod high_water;
 pub(crate) mod identity;
-pub(crate) mod pg;
+mod key;
+mod owner;
+mod refusal;
 pub(crate) mod register;
-mod trigger;
+pub(crate) mod trigger;
 mod verified;
 
-use crate::c_function;
 use pgrx::pg_sys;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
-/// FxHash (as in rustc): the keys are a few bytes, hashed once per row, and
-/// only ever come from this transaction's own rows, so SipHash's resistance to
-/// crafted collisions buys nothing here.
-#[derive(Default)]
-pub(crate) struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            let word = u64::from_le_bytes(chunk.try_into().unwrap());
-            self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(SEED);
-        }
-        for &b in chunks.remainder() {
-            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(SEED);
-        }
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// The per-row lookups' hash map.
-pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
-
-c_function!(pg_lease_fence_trigger, pg_finfo_pg_lease_fence_trigger, trigger::fence_trigger);
-c_function!(pg_lease_owner_guard, pg_finfo_pg_lease_owner_guard, guards::owner_guard);
-c_function!(pg_lease_truncate_guard, pg_finfo_pg_lease_truncate_guard, guards::truncate_guard);
-c_function!(pg_lease_retyped_columns, pg_finfo_pg_lease_retyped_columns, ddl::retyped_columns);
-c_function!(pg_lease_guard_ddl_start, pg_finfo_pg_lease_guard_ddl_start, ddl::guard_ddl_start);
+/// The per-row lookups' hash map: FxHash, since the keys are a few bytes,
+/// hashed once per row, and only ever come from this transaction's own rows
+/// (SipHash's resistance to crafted collisions buys nothing here).
+pub(crate) type FastMap<K, V> = rustc_hash::FxHashMap<K, V>;
 
 /// Registers the cache callbacks; called once per backend from `_PG_init`.
 pub fn init() {

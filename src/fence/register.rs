@@ -5,7 +5,7 @@
 //! point and own every table involved. Nobody else gets DML on
 //! `lease.protected`, so a fence cannot be re-pointed behind pg_lease's back.
 
-use crate::fence::pg::{as_role, own_relid, rel_owner};
+use crate::pg::{as_role, own_relid, rel_owner};
 use pgrx::prelude::*;
 
 fn require(ok: bool, message: String, detail: &str) {
@@ -41,7 +41,7 @@ fn check_caller(entry_point: &str, tables: &[pg_sys::Oid]) {
     for &relid in tables {
         require(
             owns(caller, relid),
-            format!("pg_lease: must be owner of table {}", crate::fence::pg::display(relid)),
+            format!("pg_lease: must be owner of table {}", crate::pg::display(relid)),
             "A role may fence only tables it owns, against owner tables it owns.",
         );
     }

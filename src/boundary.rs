@@ -1,0 +1,122 @@
+//! The C-ABI boundary: every SQL-callable function that can refuse with an
+//! `LF` code enters pg_lease here.
+//!
+//! Each entry point is a plain version-1 C function ([`c_function!`]) whose
+//! body runs one step at a time, top to bottom:
+//! 1. the work (the fence's verdict on a row, a guard, ...) runs under pgrx's
+//!    guard, so Rust panics and Postgres errors inside it are reported
+//!    normally; it returns the datum to hand back, or a [`Refusal`];
+//! 2. still under the guard, the protected table's counters count the row as
+//!    accepted or refused ([`audit::count`], the one place either is counted)
+//!    and a refusal is handed to the audit ([`audit::on_refusal`]: LOG line,
+//!    queued record);
+//! 3. outside the guard, a refusal is raised with its own SQLSTATE
+//!    ([`errors::raise`]).
+
+use crate::audit::{self, Outcome};
+use crate::errors::{self, LeaseError, Refusal};
+use crate::fence;
+use crate::pg::{owned, TriggerCall};
+use pgrx::pg_sys;
+
+/// Runs `work` under pgrx's guard, counts and audits its verdict, and raises
+/// a refusal with its SQLSTATE.
+///
+/// # Safety
+/// Call only as the whole body of a version-1 C function (see [`c_function!`]):
+/// [`errors::raise`] longjmps out of this frame.
+#[inline(always)]
+unsafe fn run(work: impl FnOnce() -> Outcome) -> pg_sys::Datum {
+    let judged = || {
+        let Outcome { stats, result } = work();
+        audit::count(stats, result.is_ok());
+        if let Err(refusal) = &result {
+            audit::on_refusal(refusal);
+        }
+        result
+    };
+    match pgrx::pg_sys::panic::pgrx_extern_c_guard(judged) {
+        Ok(datum) => datum,
+        // SAFETY: this frame holds nothing with a destructor (the closure and
+        // its captures were consumed by the guard); our caller is the C entry.
+        Err(refusal) => unsafe { errors::raise(refusal) },
+    }
+}
+
+/// Exports `$name` as a version-1 C function whose body is `$body(fcinfo)`,
+/// run through [`run`]. Declare it in SQL with `LANGUAGE C`.
+macro_rules! c_function {
+    ($name:ident, $finfo:ident, $body:path) => {
+        #[no_mangle]
+        pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
+            const V1: ::pgrx::pg_sys::Pg_finfo_record = ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
+            &V1
+        }
+
+        /// # Safety
+        /// Called by Postgres' function manager with a valid `fcinfo`.
+        #[no_mangle]
+        pub unsafe extern "C-unwind" fn $name(fcinfo: ::pgrx::pg_sys::FunctionCallInfo) -> ::pgrx::pg_sys::Datum {
+            // SAFETY: the whole body of a version-1 C function; `fcinfo` is
+            // valid for the call (the function manager's contract).
+            unsafe { run(|| Outcome::from($body(fcinfo))) }
+        }
+    };
+}
+
+// Each entry point below is `unsafe fn(fcinfo)` because it reads `fcinfo`,
+// which the function manager guarantees valid for the call.
+
+/// `lease.fence_trigger()`: the fence, BEFORE INSERT OR UPDATE OR DELETE FOR
+/// EACH ROW on protected tables (read fence::trigger next).
+unsafe fn fence_trigger(fcinfo: pg_sys::FunctionCallInfo) -> Outcome {
+    // SAFETY: `fcinfo` is this call's (the entry point's contract).
+    fence::trigger::fence_row(&unsafe { TriggerCall::from_fcinfo(fcinfo, "lease.fence_trigger") })
+}
+c_function!(pg_lease_fence_trigger, pg_finfo_pg_lease_fence_trigger, fence_trigger);
+
+/// `lease.owner_guard(...)`: owner tokens only rise (fence::guards).
+unsafe fn owner_guard(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Refusal> {
+    // SAFETY: as above.
+    fence::guards::owner_guard(&unsafe { TriggerCall::from_fcinfo(fcinfo, "lease.owner_guard") })
+}
+c_function!(pg_lease_owner_guard, pg_finfo_pg_lease_owner_guard, owner_guard);
+
+/// `lease.truncate_guard(...)`: TRUNCATE cannot bypass the fence (fence::guards).
+unsafe fn truncate_guard(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Refusal> {
+    // SAFETY: as above.
+    fence::guards::truncate_guard(&unsafe { TriggerCall::from_fcinfo(fcinfo, "lease.truncate_guard") })
+}
+c_function!(pg_lease_truncate_guard, pg_finfo_pg_lease_truncate_guard, truncate_guard);
+
+// The DDL guard's C parts (fence::ddl).
+c_function!(pg_lease_retyped_columns, pg_finfo_pg_lease_retyped_columns, fence::ddl::retyped_columns);
+c_function!(pg_lease_guard_ddl_start, pg_finfo_pg_lease_guard_ddl_start, fence::ddl::guard_ddl_start);
+
+// `lease._raise(name text, summary text, detail text)`: lets pg_lease's own
+// PL/pgSQL (the lease service, the DDL event trigger) raise through here, so
+// every LF error carries the same message shape and hint.
+c_function!(pg_lease_raise, pg_finfo_pg_lease_raise, raise_by_name);
+
+/// The body of `lease._raise`: always a refusal (or an ERROR for an unknown name).
+///
+/// # Safety
+/// `fcinfo` carries three text-or-NULL arguments (the SQL declaration's).
+unsafe fn raise_by_name(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Refusal> {
+    let arg = |i: usize| -> String {
+        // SAFETY: the caller's contract: argument i exists and is text or NULL.
+        unsafe {
+            let a = &*(*fcinfo).args.as_ptr().add(i);
+            if a.isnull {
+                String::new()
+            } else {
+                owned(pg_sys::text_to_cstring(a.value.cast_mut_ptr()))
+            }
+        }
+    };
+    let name = arg(0);
+    let Some(error) = LeaseError::from_name(&name) else {
+        pgrx::error!("pg_lease: unknown error name \"{name}\"");
+    };
+    Err(Refusal::new(error, arg(1), arg(2)))
+}

@@ -1,0 +1,94 @@
+//! A fenced row's resource key: its encoding for the per-transaction cache,
+//! its lookup arguments, and how messages print it.
+
+use crate::fence::config::{FenceConfig, KeyColumn};
+use crate::fence::identity;
+use crate::pg::{datum_text, quote_ident, Row};
+use pgrx::pg_sys;
+
+/// Appends one key datum's identity: type, length, bytes (owner mode: equal
+/// bytes are equal values; the owner lookup judges the rest), or its
+/// canonical form (high-water mode, where the cache must agree with the
+/// marks' own identity).
+///
+/// # Safety
+/// `datum` is a non-NULL value of `key.typid`.
+#[inline]
+unsafe fn encode_datum(buf: &mut Vec<u8>, key: &KeyColumn, datum: pg_sys::Datum) {
+    buf.extend_from_slice(&key.typid.to_u32().to_ne_bytes());
+    if let Some(canon) = key.canon {
+        let start = buf.len();
+        buf.extend_from_slice(&[0; 4]);
+        // SAFETY: the caller's contract.
+        unsafe { canon.append(buf, datum, key.typid) };
+        let len = (buf.len() - start - 4) as u32;
+        buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+        return;
+    }
+    if key.typbyval {
+        buf.extend_from_slice(&datum.value().to_ne_bytes());
+        return;
+    }
+    // SAFETY: a by-reference datum of a type with this typlen points to a
+    // varlena (-1), a C string (-2) or typlen bytes, valid while the row is.
+    let bytes: &[u8] = unsafe {
+        match key.typlen {
+            -1 => identity::varlena_bytes(datum),
+            -2 => std::ffi::CStr::from_ptr(datum.cast_mut_ptr()).to_bytes(),
+            n => std::slice::from_raw_parts(datum.cast_mut_ptr::<u8>(), n as usize),
+        }
+    };
+    buf.extend_from_slice(&(bytes.len() as u32).to_ne_bytes());
+    buf.extend_from_slice(bytes);
+}
+
+/// Encodes the resource key of `row` (scope + key datums) into `buf`.
+/// Returns false when a key column is NULL: such a row has no resource.
+#[inline]
+pub fn encode(buf: &mut Vec<u8>, cfg: &FenceConfig, row: Row) -> bool {
+    buf.clear();
+    buf.extend_from_slice(&cfg.scope);
+    for key in &cfg.keys {
+        match row.attr(key.attnum) {
+            // SAFETY: a non-NULL column of the key's type (the config was
+            // built from this relation's attributes).
+            Some(d) => unsafe { encode_datum(buf, key, d) },
+            None => return false,
+        }
+    }
+    true
+}
+
+/// The encoded key of `row` (whose key columns are non-NULL).
+pub fn of(cfg: &FenceConfig, row: Row) -> Box<[u8]> {
+    let mut buf = Vec::new();
+    encode(&mut buf, cfg, row);
+    buf.into_boxed_slice()
+}
+
+/// Whether `a` and `b` name the same resource (both without one counts as the same).
+pub fn same_resource(cfg: &FenceConfig, a: Row, b: Row) -> bool {
+    let (mut ka, mut kb) = (Vec::new(), Vec::new());
+    encode(&mut ka, cfg, a) == encode(&mut kb, cfg, b) && ka == kb
+}
+
+/// The row's key values: the arguments of the owner-row lookups.
+pub fn args(cfg: &FenceConfig, row: Row) -> Vec<pg_sys::Datum> {
+    cfg.keys.iter().map(|k| row.attr(k.attnum).expect("key checked non-NULL")).collect()
+}
+
+/// `(table_id, seat)=(7, 2)`, the way Postgres prints keys in its own errors:
+/// each column `(attnum, type)` of `row` under its name.
+pub fn describe<'a>(row: Row, columns: impl Iterator<Item = (&'a str, i16, pg_sys::Oid)>) -> String {
+    let (names, values): (Vec<String>, Vec<String>) = columns
+        .map(|(name, attnum, typid)| {
+            (quote_ident(name), row.attr(attnum).map_or_else(|| "NULL".to_owned(), |d| datum_text(d, typid)))
+        })
+        .unzip();
+    format!("({})=({})", names.join(", "), values.join(", "))
+}
+
+/// [`describe`] for the fenced row's resource key.
+pub fn describe_resource(cfg: &FenceConfig, row: Row) -> String {
+    describe(row, cfg.keys.iter().map(|k| (k.name.as_str(), k.attnum, k.typid)))
+}

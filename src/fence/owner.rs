@@ -1,0 +1,36 @@
+//! Owner mode's lookups: the owner row's current token, locked `FOR SHARE`
+//! (the verdict) or peeked at without a lock (a refusal's DETAIL).
+
+use crate::fence::config::{self, FenceConfig, OwnerLookup};
+use crate::fence::key;
+use crate::pg::{run_token_plan, Row};
+
+/// `SELECT token ... FOR SHARE` on the owner row, as the owner table's owner.
+/// None: no owner row. Some(None): the owner row's token is NULL.
+pub fn lock(cfg: &FenceConfig, owner: &OwnerLookup, row: Row) -> Option<Option<i64>> {
+    // SAFETY: the saved plan takes the key columns' types, in key order,
+    // and returns (token, tableoid) (config::prepare_owner_lookup).
+    let (found, tableoid) = unsafe { run_token_plan(owner.plan, &mut key::args(cfg, row), owner.rel_owner) };
+    // The saved plan names the owner table by its schema-qualified name, and
+    // Postgres re-parses that text when it revalidates the plan: after a
+    // schema or table rename it could find a look-alike table. Only rows of
+    // the owner table itself count.
+    if found.is_some() && !owner.tables.contains(&tableoid) {
+        config::forget_all();
+        pgrx::ereport!(
+            ERROR,
+            pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+            format!("pg_lease: the owner table of {} changed while this session was using it", cfg.display),
+            format!("The owner lookup found a row of relation {} instead of {}.", tableoid.to_u32(), owner.display)
+        );
+    }
+    found
+}
+
+/// The owner row's token as this statement's snapshot sees it, without a
+/// lock; None also when the row is missing or not of the owner table.
+pub fn peek(cfg: &FenceConfig, owner: &OwnerLookup, row: Row) -> Option<i64> {
+    // SAFETY: as in `lock`, for the unlocked twin of the plan.
+    let (found, tableoid) = unsafe { run_token_plan(owner.peek, &mut key::args(cfg, row), owner.rel_owner) };
+    found.flatten().filter(|_| owner.tables.contains(&tableoid))
+}

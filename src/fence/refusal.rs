@@ -1,0 +1,83 @@
+//! The refusals the fence and its guards raise: message, DETAIL and the
+//! facts the audit records, built in one place.
+
+use crate::audit;
+use crate::errors::{Facts, LeaseError, Refusal};
+use crate::fence::config::{FenceConfig, Mode};
+use crate::fence::key;
+use crate::pg::{relation_names, Row, TriggerOp};
+use pgrx::pg_sys;
+
+/// A token as messages print it.
+pub fn show(token: Option<i64>) -> String {
+    token.map_or_else(|| "none".to_owned(), |t| t.to_string())
+}
+
+/// The audit's facts of a refused operation on `relid`; `row` (the refused
+/// row, if any) becomes `row_data` when `pg_lease.audit_row` is on.
+pub fn facts(
+    relid: pg_sys::Oid,
+    table: &str,
+    op: TriggerOp,
+    resource: String,
+    presented: Option<i64>,
+    current: Option<i64>,
+    row: Option<Row>,
+) -> Facts {
+    Facts {
+        relid,
+        table: table.to_owned(),
+        operation: op.as_str(),
+        resource,
+        presented,
+        current,
+        row_json: row.and_then(|r| audit::row_json(r.tuple(), r.desc())),
+    }
+}
+
+/// A refusal on relation `relid` with the audit's facts.
+pub fn on_relation(error: LeaseError, relid: pg_sys::Oid, summary: String, detail: String, facts: Facts) -> Refusal {
+    let (schema, table) = relation_names(relid);
+    Refusal::new(error, summary, detail).on_table(&schema, &table).audited(facts)
+}
+
+/// The fence's refusal of `row`, with the DETAIL every LF error carries.
+pub fn of_row(
+    error: LeaseError,
+    cfg: &FenceConfig,
+    row: Row,
+    op: TriggerOp,
+    presented: Option<i64>,
+    current: Option<i64>,
+) -> Refusal {
+    let key = key::describe_resource(cfg, row);
+    let (op_name, table) = (op.as_str(), &cfg.display);
+    let summary = match error {
+        LeaseError::StaleOwnerBoundaryWrite => format!(
+            "{op_name} on {table} for resource {key} presents fencing token {} but the current token is {}",
+            show(presented),
+            show(current)
+        ),
+        LeaseError::FencingTokenAhead => format!(
+            "{op_name} on {table} for resource {key} presents fencing token {}, ahead of the current token {}",
+            show(presented),
+            show(current)
+        ),
+        LeaseError::MissingFencingToken => {
+            format!("{op_name} on {table} for resource {key} presents no fencing token")
+        }
+        LeaseError::FenceOwnerMissing => format!("{op_name} on {table} for resource {key} has no owner row"),
+        other => format!("{op_name} on {table} refused ({})", other.name()),
+    };
+    let source = match &cfg.mode {
+        Mode::Owner(owner) => format!("owner row in {}", owner.display),
+        Mode::HighWater => "high-water mark".to_owned(),
+    };
+    let detail = format!(
+        "Table {table}, resource {key}, presented token {}, current token {} ({source}).",
+        show(presented),
+        show(current)
+    );
+    let facts = facts(cfg.protected_relid, table, op, key, presented, current, Some(row));
+    Refusal::new(error, summary, detail).on_table(&cfg.schema, &cfg.table).audited(facts)
+}

@@ -46,6 +46,7 @@ fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/pg_lease_regress.XXXXXX")
 OUT=${PG_LEASE_REGRESS_OUT:-$WORK/out}
 keep=${PG_LEASE_REGRESS_OUT:+yes}
+# shellcheck disable=SC2317  # invoked by the EXIT trap
 cleanup() {
     if [ -n "$keep" ] && [ "$OUT" = "$WORK/out" ]; then rm -rf "$WORK/instance"; else rm -rf "$WORK"; fi
 }

@@ -70,6 +70,9 @@ else
     unset PG_LEASE_UPGRADE_FROM   # no older major to upgrade from: that test says so and passes
 fi
 
+echo "== pg_regress"
+scripts/regress.sh
+
 echo "== multi-session tests (real connections, port $PORT)"
 # The default audit: each database's refusals in its own lease.rejected_writes
 # (tests/sessions/tests/audit.rs also runs central-table clusters of its own).

@@ -8,6 +8,12 @@
 //!   (counted as dropped, one LOG line);
 //! - central (`pg_lease.database` set): one writer for that database, always.
 //!
+//! It reads pg_database with a heap scan (valid with no database, unlike
+//! catalog index scans) and starts no writer for a database that is missing
+//! or does not accept connections (`datallowconn` false: the writer would die
+//! with a FATAL every second); that database's records wait, as a failing
+//! database's do, and its status says why.
+//!
 //! With `pg_lease.audit_retention` on, it also starts a short retention-only
 //! writer in every database that accepts connections, once a minute.
 
@@ -98,12 +104,6 @@ pub extern "C-unwind" fn pg_lease_audit_launcher_main(_arg: pg_sys::Datum) {
     super::exit_process(1)
 }
 
-enum Database {
-    Exists,
-    /// Dropped (per database), or not created yet (central).
-    Missing,
-}
-
 fn now() -> i64 {
     unsafe { pg_sys::GetCurrentTimestamp() }
 }
@@ -167,17 +167,36 @@ impl Launcher {
             .filter(|d| if central.is_some() { d.key == CENTRAL } else { d.key != CENTRAL && d.queued > 0 })
             .filter(|d| self.retry_at.get(&d.key).is_none_or(|t| *t <= Instant::now()))
             .collect();
+        if waiting.is_empty() {
+            if let Some(s) = shmem::shared() {
+                s.starved.store(false, Ordering::Release);
+            }
+            return;
+        }
         waiting.sort_by_key(|d| d.launched_at);
+        // One look at pg_database for all of them: a heap scan, which needs
+        // no database (get_database_oid's index scan does).
+        let databases = match in_transaction(|| unsafe { databases() }) {
+            Ok(dbs) => dbs,
+            Err(e) => {
+                log!("pg_lease audit launcher: could not read pg_database: {e}");
+                return;
+            }
+        };
         let mut starved = false;
+        let mut no_slot = false;
         for d in waiting {
-            match database(d.key, central.as_deref()) {
-                Some(Database::Exists) => {}
-                Some(Database::Missing) if central.is_some() => {
+            let found = match central.as_deref() {
+                Some(name) => databases.iter().find(|db| db.name == name),
+                None => databases.iter().find(|db| db.oid == d.key),
+            };
+            match found {
+                None if central.is_some() => {
                     // audit_status says so; look again in a second.
                     self.retry_at.insert(d.key, Instant::now() + RETRY_EVERY);
                     continue;
                 }
-                Some(Database::Missing) => {
+                None => {
                     let why = format!("database \"{}\" (OID {}) was dropped", d.name, d.key);
                     let (n, name) = shmem::discard(d.index, &why, now_ts);
                     if n > 0 {
@@ -188,11 +207,40 @@ impl Launcher {
                     }
                     continue;
                 }
-                None => continue,
+                Some(db) if !db.allow_connections => {
+                    // A writer could not connect (it would die with a FATAL
+                    // every second): none is started until it accepts
+                    // connections; its records wait, as a failing
+                    // database's do (per database: at most a quarter of the
+                    // queue).
+                    let note = format!(
+                        "database \"{}\" is not currently accepting connections (ALLOW_CONNECTIONS false): no writer is started for it until ALTER DATABASE ... ALLOW_CONNECTIONS true",
+                        db.name
+                    );
+                    if shmem::set_not_accepting(d.index, &note, now_ts) {
+                        let bound = if central.is_some() {
+                            "until the queue is full"
+                        } else {
+                            "at most a quarter of the queue"
+                        };
+                        log!(
+                            "pg_lease audit launcher: database \"{}\" is not accepting connections: refusals for it stay queued ({bound}, then they count as dropped) and no writer is started until it does",
+                            db.name
+                        );
+                    }
+                    self.retry_at.insert(d.key, Instant::now() + RETRY_EVERY);
+                    continue;
+                }
+                Some(_) => {}
+            }
+            if no_slot {
+                continue;
             }
             if running >= gucs::AUDIT_WORKERS.get() as usize {
+                // pg_lease.audit_workers writers run: it waits for its turn.
+                shmem::set_waiting_turn(d.index, true, now_ts);
                 starved = true;
-                break;
+                continue;
             }
             match start_writer(d.key, false, &d.name) {
                 Some(handle) => {
@@ -206,7 +254,7 @@ impl Launcher {
                     shmem::set_launched(d.index, false, now_ts);
                     self.retry_at.insert(d.key, Instant::now() + RETRY_EVERY);
                     starved = true;
-                    break;
+                    no_slot = true;
                 }
             }
         }
@@ -263,32 +311,20 @@ impl Launcher {
     }
 }
 
-/// Whether destination `key`'s database exists; None if that could not be
-/// told (logged).
-fn database(key: u32, central: Option<&str>) -> Option<Database> {
-    let exists = in_transaction(|| unsafe {
-        match central {
-            Some(name) => {
-                let name = std::ffi::CString::new(name).unwrap_or_default();
-                pg_sys::get_database_oid(name.as_ptr(), true) != pg_sys::InvalidOid
-            }
-            None => !pg_sys::get_database_name(pg_sys::Oid::from(key)).is_null(),
-        }
-    });
-    match exists {
-        Ok(true) => Some(Database::Exists),
-        Ok(false) => Some(Database::Missing),
-        Err(e) => {
-            log!("pg_lease audit launcher: could not look database {key} up: {e}");
-            None
-        }
-    }
+/// A database, as pg_database says.
+struct Db {
+    oid: u32,
+    name: String,
+    allow_connections: bool,
+    template: bool,
 }
 
-/// The databases a retention writer may visit: those that accept connections
-/// and are not templates (a connection to a template would make CREATE
-/// DATABASE fail).
-unsafe fn connectable_databases() -> Vec<u32> {
+/// Every database, read by a heap scan of pg_database, as autovacuum's
+/// get_database_list does: valid in a process connected to no database,
+/// where catalog index scans are not (get_database_oid fails there with
+/// "cannot read pg_class without having selected a database"). In a
+/// transaction.
+unsafe fn databases() -> Vec<Db> {
     let rel = pg_sys::table_open(pg_sys::DatabaseRelationId, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
     let scan = pg_sys::table_beginscan_catalog(rel, 0, std::ptr::null_mut());
     let mut dbs = Vec::new();
@@ -298,13 +334,24 @@ unsafe fn connectable_databases() -> Vec<u32> {
             break;
         }
         let form = &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_database>(tuple);
-        if form.datallowconn && !form.datistemplate {
-            dbs.push(form.oid.to_u32());
-        }
+        let name = std::ffi::CStr::from_ptr(form.datname.data.as_ptr()).to_string_lossy().into_owned();
+        dbs.push(Db {
+            oid: form.oid.to_u32(),
+            name,
+            allow_connections: form.datallowconn,
+            template: form.datistemplate,
+        });
     }
     pg_sys::table_endscan(scan);
     pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
     dbs
+}
+
+/// The databases a retention writer may visit: those that accept connections
+/// and are not templates (a connection to a template would make CREATE
+/// DATABASE fail).
+unsafe fn connectable_databases() -> Vec<u32> {
+    databases().into_iter().filter(|db| db.allow_connections && !db.template).map(|db| db.oid).collect()
 }
 
 /// Registers a writer for destination `key`; None when no background worker

@@ -188,12 +188,15 @@ pub fn on_refusal(refusal: &Refusal) {
         warn_once_without_preload();
         return;
     }
-    if !gucs::AUDIT.get() {
-        shmem::enqueue(None);
-        return;
-    }
     let mut record = Box::new(AuditRecord::EMPTY);
     record.rejected_at = now;
+    record.database_oid = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    record.database.set(&who.database);
+    if !gucs::AUDIT.get() {
+        // Counted (as dropped) for its database all the same.
+        shmem::enqueue(&record, false);
+        return;
+    }
     record.backend_pid = who.pid;
     record.table_relid = facts.relid.to_u32();
     record.sqlstate.copy_from_slice(refusal.error.sqlstate().as_bytes());
@@ -201,8 +204,6 @@ pub fn on_refusal(refusal: &Refusal) {
     record.presented = facts.presented.unwrap_or(0);
     record.has_current = facts.current.is_some();
     record.current = facts.current.unwrap_or(0);
-    record.database_oid = unsafe { pg_sys::MyDatabaseId }.to_u32();
-    record.database.set(&who.database);
     record.role.set(&who.role);
     record.application_name.set(&who.application_name);
     record.client_addr.set(&who.client_addr);
@@ -216,7 +217,7 @@ pub fn on_refusal(refusal: &Refusal) {
         // Already at most ROW_DATA_MAX bytes: never stored cut.
         record.row_data.set(json);
     }
-    shmem::enqueue(Some(&record));
+    shmem::enqueue(&record, true);
 }
 
 fn warn_once_without_preload() {

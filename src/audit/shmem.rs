@@ -133,6 +133,9 @@ pub enum Phase {
     Failing = 4,
     /// The database no longer exists: its queued records were discarded.
     Dropped = 5,
+    /// The database does not accept connections (`datallowconn` is false):
+    /// the launcher starts no writer for it until it does (`last_error` says so).
+    NotAccepting = 6,
 }
 
 /// Whether a writer serves a destination.
@@ -172,6 +175,14 @@ struct Dest {
     /// Since when the launcher could not start a writer (no free background
     /// worker slot); 0 when it could.
     no_slot_since: i64,
+    /// Since when records wait for a writer because `pg_lease.audit_workers`
+    /// writers already run (for other databases); 0 when they do not.
+    no_turn_since: i64,
+    /// Refusals counted as dropped at enqueue, by cause, each with the time of
+    /// the first one (since the start or `lease.stats_reset()`).
+    full: Drops,
+    share: Drops,
+    off: Drops,
     /// Why the writer cannot record (set when a write fails or the writer
     /// dies, cleared when a later write succeeds), and since when.
     last_error: FixedStr<NOTE_LEN>,
@@ -179,6 +190,23 @@ struct Dest {
     /// Why the writer last dropped records it could not write, and when.
     last_drop: FixedStr<NOTE_LEN>,
     last_drop_at: i64,
+}
+
+/// Refusals dropped for one cause: how many, since when.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Drops {
+    pub count: u64,
+    pub since: i64,
+}
+
+impl Drops {
+    fn add(&mut self, now: i64) {
+        if self.count == 0 {
+            self.since = now;
+        }
+        self.count += 1;
+    }
 }
 
 /// A queued record and the index of the next one in its list.
@@ -348,11 +376,12 @@ pub fn stuck_limit(capacity: u64) -> u64 {
 }
 
 /// Counts a refusal and queues its record for its destination, or counts it
-/// dropped: queue full, its destination stuck at [`stuck_limit`], no
-/// destination free, or auditing off (`None`). Wakes the destination's writer
-/// when the queue is half full, or the launcher when the destination had
-/// nothing queued and has no writer. Takes the lock (see [`Locked`]).
-pub fn enqueue(record: Option<&AuditRecord>) {
+/// dropped: auditing off (`keep` false: only the record's database is
+/// read), queue full, its destination stuck at [`stuck_limit`], or no
+/// destination free. Wakes the destination's writer when the queue is half
+/// full, or the launcher when the destination had nothing queued and has no
+/// writer. Takes the lock (see [`Locked`]).
+pub fn enqueue(record: &AuditRecord, keep: bool) {
     if shared().is_none() {
         return;
     }
@@ -361,10 +390,6 @@ pub fn enqueue(record: Option<&AuditRecord>) {
         let lock = Locked::acquire();
         let s = lock.state();
         s.refused += 1;
-        let Some(record) = record else {
-            s.dropped += 1;
-            return;
-        };
         let (key, name) = match &central {
             Some(name) => (CENTRAL, name.as_str()),
             None => (record.database_oid, record.database.as_str()),
@@ -377,8 +402,18 @@ pub fn enqueue(record: Option<&AuditRecord>) {
         let d = &mut s.dests[i];
         d.refused += 1;
         d.last_refusal = record.rejected_at;
-        let stuck = matches!(d.phase, Phase::WaitingExtension | Phase::Failing);
-        if free == NIL || (central.is_none() && stuck && d.queued >= stuck_limit(capacity)) {
+        let stuck = matches!(d.phase, Phase::WaitingExtension | Phase::Failing | Phase::NotAccepting);
+        let drop = if !keep {
+            Some(&mut d.off)
+        } else if free == NIL {
+            Some(&mut d.full)
+        } else if central.is_none() && stuck && d.queued >= stuck_limit(capacity) {
+            Some(&mut d.share)
+        } else {
+            None
+        };
+        if let Some(cause) = drop {
+            cause.add(record.rejected_at);
             d.dropped += 1;
             s.dropped += 1;
             return;
@@ -446,6 +481,7 @@ pub fn attach(key: u32, name: &str, latch: *mut pg_sys::Latch, pid: i32) -> Opti
     d.worker_pid = pid;
     d.worker_latch = latch;
     d.no_slot_since = 0;
+    d.no_turn_since = 0;
     Some(i)
 }
 
@@ -663,6 +699,10 @@ pub struct DestView {
     pub worker_pid: i32,
     pub launched_at: i64,
     pub no_slot_since: i64,
+    pub no_turn_since: i64,
+    pub full: Drops,
+    pub share: Drops,
+    pub off: Drops,
     pub last_error: Option<(String, i64)>,
     pub last_drop: Option<(String, i64)>,
 }
@@ -683,6 +723,10 @@ fn view(i: usize, d: &Dest) -> DestView {
         worker_pid: d.worker_pid,
         launched_at: d.launched_at,
         no_slot_since: d.no_slot_since,
+        no_turn_since: d.no_turn_since,
+        full: d.full,
+        share: d.share,
+        off: d.off,
         last_error: note(&d.last_error, d.last_error_at),
         last_drop: note(&d.last_drop, d.last_drop_at),
     }
@@ -720,9 +764,45 @@ pub fn set_launched(i: usize, launched: bool, now: i64) {
             d.launched_at = now;
         }
         d.no_slot_since = 0;
+        d.no_turn_since = 0;
+        if d.phase == Phase::NotAccepting {
+            // It accepts connections again: its writer says what it finds.
+            d.phase = Phase::Connecting;
+            d.last_error = FixedStr::EMPTY;
+            d.last_error_at = 0;
+        }
     } else if d.no_slot_since == 0 {
         d.no_slot_since = now;
     }
+}
+
+/// Destination `i` waits for a writer because `pg_lease.audit_workers`
+/// writers already run (`waiting` true), or no longer does.
+pub fn set_waiting_turn(i: usize, waiting: bool, now: i64) {
+    if shared().is_none() {
+        return;
+    }
+    let lock = Locked::acquire();
+    let d = &mut lock.state().dests[i];
+    if !waiting {
+        d.no_turn_since = 0;
+    } else if d.no_turn_since == 0 {
+        d.no_turn_since = now;
+    }
+}
+
+/// Destination `i`'s database does not accept connections: no writer is
+/// started for it, and `note` says why. Whether the note is new.
+pub fn set_not_accepting(i: usize, note: &str, now: i64) -> bool {
+    if shared().is_none() {
+        return false;
+    }
+    let lock = Locked::acquire();
+    let d = &mut lock.state().dests[i];
+    d.phase = Phase::NotAccepting;
+    d.no_turn_since = 0;
+    d.no_slot_since = 0;
+    keep_error(d, note, now)
 }
 
 /// A writer the launcher registered for destination `i` never attached (it
@@ -775,6 +855,9 @@ pub fn reset() {
             d.refused = d.queued;
             d.recorded = 0;
             d.dropped = 0;
+            d.full = Drops::default();
+            d.share = Drops::default();
+            d.off = Drops::default();
             d.last_drop = FixedStr::EMPTY;
             d.last_drop_at = 0;
         }

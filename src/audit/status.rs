@@ -77,8 +77,9 @@ pub fn audit_status() -> TableIterator<
         (Some(s), Some(c)) => {
             let launcher = shmem::launcher_pid();
             let dest = shmem::destination(if central.is_some() { shmem::CENTRAL } else { here });
-            let status = Destination { central: central.is_some(), name: &database, dest: dest.as_ref(), capacity: c.capacity }
-                .status(audit, launcher);
+            let (_, status) =
+                Destination { central: central.is_some(), name: &database, dest: dest.as_ref(), capacity: c.capacity }
+                    .status(audit, launcher);
             (
                 true,
                 audit,
@@ -113,7 +114,7 @@ pub fn audit_status() -> TableIterator<
 
 /// One row per audit destination the server has seen since it started: each
 /// database with refusals (per database), or the central database. `state`
-/// is the first word of `status`.
+/// is what `status` starts with (see [`State`]).
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_safe)]
 pub fn audit_databases() -> TableIterator<
@@ -151,14 +152,14 @@ pub fn audit_databases() -> TableIterator<
                 Some(oid) => unsafe { crate::pg::owned(pg_sys::get_database_name(oid)) },
                 None => d.name.clone(),
             };
-            let status = if !central && oid.is_none() {
+            let (state, status) = if !central && oid.is_none() {
                 // Dropped after its records were written (a drop with records
                 // still queued says so itself).
-                "dropped: the database no longer exists".to_owned()
+                (State::Dropped, "dropped: the database no longer exists".to_owned())
             } else {
                 Destination { central, name: &name, dest: Some(&d), capacity }.status(audit, launcher)
             };
-            let state = status.split([' ', ':']).next().unwrap_or_default().to_owned();
+            let state = state.as_str().to_owned();
             (
                 name.clone(),
                 if central { oid } else { Some(pg_sys::Oid::from(d.key)) },
@@ -189,6 +190,33 @@ fn when(t: i64) -> String {
     unsafe { crate::pg::owned(pg_sys::timestamptz_to_str(t)) }
 }
 
+/// What a destination's audit is doing: `lease.audit_databases().state`, and
+/// the words its `status` starts with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Recording,
+    Waiting,
+    Failing,
+    Starting,
+    Dropped,
+    NotRunning,
+    Off,
+}
+
+impl State {
+    fn as_str(self) -> &'static str {
+        match self {
+            State::Recording => "recording",
+            State::Waiting => "waiting",
+            State::Failing => "failing",
+            State::Starting => "starting",
+            State::Dropped => "dropped",
+            State::NotRunning => "not running",
+            State::Off => "off",
+        }
+    }
+}
+
 /// A destination as the status functions describe it.
 struct Destination<'a> {
     central: bool,
@@ -200,11 +228,44 @@ struct Destination<'a> {
 }
 
 impl Destination<'_> {
-    /// What `status` says, first word first: `recording`, `waiting` (for the
-    /// database, the extension in it, or a background worker slot),
-    /// `failing` (with the last error), `starting`, `dropped`, `not running`;
-    /// or that `pg_lease.audit is off`.
-    fn status(&self, audit: bool, launcher: i32) -> String {
+    /// Its state and `status`, which starts with the state's words:
+    /// `recording`, `waiting` (for the database, the extension in it, a
+    /// background worker slot or an audit worker slot), `failing` (with the
+    /// last error), `starting`, `dropped`, `not running`, `off`. Refusals
+    /// counted as dropped when they came (queue full, the database's share
+    /// of it full, pg_lease.audit off) are named, with since when.
+    fn status(&self, audit: bool, launcher: i32) -> (State, String) {
+        let (state, mut text) = self.state(audit, launcher);
+        text.push_str(&self.drops());
+        (state, text)
+    }
+
+    fn drops(&self) -> String {
+        let Some(d) = self.dest else { return String::new() };
+        let mut text = String::new();
+        let mut say = |drops: shmem::Drops, why: String| {
+            if drops.count > 0 {
+                let n = if drops.count == 1 {
+                    "1 refusal was".to_owned()
+                } else {
+                    format!("{} refusals were", drops.count)
+                };
+                text.push_str(&format!("; {n} counted as dropped since {} {why}", when(drops.since)));
+            }
+        };
+        say(d.full, format!("because the audit queue was full (pg_lease.audit_queue_size = {})", self.capacity));
+        say(
+            d.share,
+            format!(
+                "because the database already had {} queued while its audit was waiting or failing (a quarter of the queue)",
+                shmem::stuck_limit(self.capacity)
+            ),
+        );
+        say(d.off, "because pg_lease.audit was off (they were only logged)".to_owned());
+        text
+    }
+
+    fn state(&self, audit: bool, launcher: i32) -> (State, String) {
         let database = self.name;
         let queued = self.dest.map_or(0, |d| d.queued);
         let phase = self.dest.map_or(Phase::Unknown, |d| d.phase);
@@ -223,7 +284,10 @@ impl Destination<'_> {
         };
         let setting = if self.central { " (pg_lease.database)" } else { "" };
         if !audit {
-            return "pg_lease.audit is off: refusals are counted as dropped and only logged".to_owned();
+            return (
+                State::Off,
+                "off: pg_lease.audit is off: refusals are counted as dropped and only logged".to_owned(),
+            );
         }
         if phase == Phase::Dropped {
             let d = self.dest.expect("a dropped destination exists");
@@ -231,49 +295,88 @@ impl Destination<'_> {
                 Some((_, at)) => format!("its queued refusals were discarded at {} (counted as dropped)", when(*at)),
                 None => "nothing of it was queued".to_owned(),
             };
-            return format!("dropped: database \"{database}\" was dropped; {what}");
+            return (State::Dropped, format!("dropped: database \"{database}\" was dropped; {what}"));
         }
         if self.central && database_oid(database).is_none() {
-            return format!(
-                "waiting for database \"{database}\"{setting} to exist: create it and CREATE EXTENSION pg_lease there; the launcher looks every second; {queue}"
+            return (
+                State::Waiting,
+                format!(
+                    "waiting for database \"{database}\"{setting} to exist: create it and CREATE EXTENSION pg_lease there; the launcher looks every second; {queue}"
+                ),
             );
         }
         if phase == Phase::WaitingExtension {
-            return format!("waiting for CREATE EXTENSION pg_lease in database \"{database}\"{setting}; {queue}");
+            return (
+                State::Waiting,
+                format!("waiting for CREATE EXTENSION pg_lease in database \"{database}\"{setting}; {queue}"),
+            );
         }
         let running = self.dest.is_some_and(|d| d.worker == shmem::WorkerState::Running);
         if let Some((error, at)) = self.dest.and_then(|d| d.last_error.clone()).filter(|_| phase != Phase::Recording) {
             let retry = if launcher == 0 {
                 "the audit launcher is not running (it restarts within 5 s)"
+            } else if phase == Phase::NotAccepting {
+                "the launcher looks every second"
             } else {
                 "writing is retried every second"
             };
-            return format!("failing since {}: {error}; {retry}; {queue}", when(at));
+            return (State::Failing, format!("failing since {}: {error}; {retry}; {queue}", when(at)));
         }
         if launcher == 0 {
             return if unsafe { pg_sys::RecoveryInProgress() } {
-                "not running: this server is a standby, which refuses no writes; the audit launcher starts once it is promoted"
-                    .to_owned()
+                (
+                    State::NotRunning,
+                    "not running: this server is a standby, which refuses no writes; the audit launcher starts once it is promoted"
+                        .to_owned(),
+                )
             } else {
-                format!(
-                    "not running: the audit launcher is not running (stopped by pg_terminate_backend or by an error, it restarts within 5 s); {queue} for database \"{database}\""
+                (
+                    State::NotRunning,
+                    format!(
+                        "not running: the audit launcher is not running (stopped by pg_terminate_backend or by an error, it restarts within 5 s); {queue} for database \"{database}\""
+                    ),
                 )
             };
         }
-        if let Some(since) = self.dest.map(|d| d.no_slot_since).filter(|&t| t != 0 && queued > 0 && !running) {
-            return format!(
-                "waiting since {} for a free background worker slot to start the writer of database \"{database}\" (raise max_worker_processes); {queue}",
-                when(since)
+        let idle = |t: i64| t != 0 && queued > 0 && !running;
+        if let Some(since) = self.dest.map(|d| d.no_slot_since).filter(|&t| idle(t)) {
+            return (
+                State::Waiting,
+                format!(
+                    "waiting since {} for a free background worker slot to start the writer of database \"{database}\" (raise max_worker_processes); {queue}",
+                    when(since)
+                ),
+            );
+        }
+        if let Some(since) =
+            self.dest.filter(|d| d.worker == shmem::WorkerState::None).map(|d| d.no_turn_since).filter(|&t| idle(t))
+        {
+            return (
+                State::Waiting,
+                format!(
+                    "waiting since {} for an audit worker slot: pg_lease.audit_workers ({}) writers are busy with other databases, the least recently served database goes next; {queue}",
+                    when(since),
+                    gucs::AUDIT_WORKERS.get()
+                ),
             );
         }
         if queued > 0 && !running && phase != Phase::Recording {
-            return format!("starting: a writer for database \"{database}\" is being started; {queue}");
+            return (
+                State::Starting,
+                format!("starting: a writer for database \"{database}\" is being started; {queue}"),
+            );
         }
         if phase == Phase::Connecting {
-            return format!("starting: the writer is connecting to database \"{database}\"; {queue}");
+            return (
+                State::Starting,
+                format!("starting: the writer is connecting to database \"{database}\"; {queue}"),
+            );
         }
         if self.central && phase == Phase::Unknown {
-            return format!("starting: the writer of database \"{database}\"{setting} is being started; {queue}");
+            return (
+                State::Starting,
+                format!("starting: the writer of database \"{database}\"{setting} is being started; {queue}"),
+            );
         }
         let mut text = if self.central {
             format!("recording refusals of every database in \"{database}\".lease.rejected_writes")
@@ -283,7 +386,7 @@ impl Destination<'_> {
         if let Some((why, at)) = self.dest.and_then(|d| d.last_drop.clone()) {
             text.push_str(&format!("; the last record it could not write was dropped at {}: {why}", when(at)));
         }
-        text
+        (State::Recording, text)
     }
 }
 

@@ -633,6 +633,10 @@ fn audit_status_says_what_the_worker_waits_for() {
     assert!(r.get::<_, Option<i32>>(0).is_none());
     assert_eq!(r.get::<_, String>(1), "failing");
     assert!(r.get::<_, String>(2).contains("not currently accepting connections"));
+    // No writer is started for it (each would die with a FATAL every second).
+    thread::sleep(Duration::from_millis(1500));
+    let log = cluster.server_log();
+    assert!(!log.contains("FATAL:  database \"audit_home\" is not currently accepting connections"), "{log}");
     c.batch_execute("ALTER DATABASE audit_home ALLOW_CONNECTIONS true").unwrap();
     wait_for_status(&mut c, "recording after reconnecting", Duration::from_secs(20), |s| s.starts_with("recording"));
 
@@ -895,4 +899,182 @@ fn database_settings_cannot_stall_the_audit_and_a_dropped_database_says_so() {
     let mut w = other.connect();
     let (state, ..) = destination(&mut w, &name).expect("the dropped database keeps its row");
     assert_eq!(state, "dropped");
+}
+
+/// The audit launcher's `worker_pid` in `lease.audit_status()`.
+fn launcher_pid(c: &mut Client) -> Option<i32> {
+    c.query_one("SELECT worker_pid FROM lease.audit_status()", &[]).unwrap().get(0)
+}
+
+/// Central mode: the launcher, connected to no database, finds the central
+/// database (missing, then created) without the catalog index scans it
+/// cannot do there: no FATAL, no restart, at the first start and the next.
+/// Drops at a full queue are named in the status.
+#[test]
+fn the_central_launcher_finds_its_database_without_dying() {
+    let cluster = Cluster::start_with(
+        "audit_central_start",
+        54444,
+        &["pg_lease.database = 'audit_central'", "pg_lease.audit_queue_size = 16", "pg_lease.log_rejections = off"],
+    );
+    let mut c = cluster.connect();
+    c.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER}")).unwrap();
+    wait_for("the launcher", Duration::from_secs(10), || launcher_pid(&mut c).is_some());
+    let first = launcher_pid(&mut c).unwrap();
+    wait_for_status(&mut c, "waiting for the database", Duration::from_secs(10), |s| {
+        s.starts_with("waiting for database \"audit_central\"")
+    });
+    // Longer than the 5 s after which the postmaster restarts a dead launcher.
+    thread::sleep(Duration::from_secs(6));
+    assert_eq!(launcher_pid(&mut c), Some(first), "the launcher stayed up");
+    let log = cluster.server_log();
+    assert!(!log.contains("cannot read pg_class"), "{log}");
+    assert_eq!(log.matches("pg_lease audit launcher started").count(), 1, "started once: {log}");
+    // Nowhere to record: the queue fills, and the status says what it dropped.
+    refuse_n(&mut c, 20, 4);
+    let s = status(&mut c);
+    assert!(
+        s.starts_with("waiting for database \"audit_central\"")
+            && s.contains("16 refusals wait in the queue")
+            && s.contains("4 refusals were counted as dropped since")
+            && s.contains("because the audit queue was full (pg_lease.audit_queue_size = 16)"),
+        "{s}"
+    );
+
+    c.batch_execute("CREATE DATABASE audit_central").unwrap();
+    let mut home = cluster.connect_db("audit_central");
+    home.batch_execute("CREATE EXTENSION pg_lease").unwrap();
+    wait_for("the waiting records", Duration::from_secs(20), || {
+        one_i64(&mut home, "SELECT count(*) FROM lease.rejected_writes") == 16
+    });
+    assert_eq!(launcher_pid(&mut c), Some(first), "the launcher stayed up");
+    drop((c, home));
+
+    // The next server start finds the database at once.
+    cluster.stop();
+    cluster.restart();
+    let mut c = cluster.connect();
+    wait_for_status(&mut c, "recording", Duration::from_secs(10), |s| s.starts_with("recording"));
+    let again = launcher_pid(&mut c).unwrap();
+    thread::sleep(Duration::from_secs(1));
+    assert_eq!(launcher_pid(&mut c), Some(again));
+    let log = cluster.server_log();
+    assert!(!log.contains("cannot read pg_class"), "{log}");
+    assert_eq!(log.matches("pg_lease audit launcher started").count(), 2, "one per server start: {log}");
+}
+
+/// A database that accepts no connections (ALLOW_CONNECTIONS false) gets no
+/// writer (each would die with a FATAL); its records wait, bounded as a
+/// failing database's are, and land once it accepts connections again.
+#[test]
+fn a_database_that_accepts_no_connections_gets_no_writer() {
+    let cluster = Cluster::start_with(
+        "audit_noconn",
+        54446,
+        &["pg_lease.audit_queue_size = 16", "pg_lease.audit_flush_ms = 50", "pg_lease.log_rejections = off"],
+    );
+    let mut c = cluster.connect();
+    c.batch_execute("CREATE EXTENSION pg_lease").unwrap();
+    c.batch_execute("CREATE DATABASE closed").unwrap();
+    let mut closed = cluster.connect_db("closed");
+    closed.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER}")).unwrap();
+    // Sessions already connected stay, and refuse.
+    c.batch_execute("ALTER DATABASE closed ALLOW_CONNECTIONS false").unwrap();
+    refuse_n(&mut closed, 1, 4);
+    wait_for("closed to say it cannot record", Duration::from_secs(10), || {
+        destination(&mut c, "closed").is_some_and(|d| d.0 == "failing")
+    });
+    // At most a quarter of the queue (4 of 16) waits; the rest is dropped, and named.
+    refuse_n(&mut closed, 6, 4);
+    assert_eq!(destination(&mut c, "closed").unwrap(), ("failing".to_owned(), 4, 7, 0, 3));
+    let s: String =
+        c.query_one("SELECT status FROM lease.audit_databases() WHERE database = 'closed'", &[]).unwrap().get(0);
+    assert!(
+        s.starts_with("failing since")
+            && s.contains("not currently accepting connections")
+            && s.contains("4 refusals wait in the queue")
+            && s.contains("3 refusals were counted as dropped since"),
+        "{s}"
+    );
+    thread::sleep(Duration::from_secs(3));
+    let log = cluster.server_log();
+    assert_eq!(log.matches("FATAL:  database \"closed\" is not currently accepting connections").count(), 0, "{log}");
+    assert_eq!(
+        log.matches("pg_lease audit launcher: database \"closed\" is not accepting connections").count(),
+        1,
+        "said once: {log}"
+    );
+
+    c.batch_execute("ALTER DATABASE closed ALLOW_CONNECTIONS true").unwrap();
+    wait_for("the waiting records", Duration::from_secs(10), || {
+        destination(&mut c, "closed").is_some_and(|d| d.0 == "recording" && d.1 == 0)
+    });
+    assert_eq!(one_i64(&mut closed, "SELECT count(*) FROM lease.rejected_writes"), 4);
+    assert_eq!(destination(&mut c, "closed").unwrap(), ("recording".to_owned(), 0, 7, 4, 3));
+}
+
+/// `status` says a database waits for an audit worker slot
+/// (pg_lease.audit_workers) rather than `starting`; `state` is a state
+/// (`off`, `not running`), never a cut word of the text; refusals while
+/// pg_lease.audit is off are counted for their database.
+#[test]
+fn states_and_statuses_say_what_happens() {
+    let cluster = Cluster::start_with(
+        "audit_states",
+        54447,
+        &[
+            "pg_lease.audit_workers = 1",
+            // A writer waits a minute before writing: it keeps its slot.
+            "pg_lease.audit_flush_ms = 60000",
+            "pg_lease.log_rejections = off",
+        ],
+    );
+    let mut c = cluster.connect();
+    c.batch_execute("CREATE EXTENSION pg_lease").unwrap();
+    let mut dbs = Vec::new();
+    for name in ["busy", "next", "quiet"] {
+        c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+        let mut s = cluster.connect_db(name);
+        s.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER}")).unwrap();
+        dbs.push(s);
+    }
+    refuse_n(&mut dbs[0], 2, 4);
+    wait_for("busy's writer", Duration::from_secs(10), || {
+        one_i64(&mut c, "SELECT count(worker_pid) FROM lease.audit_databases() WHERE database = 'busy'") == 1
+    });
+    refuse_n(&mut dbs[1], 2, 4);
+    let next_status = |c: &mut Client| -> String {
+        c.query_one("SELECT status FROM lease.audit_databases() WHERE database = 'next'", &[]).unwrap().get(0)
+    };
+    wait_for("next to wait for an audit worker slot", Duration::from_secs(10), || {
+        next_status(&mut c).starts_with("waiting since")
+    });
+    let s = next_status(&mut c);
+    assert!(s.contains("for an audit worker slot") && s.contains("pg_lease.audit_workers (1)"), "{s}");
+    assert_eq!(destination(&mut c, "next").unwrap().0, "waiting");
+
+    // Off: counted for the database where it happened, and the state says off.
+    c.batch_execute("ALTER SYSTEM SET pg_lease.audit = off").unwrap();
+    c.batch_execute("SELECT pg_reload_conf()").unwrap();
+    let audit_on =
+        |s: &mut Client| -> bool { s.query_one("SELECT audit FROM lease.audit_status()", &[]).unwrap().get(0) };
+    wait_for("the reload", Duration::from_secs(10), || !audit_on(&mut dbs[2]) && !audit_on(&mut c));
+    refuse_n(&mut dbs[2], 3, 4);
+    assert_eq!(destination(&mut c, "quiet").unwrap(), ("off".to_owned(), 0, 3, 0, 3));
+    assert_eq!(destination(&mut c, "busy").unwrap().0, "off");
+    let s: String = dbs[2].query_one("SELECT status FROM lease.audit_status()", &[]).unwrap().get(0);
+    assert!(s.starts_with("off: pg_lease.audit is off"), "{s}");
+    assert!(s.contains("3 refusals were counted as dropped since") && s.contains("pg_lease.audit was off"), "{s}");
+    c.batch_execute("ALTER SYSTEM RESET pg_lease.audit").unwrap();
+    c.batch_execute("SELECT pg_reload_conf()").unwrap();
+    wait_for("the reload", Duration::from_secs(10), || audit_on(&mut c));
+
+    // The launcher terminated: `not running` (it comes back within 5 s).
+    c.batch_execute("SELECT pg_terminate_backend(worker_pid) FROM lease.audit_status()").unwrap();
+    wait_for("not running", Duration::from_secs(4), || {
+        destination(&mut c, "quiet").is_some_and(|d| d.0 == "not running")
+    });
+    let s: String =
+        c.query_one("SELECT status FROM lease.audit_databases() WHERE database = 'quiet'", &[]).unwrap().get(0);
+    assert!(s.starts_with("not running") && s.contains("pg_lease.audit was off"), "{s}");
 }

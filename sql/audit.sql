@@ -53,8 +53,7 @@ DECLARE
     purged bigint;
 BEGIN
     IF older_than IS NULL OR older_than < interval '0' THEN
-        RAISE EXCEPTION 'lease.purge_rejected_writes: older_than must be a non-negative interval'
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM lease._fail('22023', 'lease.purge_rejected_writes: older_than must be a non-negative interval');
     END IF;
     DELETE FROM lease.rejected_writes WHERE rejected_at < now() - older_than;
     GET DIAGNOSTICS purged = ROW_COUNT;

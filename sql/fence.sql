@@ -24,18 +24,24 @@ CREATE FUNCTION lease._raise(name text, summary text, detail text) RETURNS void
     LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_raise';
 REVOKE EXECUTE ON FUNCTION lease._raise(text, text, text) FROM PUBLIC;
 
+-- Raises an error with a standard SQLSTATE, without CONTEXT lines: how
+-- pg_lease's own PL/pgSQL reports bad input (a RAISE would show the caller
+-- pg_lease's internal frames).
+CREATE FUNCTION lease._fail(sqlstate text, message text, detail text DEFAULT NULL, hint text DEFAULT NULL)
+RETURNS void LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_fail';
+COMMENT ON FUNCTION lease._fail(text, text, text, text) IS
+    'Raises an ERROR with this SQLSTATE, message, detail and hint and no CONTEXT (internal; anyone may raise errors).';
+
 -- Binds the writer's fencing token to the current transaction, for tables
 -- protected without a token column (and for DELETE).
 CREATE FUNCTION lease.bind_token(token bigint) RETURNS bigint
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF token IS NULL THEN
-        RAISE EXCEPTION 'lease.bind_token: token must not be NULL'
-            USING ERRCODE = 'null_value_not_allowed';
+        PERFORM lease._fail('22004', 'lease.bind_token: token must not be NULL');
     END IF;
     IF token < 0 THEN
-        RAISE EXCEPTION 'lease.bind_token: token must not be negative (got %)', token
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM lease._fail('22023', format('lease.bind_token: token must not be negative (got %s)', token));
     END IF;
     PERFORM set_config('pg_lease.token', token::text, true);
     RETURN token;
@@ -63,45 +69,34 @@ DECLARE
     col text;
 BEGIN
     IF rel IS NULL THEN
-        RAISE EXCEPTION 'pg_lease: the % must not be NULL', role USING ERRCODE = 'null_value_not_allowed';
+        PERFORM lease._fail('22004', format('pg_lease: the %s must not be NULL', role));
     END IF;
     SELECT c.relkind INTO kind FROM pg_class c WHERE c.oid = rel;
     IF kind IS NULL OR kind NOT IN ('r', 'p') THEN
-        RAISE EXCEPTION 'pg_lease: % % is not a table', role, rel
-            USING ERRCODE = 'wrong_object_type',
-                  DETAIL = 'Only ordinary and partitioned tables can be fenced (not views, foreign tables or other relations).';
+        PERFORM lease._fail('42809', format('pg_lease: %s %s is not a table', role, rel), 'Only ordinary and partitioned tables can be fenced (not views, foreign tables or other relations).');
     END IF;
     IF columns IS NULL OR cardinality(columns) = 0 OR array_position(columns, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'pg_lease: the key columns of % must be a non-empty list of column names', rel
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM lease._fail('22023', format('pg_lease: the key columns of %s must be a non-empty list of column names', rel));
     END IF;
     IF (SELECT count(DISTINCT c) FROM unnest(columns) c) <> cardinality(columns) THEN
-        RAISE EXCEPTION 'pg_lease: key columns of % are listed twice: %', rel, columns
-            USING ERRCODE = 'duplicate_column';
+        PERFORM lease._fail('42701', format('pg_lease: key columns of %s are listed twice: %s', rel, columns));
     END IF;
     FOREACH col IN ARRAY columns || CASE WHEN token_column IS NULL THEN '{}'::text[] ELSE ARRAY[token_column] END LOOP
         IF lease._column_type(rel, col) IS NULL THEN
-            RAISE EXCEPTION 'pg_lease: % column "%" of % does not exist',
-                    CASE WHEN col = token_column THEN 'token' ELSE 'key' END, col, rel
-                USING ERRCODE = 'undefined_column';
+            PERFORM lease._fail('42703', format('pg_lease: %s column "%s" of %s does not exist', CASE WHEN col = token_column THEN 'token' ELSE 'key' END, col, rel));
         END IF;
         -- BEFORE triggers see a generated column's old value: it cannot be fenced.
         IF EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = rel AND a.attname = col AND a.attgenerated <> '') THEN
-            RAISE EXCEPTION 'pg_lease: column "%" of % is a generated column', col, rel
-                USING ERRCODE = 'invalid_column_definition',
-                      DETAIL = 'Generated columns are computed after BEFORE triggers, so the fence would judge the old value.';
+            PERFORM lease._fail('42611', format('pg_lease: column "%s" of %s is a generated column', col, rel), 'Generated columns are computed after BEFORE triggers, so the fence would judge the old value.');
         END IF;
     END LOOP;
     IF token_column IS NOT NULL THEN
         -- Lease tokens are >= 2^40: only bigint holds them.
         IF lease._column_type(rel, token_column) <> 'bigint'::regtype THEN
-            RAISE EXCEPTION 'pg_lease: token column "%" of % has type %, not bigint',
-                    token_column, rel, lease._column_type(rel, token_column)
-                USING ERRCODE = 'datatype_mismatch';
+            PERFORM lease._fail('42804', format('pg_lease: token column "%s" of %s has type %s, not bigint', token_column, rel, lease._column_type(rel, token_column)));
         END IF;
         IF token_column = ANY (columns) THEN
-            RAISE EXCEPTION 'pg_lease: token column "%" of % cannot also be a key column', token_column, rel
-                USING ERRCODE = 'invalid_parameter_value';
+            PERFORM lease._fail('22023', format('pg_lease: token column "%s" of %s cannot also be a key column', token_column, rel));
         END IF;
     END IF;
 END $$;
@@ -117,10 +112,7 @@ BEGIN
         OR p.relid::oid IN (SELECT a.relid FROM pg_partition_ancestors(target) a)
         OR p.relid::oid IN (SELECT t.relid FROM pg_partition_tree(target) t);
     IF existing IS NOT NULL THEN
-        RAISE EXCEPTION 'pg_lease: % is already protected%', target,
-                CASE WHEN existing = target THEN '' ELSE format(' (through %s)', existing) END
-            USING ERRCODE = 'duplicate_object',
-                  HINT = 'Call lease.unprotect first to change how a table is fenced.';
+        PERFORM lease._fail('42710', format('pg_lease: %s is already protected%s', target, CASE WHEN existing = target THEN '' ELSE format(' (through %s)', existing) END), NULL, 'Call lease.unprotect first to change how a table is fenced.');
     END IF;
 END $$;
 
@@ -193,21 +185,18 @@ BEGIN
     IF owner IS NULL THEN
         owner := pg_catalog.to_regclass('tables');
         IF owner IS NULL THEN
-            RAISE EXCEPTION 'pg_lease: owner table "tables" does not exist'
-                USING ERRCODE = 'undefined_table',
-                      HINT = 'Pass owner_table => ''your_schema.your_owner_table''.';
+            PERFORM lease._fail('42P01', 'pg_lease: owner table "tables" does not exist', NULL, 'Pass owner_table => ''your_schema.your_owner_table''.');
         END IF;
     END IF;
     IF owner OPERATOR(pg_catalog.=) target THEN
-        RAISE EXCEPTION 'pg_lease: % cannot be its own owner table', target USING ERRCODE = 'invalid_parameter_value';
+        PERFORM lease._fail('22023', format('pg_lease: %s cannot be its own owner table', target));
     END IF;
     IF owner_token_column IS NULL THEN
-        RAISE EXCEPTION 'pg_lease: owner_token_column must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+        PERFORM lease._fail('22004', 'pg_lease: owner_token_column must not be NULL');
     END IF;
     PERFORM lease._check_columns(owner, 'owner table', owner_key_columns, owner_token_column);
     IF pg_catalog.cardinality(owner_key_columns) OPERATOR(pg_catalog.<>) pg_catalog.cardinality(key_columns) THEN
-        RAISE EXCEPTION 'pg_lease: % key columns % do not pair with owner key columns %', target, key_columns, owner_key_columns
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM lease._fail('22023', format('pg_lease: %s key columns %s do not pair with owner key columns %s', target, key_columns, owner_key_columns));
     END IF;
     IF NOT EXISTS (
         SELECT 1 FROM pg_catalog.pg_index x
@@ -217,15 +206,27 @@ BEGIN
                (SELECT pg_catalog.array_agg(a.attnum ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
                  WHERE a.attrelid OPERATOR(pg_catalog.=) owner AND a.attname OPERATOR(pg_catalog.=) ANY (owner_key_columns)))
     THEN
-        RAISE EXCEPTION 'pg_lease: there is no unique constraint matching key columns % of owner table %', owner_key_columns, owner
-            USING ERRCODE = 'invalid_foreign_key',
-                  DETAIL = 'Each fenced row must match exactly one owner row.';
+        PERFORM lease._fail('42830', format('pg_lease: there is no unique constraint matching key columns %s of owner table %s', owner_key_columns, owner), 'Each fenced row must match exactly one owner row.');
     END IF;
     -- Each key pair must be comparable (raises undefined_function otherwise).
-    EXECUTE pg_catalog.format('SELECT 1 FROM %s o WHERE %s LIMIT 0', owner,
-        (SELECT pg_catalog.string_agg(pg_catalog.format('o.%I OPERATOR(pg_catalog.=) NULL::%s', owner_key_columns[n],
-                                         lease._column_type(target, key_columns[n])), ' AND ')
-           FROM pg_catalog.generate_series(1, pg_catalog.cardinality(key_columns)) n));
+    BEGIN
+        EXECUTE pg_catalog.format('SELECT 1 FROM %s o WHERE %s LIMIT 0', owner,
+            (SELECT pg_catalog.string_agg(pg_catalog.format('o.%I OPERATOR(pg_catalog.=) NULL::%s', owner_key_columns[n],
+                                             lease._column_type(target, key_columns[n])), ' AND ')
+               FROM pg_catalog.generate_series(1, pg_catalog.cardinality(key_columns)) n));
+    EXCEPTION
+        WHEN undefined_function THEN
+            PERFORM lease._fail('42883',
+                format('pg_lease: key columns %s of %s cannot be compared with owner key columns %s of %s',
+                       key_columns, target, owner_key_columns, owner),
+                format('%s (the types of the key columns, in order: %s against %s)', SQLERRM,
+                       (SELECT pg_catalog.string_agg(lease._column_type(target, c)::text, ', ') FROM pg_catalog.unnest(key_columns) c),
+                       (SELECT pg_catalog.string_agg(lease._column_type(owner, c)::text, ', ') FROM pg_catalog.unnest(owner_key_columns) c)),
+                'Give each key column the type of its owner key column, or a type its = operator accepts.');
+        WHEN insufficient_privilege THEN
+            PERFORM lease._fail('42501', format('pg_lease: must be owner of table %s', owner),
+                'lease.protect needs ownership of the protected table and of its owner table.');
+    END;
 
     -- One owner guard per owner table, shared by every table fenced against it.
     SELECT pg_catalog.encode(t.tgargs, 'escape') INTO existing_guard FROM pg_catalog.pg_trigger t
@@ -237,9 +238,7 @@ BEGIN
         END LOOP;
         PERFORM lease._install_owner_guards(owner, guard_args);
     ELSIF pg_catalog.split_part(existing_guard, E'\\000', 1) OPERATOR(pg_catalog.<>) owner_token_column THEN
-        RAISE EXCEPTION 'pg_lease: owner table % already guards token column "%"', owner, pg_catalog.split_part(existing_guard, E'\\000', 1)
-            USING ERRCODE = 'feature_not_supported',
-                  DETAIL = 'All tables fenced against one owner table must use the same owner token column.';
+        PERFORM lease._fail('0A000', format('pg_lease: owner table %s already guards token column "%s"', owner, pg_catalog.split_part(existing_guard, E'\\000', 1)), 'All tables fenced against one owner table must use the same owner token column.');
     END IF;
 
     PERFORM lease._install_target_triggers(target);
@@ -261,8 +260,7 @@ BEGIN
         SELECT lease._key_identity_problem(a.atttypid, a.attcollation) INTO why
           FROM pg_attribute a WHERE a.attrelid = target AND a.attname = col;
         IF why IS NOT NULL THEN
-            RAISE EXCEPTION 'pg_lease: key column "%" of % cannot identify a high-water resource: %', col, target, why
-                USING ERRCODE = 'feature_not_supported';
+            PERFORM lease._fail('0A000', format('pg_lease: key column "%s" of %s cannot identify a high-water resource: %s', col, target, why));
         END IF;
     END LOOP;
     PERFORM lease._check_not_protected(target);
@@ -279,12 +277,12 @@ DECLARE
     part regclass;
 BEGIN
     IF target IS NULL THEN
-        RAISE EXCEPTION 'lease.unprotect: target must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+        PERFORM lease._fail('22004', 'lease.unprotect: target must not be NULL');
     END IF;
     -- Forget the config first: the DDL guard then no longer expects the triggers.
     SELECT * INTO p FROM lease.protected x WHERE x.relid = target;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'pg_lease: % is not protected', target USING ERRCODE = 'undefined_object';
+        PERFORM lease._fail('42704', format('pg_lease: %s is not protected', target));
     END IF;
     PERFORM lease._unregister(target);
     EXECUTE format('DROP TRIGGER pg_lease_fence ON %s', target);
@@ -314,6 +312,39 @@ COMMENT ON FUNCTION lease.unprotect(regclass) IS 'Removes pg_lease''s fence from
 -- fenced or owner table is no longer a table).
 -- PL/pgSQL, not SQL: its query is planned once per session (a SQL function
 -- would be planned at every call, which costs more than running it).
+-- The triggers pg_lease keeps on the tables protected (or owning protected
+-- tables) among `among` (all when NULL), on every partition: the one list
+-- of them, for lease._fence_problems and the drop guard.
+CREATE FUNCTION lease._expected_triggers(among oid[] DEFAULT NULL)
+RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype integer, args text)
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    WITH p AS (
+        SELECT * FROM lease.protected p
+         WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid OFFSET 0)
+           AND (among IS NULL OR p.relid::oid = ANY (among) OR p.owner_table::oid = ANY (among))
+    ),
+    roots (r) AS (SELECT relid::oid FROM p UNION SELECT owner_table::oid FROM p WHERE owner_table IS NOT NULL),
+    tree (root, rel) AS (
+        SELECT r, r FROM roots
+        UNION
+        SELECT roots.r, t.relid FROM roots, pg_partition_tree(roots.r) t
+    )
+    -- tgtype: 31 = BEFORE, FOR EACH ROW, INSERT, UPDATE and DELETE;
+    -- 34 = BEFORE TRUNCATE, FOR EACH STATEMENT. args as tgargs holds them.
+    SELECT p.relid, t.rel, 'pg_lease_fence'::name, 'lease.fence_trigger'::regproc, 31, ''
+      FROM p JOIN tree t ON t.root = p.relid::oid
+    UNION ALL
+    SELECT p.relid, t.rel, 'pg_lease_truncate'::name, 'lease.truncate_guard'::regproc, 34, 'target'
+      FROM p JOIN tree t ON t.root = p.relid::oid
+    UNION ALL
+    SELECT p.relid, t.rel, 'pg_lease_owner_guard'::name, 'lease.owner_guard'::regproc, 31,
+           array_to_string(p.owner_token_column || p.owner_key_columns, E'\\000')
+      FROM p JOIN tree t ON t.root = p.owner_table::oid
+    UNION ALL
+    SELECT p.relid, t.rel, 'pg_lease_owner_truncate'::name, 'lease.truncate_guard'::regproc, 34, 'owner'
+      FROM p JOIN tree t ON t.root = p.owner_table::oid
+$$;
+
 CREATE FUNCTION lease._fence_problems(among oid[] DEFAULT NULL)
 RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
     LANGUAGE plpgsql STABLE
@@ -334,22 +365,8 @@ BEGIN
         UNION
         SELECT roots.r, t.relid FROM roots, pg_partition_tree(roots.r) t
     ),
-    -- tgtype: 31 = BEFORE, FOR EACH ROW, INSERT, UPDATE and DELETE;
-    -- 34 = BEFORE TRUNCATE, FOR EACH STATEMENT. args as tgargs holds them.
-    expected_triggers (relid, rel, tgname, func, tgtype, args) AS (
-        SELECT p.relid, t.rel, 'pg_lease_fence', 'lease.fence_trigger'::regproc, 31, ''
-          FROM p JOIN tree t ON t.root = p.relid::oid
-        UNION ALL
-        SELECT p.relid, t.rel, 'pg_lease_truncate', 'lease.truncate_guard'::regproc, 34, 'target'
-          FROM p JOIN tree t ON t.root = p.relid::oid
-        UNION ALL
-        SELECT p.relid, t.rel, 'pg_lease_owner_guard', 'lease.owner_guard'::regproc, 31,
-               array_to_string(p.owner_token_column || p.owner_key_columns, E'\\000')
-          FROM p JOIN tree t ON t.root = p.owner_table::oid
-        UNION ALL
-        SELECT p.relid, t.rel, 'pg_lease_owner_truncate', 'lease.truncate_guard'::regproc, 34, 'owner'
-          FROM p JOIN tree t ON t.root = p.owner_table::oid
-    ),
+    -- The triggers pg_lease keeps on these tables (lease._expected_triggers).
+    expected_triggers AS (SELECT * FROM lease._expected_triggers(among)),
     expected_columns (relid, rel, col, is_token, typ, high_water) AS (
         SELECT p.relid, p.relid, k.col, false, p.key_types[k.n], p.mode = 'high_water'
           FROM p, unnest(p.key_columns) WITH ORDINALITY k(col, n)
@@ -617,10 +634,7 @@ BEGIN
             -- go higher).
             IF lease._exists_as_owner(part.child, format('SELECT EXISTS (SELECT 1 FROM ONLY %s WHERE %I > 4611686018427387903)',
                                                           part.child::regclass, part.owner_token_column)) THEN
-                RAISE EXCEPTION 'pg_lease: % would bring owner rows with fencing tokens above 4611686018427387903 into %',
-                        tg_tag, part.owner_table
-                    USING ERRCODE = 'numeric_value_out_of_range',
-                          DETAIL = format('Table %s holds such tokens; lease.acquire could issue no higher one.', part.child::regclass);
+                PERFORM lease._fail('22003', format('pg_lease: %s would bring owner rows with fencing tokens above 4611686018427387903 into %s', tg_tag, part.owner_table), format('Table %s holds such tokens; lease.acquire could issue no higher one.', part.child::regclass));
             END IF;
             CONTINUE;
         END IF;
@@ -760,7 +774,8 @@ BEGIN
        AND r.rel IS NOT NULL
        AND NOT (r.rel::oid = ANY (dropped_tables))
        AND ((d.object_type = 'trigger' AND f.kind = 'missing'
-             AND f.problem LIKE format('trigger %s on %%', quote_ident(d.address_names[3])))
+             AND EXISTS (SELECT 1 FROM lease._expected_triggers(lease._concerned(ARRAY[r.rel::oid])) e
+                          WHERE e.rel = r.rel::oid AND e.tgname = d.address_names[3]))
          OR (d.object_type = 'table column' AND f.kind = 'column')
          OR (d.object_type IN ('table constraint', 'index') AND f.kind = 'constraint'))
      LIMIT 1;
@@ -842,36 +857,30 @@ DECLARE
     previous_token text;
 BEGIN
     IF target IS NULL THEN
-        RAISE EXCEPTION 'lease.fenced_boundary_write: target must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+        PERFORM lease._fail('22004', 'lease.fenced_boundary_write: target must not be NULL');
     END IF;
     SELECT * INTO cfg FROM lease.protected p WHERE p.relid = target;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'lease.fenced_boundary_write: % is not protected by pg_lease', target
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'Protect it first with lease.protect() or lease.protect_high_water().';
+        PERFORM lease._fail('55000', format('lease.fenced_boundary_write: %s is not protected by pg_lease', target), NULL, 'Protect it first with lease.protect() or lease.protect_high_water().');
     END IF;
     -- A NULL token needs no check here: the fence refuses every row it would
     -- stamp (LF003), and records the refusals.
     IF token < 0 THEN
-        RAISE EXCEPTION 'lease.fenced_boundary_write: token must not be negative (got %)', token
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM lease._fail('22023', format('lease.fenced_boundary_write: token must not be negative (got %s)', token));
     END IF;
     IF rows IS NULL OR jsonb_typeof(rows) <> 'array' THEN
-        RAISE EXCEPTION 'lease.fenced_boundary_write: rows must be a JSON array of objects, got %',
-                coalesce(jsonb_typeof(rows), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM lease._fail('22023', format('lease.fenced_boundary_write: rows must be a JSON array of objects, got %s', coalesce(jsonb_typeof(rows), 'NULL')));
     END IF;
     SELECT format('element %s is %s', n - 1, jsonb_typeof(e)) INTO bad
       FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n) WHERE jsonb_typeof(e) <> 'object' LIMIT 1;
     IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'lease.fenced_boundary_write: rows must be a JSON array of objects: %', bad
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM lease._fail('22023', format('lease.fenced_boundary_write: rows must be a JSON array of objects: %s', bad));
     END IF;
     SELECT string_agg(DISTINCT format('%I', k), ', ') INTO bad
       FROM jsonb_array_elements(rows) e, jsonb_object_keys(e) k
      WHERE lease._column_type(target, k) IS NULL;
     IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'lease.fenced_boundary_write: % has no column(s) %', target, bad USING ERRCODE = 'undefined_column';
+        PERFORM lease._fail('42703', format('lease.fenced_boundary_write: %s has no column(s) %s', target, bad));
     END IF;
 
     IF cfg.token_column IS NOT NULL THEN
@@ -879,8 +888,7 @@ BEGIN
           FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n)
          WHERE e ? cfg.token_column AND e -> cfg.token_column IS DISTINCT FROM to_jsonb(token) LIMIT 1;
         IF bad IS NOT NULL THEN
-            RAISE EXCEPTION 'lease.fenced_boundary_write: a row contradicts the call''s token %: %', token, bad
-                USING ERRCODE = 'invalid_parameter_value';
+            PERFORM lease._fail('22023', format('lease.fenced_boundary_write: a row contradicts the call''s token %s: %s', token, bad));
         END IF;
         rows := (SELECT jsonb_agg(e || jsonb_build_object(cfg.token_column, token) ORDER BY n)
                    FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n));
@@ -919,11 +927,9 @@ BEGIN
         IF problem.place IS NULL THEN
             RAISE;
         ELSIF err_detail IS NULL OR err_detail = '' THEN
-            RAISE EXCEPTION 'lease.fenced_boundary_write: %: %', problem.place, coalesce(problem.message, err_message)
-                USING ERRCODE = err_state;
+            PERFORM lease._fail(err_state, format('lease.fenced_boundary_write: %s: %s', problem.place, coalesce(problem.message, err_message)));
         ELSE
-            RAISE EXCEPTION 'lease.fenced_boundary_write: %: %', problem.place, coalesce(problem.message, err_message)
-                USING ERRCODE = err_state, DETAIL = err_detail;
+            PERFORM lease._fail(err_state, format('lease.fenced_boundary_write: %s: %s', problem.place, coalesce(problem.message, err_message)), err_detail);
         END IF;
     END;
 

@@ -108,21 +108,17 @@ SELECT s.owner, s.live_since, s.renewed_at, s.expires_at,
   FROM lease.session_state s;
 COMMENT ON VIEW lease.sessions IS 'Heartbeat sessions: per owner, since when it has been alive without a break and until when.';
 
--- Names and owners: non-NULL, not blank, at most 256 characters.
+-- Lease names and owners (labels): the rule lives in src/lease.rs
+-- (`check_label`); lease functions call this on every label they take.
 CREATE FUNCTION lease._check_label(what text, value text) RETURNS void
-    LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    IF value IS NULL THEN
-        RAISE EXCEPTION 'pg_lease: lease % must not be NULL', what USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF btrim(value) = '' THEN
-        RAISE EXCEPTION 'pg_lease: lease % must not be empty', what USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF length(value) > 256 THEN
-        RAISE EXCEPTION 'pg_lease: lease % is % characters long; at most 256 are allowed', what, length(value)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-END $$;
+    LANGUAGE C IMMUTABLE PARALLEL SAFE AS 'MODULE_PATHNAME', 'pg_lease_check_label';
+COMMENT ON FUNCTION lease._check_label(text, text) IS
+    'Raises 22004/22023 unless value is a valid lease name or owner: not NULL, not blank, no control characters, at most 256 characters (internal).';
+
+-- `lease._check_ttl(ttl_ms)`: the TTL if within pg_lease.min_ttl_ms ..
+-- pg_lease.max_ttl_ms, else 22004/22023 (src/lease.rs).
+CREATE FUNCTION lease._check_ttl(ttl_ms integer) RETURNS integer
+    LANGUAGE C STABLE PARALLEL SAFE AS 'MODULE_PATHNAME', 'pg_lease_check_ttl';
 
 CREATE FUNCTION lease.acquire(name text, owner text, ttl_ms integer, owner_table regclass DEFAULT NULL,
                               owner_key text[] DEFAULT NULL)
@@ -155,26 +151,20 @@ DECLARE
     detail text;
     new_token bigint;
 BEGIN
-    IF p_name IS NULL OR p_owner IS NULL OR length(p_name) > 256 OR length(p_owner) > 256
-       OR btrim(p_name) = '' OR btrim(p_owner) = '' THEN
-        PERFORM lease._check_label('name', p_name);
-        PERFORM lease._check_label('owner', p_owner);
-    END IF;
+    PERFORM lease._check_label('name', p_name);
+    PERFORM lease._check_label('owner', p_owner);
     IF (p_owner_table IS NULL) <> (p_owner_key IS NULL) THEN
-        RAISE EXCEPTION 'pg_lease: owner_table and owner_key go together' USING ERRCODE = 'invalid_parameter_value';
+        PERFORM lease._fail('22023', 'pg_lease: owner_table and owner_key go together');
     END IF;
     IF p_owner_table IS NOT NULL THEN
         SELECT p.owner_key_columns, p.owner_token_column INTO binding
           FROM lease.protected p WHERE p.owner_table = p_owner_table LIMIT 1;
         IF NOT FOUND THEN
-            RAISE EXCEPTION 'pg_lease: % is not the owner table of any table protected with lease.protect', p_owner_table
-                USING ERRCODE = 'object_not_in_prerequisite_state';
+            PERFORM lease._fail('55000', format('pg_lease: %s is not the owner table of any table protected with lease.protect', p_owner_table));
         END IF;
         IF cardinality(p_owner_key) IS DISTINCT FROM cardinality(binding.owner_key_columns)
            OR array_position(p_owner_key, NULL) IS NOT NULL THEN
-            RAISE EXCEPTION 'pg_lease: owner_key % does not match the key columns % of %',
-                    p_owner_key, binding.owner_key_columns, p_owner_table
-                USING ERRCODE = 'invalid_parameter_value';
+            PERFORM lease._fail('22023', format('pg_lease: owner_key %s does not match the key columns %s of %s', p_owner_key, binding.owner_key_columns, p_owner_table));
         END IF;
     END IF;
 
@@ -243,9 +233,7 @@ BEGIN
         ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
     END IF;
     IF stored = 9223372036854775807 OR epoch >= 8388608 THEN   -- 2^63 - 1, 2^23
-        RAISE EXCEPTION 'pg_lease: lease "%" has no fencing token left (current %)', p_name, stored
-            USING ERRCODE = 'numeric_value_out_of_range',
-                  DETAIL = 'Fencing tokens are bigints; this resource''s token is at the top of their range.';
+        PERFORM lease._fail('22003', format('pg_lease: lease "%s" has no fencing token left (current %s)', p_name, stored), 'Fencing tokens are bigints; this resource''s token is at the top of their range.');
     END IF;
     new_token := greatest(stored, epoch << 40) + 1;
     IF p_owner_table IS NOT NULL THEN
@@ -330,13 +318,10 @@ DECLARE
     why text;
     new_expiry timestamptz;
 BEGIN
-    IF name IS NULL OR owner IS NULL OR length(name) > 256 OR length(owner) > 256
-       OR btrim(name) = '' OR btrim(owner) = '' THEN
-        PERFORM lease._check_label('name', name);
-        PERFORM lease._check_label('owner', owner);
-    END IF;
+    PERFORM lease._check_label('name', name);
+    PERFORM lease._check_label('owner', owner);
     IF token IS NULL THEN
-        RAISE EXCEPTION 'pg_lease: token must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+        PERFORM lease._fail('22004', 'pg_lease: token must not be NULL');
     END IF;
     SELECT * INTO cur FROM lease.lease_state l WHERE l.name = l_name FOR UPDATE;
     now_ts := clock_timestamp();
@@ -465,11 +450,8 @@ DECLARE
     l_owner text COLLATE "default" := owner;
     was_live boolean;
 BEGIN
-    IF name IS NULL OR owner IS NULL OR length(name) > 256 OR length(owner) > 256
-       OR btrim(name) = '' OR btrim(owner) = '' THEN
-        PERFORM lease._check_label('name', name);
-        PERFORM lease._check_label('owner', owner);
-    END IF;
+    PERFORM lease._check_label('name', name);
+    PERFORM lease._check_label('owner', owner);
     -- An expired lease of this holder is marked released too (it stops being
     -- reported as lost), but only a live one counts as released by this call:
     -- alive on its own (its expiry is cut to now), or carried by its owner's

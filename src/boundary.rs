@@ -14,8 +14,9 @@
 //!    ([`errors::raise`]).
 
 use crate::audit::{self, Outcome};
-use crate::errors::{self, LeaseError, Refusal};
+use crate::errors::{self, Invalid, LeaseError, Refusal};
 use crate::fence;
+use crate::lease;
 use crate::pg::{owned, TriggerCall};
 use pgrx::pg_sys;
 
@@ -43,10 +44,37 @@ unsafe fn run(work: impl FnOnce() -> Outcome) -> pg_sys::Datum {
     }
 }
 
+/// [`run`] for work that returns a plain result.
+///
+/// # Safety
+/// As for [`run`].
+#[inline(always)]
+unsafe fn run_refusing<T: Into<Outcome>>(work: impl FnOnce() -> T) -> pg_sys::Datum {
+    // SAFETY: the caller's contract.
+    unsafe { run(|| work().into()) }
+}
+
+/// Runs `work` (checks of a function's arguments) under pgrx's guard and
+/// raises its [`Invalid`] with its SQLSTATE and without CONTEXT lines.
+///
+/// # Safety
+/// As for [`run`].
+#[inline(always)]
+unsafe fn run_checked(work: impl FnOnce() -> Result<pg_sys::Datum, Invalid>) -> pg_sys::Datum {
+    match pgrx::pg_sys::panic::pgrx_extern_c_guard(work) {
+        Ok(datum) => datum,
+        // SAFETY: as in `run`.
+        Err(invalid) => unsafe { errors::raise(invalid) },
+    }
+}
+
 /// Exports `$name` as a version-1 C function whose body is `$body(fcinfo)`,
-/// run through [`run`]. Declare it in SQL with `LANGUAGE C`.
+/// run through [`run`] (or `$runner`). Declare it in SQL with `LANGUAGE C`.
 macro_rules! c_function {
     ($name:ident, $finfo:ident, $body:path) => {
+        c_function!($name, $finfo, $body, run_refusing);
+    };
+    ($name:ident, $finfo:ident, $body:path, $runner:ident) => {
         #[no_mangle]
         pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
             const V1: ::pgrx::pg_sys::Pg_finfo_record = ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
@@ -59,7 +87,7 @@ macro_rules! c_function {
         pub unsafe extern "C-unwind" fn $name(fcinfo: ::pgrx::pg_sys::FunctionCallInfo) -> ::pgrx::pg_sys::Datum {
             // SAFETY: the whole body of a version-1 C function; `fcinfo` is
             // valid for the call (the function manager's contract).
-            unsafe { run(|| Outcome::from($body(fcinfo))) }
+            unsafe { $runner(|| $body(fcinfo)) }
         }
     };
 }
@@ -120,3 +148,61 @@ unsafe fn raise_by_name(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datu
     };
     Err(Refusal::new(error, arg(1), arg(2)))
 }
+
+/// Argument `i` of a function called with text arguments, None when NULL.
+///
+/// # Safety
+/// `fcinfo` is the call's and argument `i` exists and is of type text.
+unsafe fn text_arg(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> Option<String> {
+    // SAFETY: the caller's contract: a non-NULL text datum is a varlena.
+    unsafe {
+        let a = &*(*fcinfo).args.as_ptr().add(i);
+        (!a.isnull).then(|| owned(pg_sys::text_to_cstring(a.value.cast_mut_ptr())))
+    }
+}
+
+/// `lease._fail(sqlstate, message, detail, hint)`: how pg_lease's PL/pgSQL
+/// reports bad input (see sql/fence.sql).
+///
+/// # Safety
+/// `fcinfo` carries four text-or-NULL arguments (the SQL declaration's).
+unsafe fn fail(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Invalid> {
+    // SAFETY: the caller's contract.
+    let arg = |i| unsafe { text_arg(fcinfo, i) };
+    let sqlstate = arg(0).unwrap_or_default();
+    let mut invalid =
+        Invalid::new(&sqlstate, arg(1).unwrap_or_default()).unwrap_or_else(|why| pgrx::error!("lease._fail: {why}"));
+    invalid.detail = arg(2);
+    invalid.hint = arg(3);
+    Err(invalid)
+}
+c_function!(pg_lease_fail, pg_finfo_pg_lease_fail, fail, run_checked);
+
+/// `lease._check_label(what, value)`: the lease name/owner rule (crate::lease).
+///
+/// # Safety
+/// `fcinfo` carries two text-or-NULL arguments.
+unsafe fn check_label(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Invalid> {
+    // SAFETY: the caller's contract.
+    let (what, value) = unsafe { (text_arg(fcinfo, 0).unwrap_or_default(), text_arg(fcinfo, 1)) };
+    lease::check_label(&what, value.as_deref()).map(|()| pg_sys::Datum::from(0))
+}
+c_function!(pg_lease_check_label, pg_finfo_pg_lease_check_label, check_label, run_checked);
+
+/// `lease._check_ttl(ttl_ms integer) → integer` (crate::lease).
+///
+/// # Safety
+/// `fcinfo` carries one int4-or-NULL argument.
+unsafe fn check_ttl(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Invalid> {
+    // SAFETY: the caller's contract: an int4 datum is by value.
+    let ttl = unsafe {
+        let a = &*(*fcinfo).args.as_ptr();
+        (!a.isnull).then(|| a.value.value() as i32)
+    };
+    lease::check_ttl(ttl).map(pg_sys::Datum::from)
+}
+c_function!(pg_lease_check_ttl, pg_finfo_pg_lease_check_ttl, check_ttl, run_checked);
+// The symbol releases up to 0.4.0 declared `lease._check_ttl` with (pgrx's
+// wrapper name): kept so that their scripts still install (CREATE EXTENSION
+// ... VERSION '0.4.0', then ALTER EXTENSION UPDATE) with this library.
+c_function!(check_ttl_wrapper, pg_finfo_check_ttl_wrapper, check_ttl, run_checked);

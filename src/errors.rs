@@ -119,7 +119,7 @@ impl LeaseError {
 
     /// The MAKE_SQLSTATE encoding Postgres keeps in `ErrorData.sqlerrcode`.
     pub fn sqlerrcode(self) -> i32 {
-        self.sqlstate().bytes().enumerate().map(|(i, c)| (((c as i32) - ('0' as i32)) & 0x3F) << (6 * i)).sum()
+        encode_sqlstate(self.sqlstate())
     }
 }
 
@@ -129,10 +129,12 @@ pub struct Refusal {
     /// Follows the error's name in the message: `StaleOwnerBoundaryWrite: <summary>`.
     pub summary: String,
     pub detail: String,
-    pub schema: Option<String>,
-    pub table: Option<String>,
+    pub schema: Option<Box<str>>,
+    pub table: Option<Box<str>>,
     /// Set for refused writes: what the audit records.
     pub audit: Option<Box<Facts>>,
+    /// Replaces the error's general hint when this case has a better one.
+    pub hint: Option<Box<str>>,
 }
 
 /// What a refused write leaves behind beyond the error itself: the audit's
@@ -154,7 +156,20 @@ pub struct Facts {
 
 impl Refusal {
     pub fn new(error: LeaseError, summary: impl Into<String>, detail: impl Into<String>) -> Self {
-        Refusal { error, summary: summary.into(), detail: detail.into(), schema: None, table: None, audit: None }
+        Refusal {
+            error,
+            summary: summary.into(),
+            detail: detail.into(),
+            schema: None,
+            table: None,
+            audit: None,
+            hint: None,
+        }
+    }
+
+    pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into().into_boxed_str());
+        self
     }
 
     pub fn audited(mut self, facts: Facts) -> Self {
@@ -163,8 +178,8 @@ impl Refusal {
     }
 
     pub fn on_table(mut self, schema: &str, table: &str) -> Self {
-        self.schema = Some(schema.to_owned());
-        self.table = Some(table.to_owned());
+        self.schema = Some(schema.into());
+        self.table = Some(table.into());
         self
     }
 
@@ -181,53 +196,133 @@ extern "C-unwind" {
 }
 
 /// Copies a Rust string into the current memory context.
-unsafe fn pstrdup(s: &str) -> *mut c_char {
+fn pstrdup(s: &str) -> *mut c_char {
     let len = s.len();
-    let p = pg_sys::palloc(len + 1) as *mut u8;
-    std::ptr::copy_nonoverlapping(s.as_ptr(), p, len);
-    *p.add(len) = 0;
-    p as *mut c_char
+    // SAFETY: palloc returns len + 1 writable bytes (or raises); the copy
+    // and the terminator stay inside them.
+    unsafe {
+        let p = pg_sys::palloc(len + 1) as *mut u8;
+        std::ptr::copy_nonoverlapping(s.as_ptr(), p, len);
+        *p.add(len) = 0;
+        p as *mut c_char
+    }
 }
 
-/// Builds the palloc'd `ErrorData`; every Rust value is dropped on return.
-unsafe fn build_error_data(refusal: Refusal) -> *mut pg_sys::ErrorData {
-    let edata = pg_sys::palloc0(std::mem::size_of::<pg_sys::ErrorData>()) as *mut pg_sys::ErrorData;
-    let e = &mut *edata;
-    e.elevel = pg_sys::PGERROR as i32;
-    e.sqlerrcode = refusal.error.sqlerrcode();
-    e.message = pstrdup(&refusal.message());
-    e.detail = pstrdup(&refusal.detail);
-    e.hint = pstrdup(refusal.error.hint());
-    e.domain = c"pg_lease".as_ptr();
-    e.filename = c"errors.rs".as_ptr();
-    e.funcname = c"pg_lease".as_ptr();
-    if let Some(schema) = &refusal.schema {
-        e.schema_name = pstrdup(schema);
-    }
-    if let Some(table) = &refusal.table {
-        e.table_name = pstrdup(table);
-    }
-    e.assoc_context = pg_sys::CurrentMemoryContext;
-    edata
+/// Bad input to one of pg_lease's functions, raised like a refusal (no
+/// CONTEXT lines) but with a standard SQLSTATE, and never audited.
+pub struct Invalid {
+    sqlerrcode: i32,
+    pub message: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
 }
 
-/// Raises `refusal` as an ERROR with its `LF` SQLSTATE. Never returns.
+impl Invalid {
+    /// `sqlstate` is five characters of 0-9 and A-Z (as Postgres defines them).
+    pub fn new(sqlstate: &str, message: impl Into<String>) -> Result<Invalid, String> {
+        let valid = sqlstate.len() == 5 && sqlstate.bytes().all(|c| c.is_ascii_digit() || c.is_ascii_uppercase());
+        if !valid || sqlstate.starts_with("00") {
+            return Err(format!("\"{sqlstate}\" is not an error SQLSTATE (five characters 0-9, A-Z, not class 00)"));
+        }
+        Ok(Invalid { sqlerrcode: encode_sqlstate(sqlstate), message: message.into(), detail: None, hint: None })
+    }
+
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+}
+
+/// The MAKE_SQLSTATE encoding of a five-character SQLSTATE.
+fn encode_sqlstate(code: &str) -> i32 {
+    code.bytes().enumerate().map(|(i, c)| (((c as i32) - ('0' as i32)) & 0x3F) << (6 * i)).sum()
+}
+
+/// What an error report is made of.
+pub struct Fields<'a> {
+    sqlerrcode: i32,
+    message: String,
+    detail: Option<&'a str>,
+    hint: Option<&'a str>,
+    schema: Option<&'a str>,
+    table: Option<&'a str>,
+}
+
+/// Anything [`raise`] can throw.
+pub trait Raisable {
+    fn fields(&self) -> Fields<'_>;
+}
+
+impl Raisable for Refusal {
+    fn fields(&self) -> Fields<'_> {
+        Fields {
+            sqlerrcode: self.error.sqlerrcode(),
+            message: self.message(),
+            detail: Some(&self.detail),
+            hint: Some(self.hint.as_deref().unwrap_or(self.error.hint())),
+            schema: self.schema.as_deref(),
+            table: self.table.as_deref(),
+        }
+    }
+}
+
+impl Raisable for Invalid {
+    fn fields(&self) -> Fields<'_> {
+        Fields {
+            sqlerrcode: self.sqlerrcode,
+            message: self.message.clone(),
+            detail: self.detail.as_deref(),
+            hint: self.hint.as_deref(),
+            schema: None,
+            table: None,
+        }
+    }
+}
+
+/// Builds the palloc'd `ErrorData`.
+fn build_error_data(f: Fields) -> *mut pg_sys::ErrorData {
+    // SAFETY: palloc0 returns zeroed memory for an ErrorData in the current
+    // memory context (or raises); every string is copied into that context.
+    unsafe {
+        let edata = pg_sys::palloc0(std::mem::size_of::<pg_sys::ErrorData>()) as *mut pg_sys::ErrorData;
+        let e = &mut *edata;
+        e.elevel = pg_sys::PGERROR as i32;
+        e.sqlerrcode = f.sqlerrcode;
+        e.message = pstrdup(&f.message);
+        e.detail = f.detail.filter(|d| !d.is_empty()).map_or(std::ptr::null_mut(), pstrdup);
+        e.hint = f.hint.filter(|h| !h.is_empty()).map_or(std::ptr::null_mut(), pstrdup);
+        e.domain = c"pg_lease".as_ptr();
+        e.filename = c"errors.rs".as_ptr();
+        e.funcname = c"pg_lease".as_ptr();
+        e.schema_name = f.schema.map_or(std::ptr::null_mut(), pstrdup);
+        e.table_name = f.table.map_or(std::ptr::null_mut(), pstrdup);
+        e.assoc_context = pg_sys::CurrentMemoryContext;
+        edata
+    }
+}
+
+/// Raises `error` as an ERROR with its SQLSTATE. Never returns.
 ///
 /// # Safety
 /// Must be called from an unguarded `extern "C-unwind"` frame (a `c_function!`)
 /// whose locals have no destructors still to run: the longjmp skips them.
-pub unsafe fn raise(refusal: Refusal) -> ! {
-    let edata = pgrx::pg_sys::panic::pgrx_extern_c_guard(|| build_error_data(refusal));
-    // No CONTEXT lines on an LF error: pg_lease's own PL/pgSQL frames
-    // (fenced_boundary_write's generated INSERT, the call of `lease._raise`
-    // with its arguments) are internals, not news to the client; the message
-    // and DETAIL already say everything.
+pub unsafe fn raise(error: impl Raisable) -> ! {
+    // SAFETY: the guard turns a Postgres error while building (out of
+    // memory) into a normal ERROR; `error` is dropped inside it.
+    let edata = unsafe { pgrx::pg_sys::panic::pgrx_extern_c_guard(move || build_error_data(error.fields())) };
+    // No CONTEXT lines: pg_lease's own PL/pgSQL frames (fenced_boundary_write's
+    // generated INSERT, the call of `lease._raise` or `lease._fail` with its
+    // arguments) are internals, not news to the client; the message and
+    // DETAIL already say everything.
     // SAFETY: the callbacks on this stack only add CONTEXT lines; every
     // handler that catches the error (PG_TRY, PL/pgSQL exception blocks, the
     // top-level sigsetjmp) restores the stack it saved, so clearing it for
-    // this throw affects this error's report and nothing after it.
-    pg_sys::error_context_stack = std::ptr::null_mut();
-    throw_error_data(edata);
+    // this throw affects this error's report and nothing after it. Then the
+    // ErrorData (palloc'd, complete) is thrown; this frame owns nothing.
+    unsafe {
+        pg_sys::error_context_stack = std::ptr::null_mut();
+        throw_error_data(edata);
+    }
     // ThrowErrorData at ERROR level always longjmps.
     std::process::abort()
 }

@@ -2,6 +2,7 @@
 //! The service itself is SQL (sql/lease.sql): it runs on row locks and
 //! `clock_timestamp()`, which PL/pgSQL expresses directly.
 
+use crate::errors::Invalid;
 use crate::gucs;
 use pgrx::prelude::*;
 
@@ -41,24 +42,45 @@ pub fn token_floor() -> i64 {
     timeline << EPOCH_SHIFT
 }
 
+/// The longest lease name or owner, in characters.
+pub const MAX_LABEL_CHARS: usize = 256;
+
+/// The rule for lease names and owners (`what` says which): not NULL, not
+/// blank (Unicode whitespace only), no control characters, at most
+/// [`MAX_LABEL_CHARS`] characters. `lease._check_label(what, value)`.
+pub fn check_label(what: &str, value: Option<&str>) -> Result<(), Invalid> {
+    let invalid = |code, message: String| Err(Invalid::new(code, message).expect("a valid SQLSTATE"));
+    let Some(value) = value else {
+        return invalid("22004", format!("pg_lease: lease {what} must not be NULL"));
+    };
+    if value.trim().is_empty() {
+        return invalid("22023", format!("pg_lease: lease {what} must not be blank"));
+    }
+    if value.chars().any(char::is_control) {
+        return invalid("22023", format!("pg_lease: lease {what} {value:?} contains a control character"));
+    }
+    let chars = value.chars().count();
+    if chars > MAX_LABEL_CHARS {
+        return invalid(
+            "22023",
+            format!("pg_lease: lease {what} is {chars} characters long; at most {MAX_LABEL_CHARS} are allowed"),
+        );
+    }
+    Ok(())
+}
+
 /// `lease._check_ttl(ttl_ms)`: the TTL if within `pg_lease.min_ttl_ms` ..
 /// `pg_lease.max_ttl_ms`, else a clear 22004/22023 error.
-#[pg_extern(name = "_check_ttl", volatile, parallel_unsafe)]
-pub fn check_ttl(ttl_ms: Option<i32>) -> i32 {
+pub fn check_ttl(ttl_ms: Option<i32>) -> Result<i32, Invalid> {
     let (min, max) = (gucs::MIN_TTL_MS.get(), gucs::MAX_TTL_MS.get());
     match ttl_ms {
-        None => {
-            ereport!(ERROR, PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "pg_lease: ttl_ms must not be NULL");
-        }
+        None => Err(Invalid::new("22004", "pg_lease: ttl_ms must not be NULL").expect("a valid SQLSTATE")),
         Some(ttl) if ttl < min || ttl > max => {
-            ereport!(
-                ERROR,
-                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-                format!("pg_lease: ttl_ms {ttl} is out of range"),
-                format!("pg_lease.min_ttl_ms = {min}, pg_lease.max_ttl_ms = {max}.")
-            );
+            Err(Invalid::new("22023", format!("pg_lease: ttl_ms {ttl} is out of range"))
+                .expect("a valid SQLSTATE")
+                .with_detail(format!("pg_lease.min_ttl_ms = {min}, pg_lease.max_ttl_ms = {max}.")))
         }
-        Some(ttl) => ttl,
+        Some(ttl) => Ok(ttl),
     }
 }
 
@@ -74,8 +96,21 @@ mod tests {
         assert_eq!(floor, timeline << super::EPOCH_SHIFT);
     }
 
-    #[pg_test(error = "pg_lease: ttl_ms 5 is out of range")]
-    fn ttl_below_minimum_is_refused() {
-        Spi::run("SELECT lease._check_ttl(5)").unwrap();
+    #[pg_test]
+    fn labels_follow_one_rule() {
+        use super::check_label;
+        assert!(check_label("name", Some("room:1")).is_ok());
+        assert!(check_label("name", Some(&"x".repeat(256))).is_ok());
+        assert!(check_label("name", Some(&"é".repeat(256))).is_ok());
+        for bad in [None, Some(""), Some("   "), Some("\t"), Some("\u{a0}"), Some("a\nb"), Some(&*"x".repeat(257))] {
+            assert!(check_label("owner", bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[pg_test]
+    fn ttl_bounds_come_from_the_settings() {
+        assert_eq!(super::check_ttl(Some(1000)).ok(), Some(1000));
+        assert!(super::check_ttl(Some(5)).unwrap_err().message.contains("ttl_ms 5 is out of range"));
+        assert!(super::check_ttl(None).is_err());
     }
 }

@@ -6,14 +6,14 @@
 // scripts/check-modules.py in `make test`): thin Postgres wrappers, settings,
 // the LF errors, the lease service's C parts, the audit, the fence, and the
 // C-ABI entry points that run the fence, audit its refusals and raise them.
-mod audit;
-mod boundary;
-mod errors;
-mod fence;
+mod pg;
 mod gucs;
+mod errors;
 mod lease;
 mod lease_owner;
-mod pg;
+mod audit;
+mod fence;
+mod boundary;
 
 use pgrx::pg_sys;
 
@@ -47,8 +47,7 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../sql/lease.sql",
     name = "lease",
-    requires =
-        ["fence", lease::token_floor, lease::check_ttl, lease_owner::lock_owner_row, lease_owner::set_owner_token]
+    requires = ["fence", lease::token_floor, lease_owner::lock_owner_row, lease_owner::set_owner_token]
 );
 
 #[pgrx::pg_guard]

@@ -3,9 +3,9 @@
 
 use crate::audit;
 use crate::errors::{Facts, LeaseError, Refusal};
-use crate::fence::config::{FenceConfig, Mode};
+use crate::fence::config::{FenceConfig, Mode, TokenSource};
 use crate::fence::key;
-use crate::pg::{relation_names, Row, TriggerOp};
+use crate::pg::{owned, quote_ident, relation_names, Row, TriggerOp};
 use pgrx::pg_sys;
 
 /// A token as messages print it.
@@ -58,6 +58,10 @@ pub fn of_row(
             show(presented),
             show(current)
         ),
+        LeaseError::FencingTokenAhead if current.is_none() => format!(
+            "{op_name} on {table} for resource {key} presents fencing token {}, but no token has been issued for this resource",
+            show(presented)
+        ),
         LeaseError::FencingTokenAhead => format!(
             "{op_name} on {table} for resource {key} presents fencing token {}, ahead of the current token {}",
             show(presented),
@@ -78,6 +82,41 @@ pub fn of_row(
         show(presented),
         show(current)
     );
+    let hint = hint(error, cfg, op, current);
     let facts = facts(cfg.protected_relid, table, op, key, presented, current, Some(row));
-    Refusal::new(error, summary, detail).on_table(&cfg.schema, &cfg.table).audited(facts)
+    let refusal = Refusal::new(error, summary, detail).on_table(&cfg.schema, &cfg.table).audited(facts);
+    match hint {
+        Some(hint) => refusal.with_hint(hint),
+        None => refusal,
+    }
+}
+
+/// A hint for this table and case where the error's general one would
+/// mislead: which way this table takes tokens, or that a resource never had one.
+fn hint(error: LeaseError, cfg: &FenceConfig, op: TriggerOp, current: Option<i64>) -> Option<String> {
+    match (error, &cfg.token) {
+        (LeaseError::MissingFencingToken, TokenSource::Column { attnum, .. }) if op != TriggerOp::Delete => {
+            // SAFETY: a syscache lookup of a column of an open relation;
+            // missing_ok, so a concurrently dropped column gives NULL.
+            let column = unsafe { owned(pg_sys::get_attname(cfg.relid, *attnum, true)) };
+            Some(format!(
+                "Stamp the writer's fencing token into column {} of every row written to {}.",
+                quote_ident(&column),
+                cfg.display
+            ))
+        }
+        (LeaseError::MissingFencingToken, _) => Some(format!(
+            "{} takes the writer's token from the transaction: call lease.bind_token(token) (or SET LOCAL pg_lease.token) in the same transaction, before the {}.",
+            cfg.display,
+            op.as_str()
+        )),
+        (LeaseError::FencingTokenAhead, _) if current.is_none() => Some(match &cfg.mode {
+            Mode::Owner(owner) => format!(
+                "The owner row in {} carries no token yet: acquire the lease with lease.acquire(..., owner_table => '{}', owner_key => ...) so that it records one, and write with the token it returns.",
+                owner.display, owner.display
+            ),
+            Mode::HighWater => "No token has been accepted for this resource yet.".to_owned(),
+        }),
+        _ => None,
+    }
 }

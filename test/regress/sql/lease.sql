@@ -195,12 +195,19 @@ SELECT lease.acquire(repeat('x', 257), 'host-a', 1000);
 \echo :LAST_ERROR_SQLSTATE
 SELECT lease.acquire('room:6', NULL, 1000);
 \echo :LAST_ERROR_SQLSTATE
--- KNOWN ISSUE (reported): a blank owner made of a tab (or a newline) is
--- accepted, although blank owners are documented as refused (22023); only
--- spaces count as blank (btrim).
-SELECT count(*) AS accepted FROM lease.acquire('room:6', E'\t', 1000);
-SELECT lease.release_all(E'\t') AS released;
-SELECT count(*) AS accepted FROM lease.acquire(E'\n', 'host-a', 1000);
+-- Blank is any Unicode whitespace; control characters are refused anywhere.
+SELECT lease.acquire('room:6', E'\t', 1000);
+\echo :LAST_ERROR_SQLSTATE
+SELECT lease.acquire(E'\n', 'host-a', 1000);
+\echo :LAST_ERROR_SQLSTATE
+SELECT lease.acquire(E'\u00a0', 'host-a', 1000);
+\echo :LAST_ERROR_SQLSTATE
+SELECT lease.acquire(E'room\t6', 'host-a', 1000);
+\echo :LAST_ERROR_SQLSTATE
+SELECT lease.release_all(E'\t');
+\echo :LAST_ERROR_SQLSTATE
+-- 256 characters (not bytes) is the limit.
+SELECT count(*) AS accepted FROM lease.acquire(repeat('é', 256), 'host-a', 1000);
 SELECT lease.release_all('host-a') AS released;
 SELECT lease.try_acquire('room:6', 'host-a', 50);
 \echo :LAST_ERROR_SQLSTATE

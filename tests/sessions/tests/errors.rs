@@ -71,6 +71,49 @@ fn refusals_raised_by_lease_functions_carry_no_internal_context() {
     assert!(e.where_().is_some_and(|w| w.contains("PL/pgSQL")), "{:?}", e.where_());
 }
 
+/// Bad input to pg_lease's functions (raised by its PL/pgSQL through
+/// `lease._fail`, or by its C checks) reaches the client with its standard
+/// SQLSTATE, message, DETAIL and HINT and no CONTEXT of pg_lease's internals;
+/// handlers still catch it by condition name.
+#[test]
+fn bad_input_errors_carry_no_internal_context() {
+    let db = TestDb::new("errors_input");
+    let mut c = db.connect();
+    c.batch_execute(POKER).unwrap();
+    let cases = [
+        ("SELECT lease.acquire('t', 'host-a', 5)", "22023"),
+        ("SELECT lease.acquire('t', 'host-a', NULL)", "22004"),
+        ("SELECT lease.acquire(E'\\t', 'host-a', 1000)", "22023"),
+        ("SELECT lease.acquire('t', E'a\\nb', 1000)", "22023"),
+        ("SELECT lease.heartbeat(NULL, 1000)", "22004"),
+        ("SELECT lease.renew_all(' ', 1000)", "22023"),
+        ("SELECT lease.renew('t', 'host-a', NULL, 1000)", "22004"),
+        ("SELECT lease.bind_token(-1)", "22023"),
+        ("SELECT lease.fenced_boundary_write('payouts', 5, '{}')", "22023"),
+        ("SELECT lease.fenced_boundary_write('payouts', 5, '[{\"nope\": 1}]')", "42703"),
+        ("SELECT lease.fenced_boundary_write('payouts', 5, '[{\"table_id\": 1, \"amount\": \"ten\"}]')", "22P02"),
+        ("SELECT lease.protect('payouts', '{table_id}', 'fencing_token')", "42710"),
+        ("SELECT lease.unprotect('tables')", "42704"),
+        ("SELECT lease.purge_rejected_writes('-1 day')", "22023"),
+    ];
+    for (sql, code) in cases {
+        let e = db_error(&mut c, sql);
+        assert_eq!(e.code().code(), code, "{sql}: {}", e.message());
+        assert!(e.where_().is_none(), "{sql}: CONTEXT {:?}", e.where_());
+        assert!(e.message().starts_with("pg_lease: ") || e.message().starts_with("lease."), "{sql}: {}", e.message());
+    }
+    c.batch_execute(
+        "DO $$ BEGIN PERFORM lease.acquire('t', 'host-a', 5);
+           EXCEPTION WHEN invalid_parameter_value THEN PERFORM set_config('x.caught', 'yes', false); END $$",
+    )
+    .unwrap();
+    let caught: String = c.query_one("SELECT current_setting('x.caught')", &[]).unwrap().get(0);
+    assert_eq!(caught, "yes");
+    // lease._fail itself refuses what is not an error SQLSTATE.
+    let e = db_error(&mut c, "SELECT lease._fail('00000', 'fine')");
+    assert!(e.message().contains("is not an error SQLSTATE"), "{}", e.message());
+}
+
 #[test]
 fn fenced_boundary_write_names_the_element_and_column() {
     let db = TestDb::new("errors_boundary");
@@ -159,7 +202,9 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         "lease._check_ttl(integer)",
         "lease._column_type(regclass,text)",
         "lease._concerned(oid[])",
+        "lease._expected_triggers(oid[])",
         "lease._expiry(timestamp with time zone,timestamp with time zone,timestamp with time zone)",
+        "lease._fail(text,text,text,text)",
         "lease._fence_problems(oid[])",
         "lease._install_owner_guards(regclass,text)",
         "lease._install_owner_truncate_guard(regclass)",

@@ -1,0 +1,981 @@
+-- pg_lease 0.4.0 -> 0.5.0: errors without pg_lease's internal CONTEXT lines (bad
+-- input is raised by lease._fail, a C function, instead of PL/pgSQL RAISE), the
+-- lease-label rule in one place (lease._check_label, now C: blank means any
+-- whitespace, control characters are refused), lease._check_ttl raised the
+-- same way, lease.protect's comparability and ownership errors in its own
+-- words, and the trigger list shared by the fence check and the drop guard
+-- (lease._expected_triggers). No table changes.
+\echo Use "ALTER EXTENSION pg_lease UPDATE TO '0.5.0'" to load this file. \quit
+
+CREATE FUNCTION lease._fail(sqlstate text, message text, detail text DEFAULT NULL, hint text DEFAULT NULL)
+RETURNS void LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_fail';
+COMMENT ON FUNCTION lease._fail(text, text, text, text) IS
+    'Raises an ERROR with this SQLSTATE, message, detail and hint and no CONTEXT (internal; anyone may raise errors).';
+
+CREATE OR REPLACE FUNCTION lease._check_label(what text, value text) RETURNS void
+    LANGUAGE C IMMUTABLE PARALLEL SAFE AS 'MODULE_PATHNAME', 'pg_lease_check_label';
+COMMENT ON FUNCTION lease._check_label(text, text) IS
+    'Raises 22004/22023 unless value is a valid lease name or owner: not NULL, not blank, no control characters, at most 256 characters (internal).';
+
+CREATE OR REPLACE FUNCTION lease._check_ttl(ttl_ms integer) RETURNS integer
+    LANGUAGE C STABLE PARALLEL SAFE AS 'MODULE_PATHNAME', 'pg_lease_check_ttl';
+
+CREATE FUNCTION lease._expected_triggers(among oid[] DEFAULT NULL)
+RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype integer, args text)
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    WITH p AS (
+        SELECT * FROM lease.protected p
+         WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid OFFSET 0)
+           AND (among IS NULL OR p.relid::oid = ANY (among) OR p.owner_table::oid = ANY (among))
+    ),
+    roots (r) AS (SELECT relid::oid FROM p UNION SELECT owner_table::oid FROM p WHERE owner_table IS NOT NULL),
+    tree (root, rel) AS (
+        SELECT r, r FROM roots
+        UNION
+        SELECT roots.r, t.relid FROM roots, pg_partition_tree(roots.r) t
+    )
+    -- tgtype: 31 = BEFORE, FOR EACH ROW, INSERT, UPDATE and DELETE;
+    -- 34 = BEFORE TRUNCATE, FOR EACH STATEMENT. args as tgargs holds them.
+    SELECT p.relid, t.rel, 'pg_lease_fence'::name, 'lease.fence_trigger'::regproc, 31, ''
+      FROM p JOIN tree t ON t.root = p.relid::oid
+    UNION ALL
+    SELECT p.relid, t.rel, 'pg_lease_truncate'::name, 'lease.truncate_guard'::regproc, 34, 'target'
+      FROM p JOIN tree t ON t.root = p.relid::oid
+    UNION ALL
+    SELECT p.relid, t.rel, 'pg_lease_owner_guard'::name, 'lease.owner_guard'::regproc, 31,
+           array_to_string(p.owner_token_column || p.owner_key_columns, E'\\000')
+      FROM p JOIN tree t ON t.root = p.owner_table::oid
+    UNION ALL
+    SELECT p.relid, t.rel, 'pg_lease_owner_truncate'::name, 'lease.truncate_guard'::regproc, 34, 'owner'
+      FROM p JOIN tree t ON t.root = p.owner_table::oid
+$$;
+
+CREATE OR REPLACE FUNCTION lease._fence_problems(among oid[] DEFAULT NULL)
+RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH p AS (
+        SELECT * FROM lease.protected p
+         WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid OFFSET 0)
+           AND (among IS NULL OR p.relid::oid = ANY (among) OR p.owner_table::oid = ANY (among))
+    ),
+    -- A table and, when partitioned, every partition (pg_partition_tree
+    -- returns nothing for a table that is not in a partition tree).
+    roots (r) AS (SELECT relid::oid FROM p UNION SELECT owner_table::oid FROM p WHERE owner_table IS NOT NULL),
+    tree (root, rel) AS (
+        SELECT r, r FROM roots
+        UNION
+        SELECT roots.r, t.relid FROM roots, pg_partition_tree(roots.r) t
+    ),
+    -- The triggers pg_lease keeps on these tables (lease._expected_triggers).
+    expected_triggers AS (SELECT * FROM lease._expected_triggers(among)),
+    expected_columns (relid, rel, col, is_token, typ, high_water) AS (
+        SELECT p.relid, p.relid, k.col, false, p.key_types[k.n], p.mode = 'high_water'
+          FROM p, unnest(p.key_columns) WITH ORDINALITY k(col, n)
+        UNION ALL
+        SELECT p.relid, p.relid, p.token_column, true, p.token_type, false FROM p WHERE p.token_column IS NOT NULL
+        UNION ALL
+        SELECT p.relid, p.owner_table, k.col, false, p.owner_key_types[k.n], false
+          FROM p, unnest(p.owner_key_columns) WITH ORDINALITY k(col, n) WHERE p.owner_table IS NOT NULL
+        UNION ALL
+        SELECT p.relid, p.owner_table, p.owner_token_column, true, p.owner_token_type, false FROM p WHERE p.owner_table IS NOT NULL
+    ),
+    -- (LATERAL lookups by key: the plan is generic, and must stay cheap
+    -- however few tables `among` names.)
+    actual_columns AS (
+        SELECT e.*, a.cur, a.attgenerated, a.attcollation
+          FROM expected_columns e
+          LEFT JOIN LATERAL (SELECT x.atttypid::regtype AS cur, x.attgenerated, x.attcollation FROM pg_attribute x
+                              WHERE x.attrelid = e.rel AND x.attname = e.col AND x.attnum > 0 AND NOT x.attisdropped
+                             OFFSET 0) a ON true
+    )
+    SELECT e.relid::regclass, e.rel::regclass,
+           CASE WHEN t.oid IS NULL THEN 'missing' WHEN t.tgfoid <> e.func THEN 'replaced' ELSE 'disabled' END,
+           format('trigger %s on %s %s', e.tgname, e.rel::regclass,
+                  CASE WHEN t.oid IS NULL THEN 'is missing'
+                       WHEN t.tgfoid <> e.func THEN format('runs %s instead of %s', t.tgfoid::regproc, e.func)
+                       ELSE 'is not ENABLE ALWAYS' END)
+      FROM expected_triggers e
+      LEFT JOIN LATERAL (SELECT x.oid, x.tgenabled, x.tgfoid FROM pg_trigger x
+                          WHERE x.tgrelid = e.rel AND x.tgname = e.tgname OFFSET 0) t ON true
+     WHERE t.oid IS NULL OR t.tgenabled <> 'A' OR t.tgfoid <> e.func
+    UNION ALL
+    SELECT e.relid::regclass, e.rel::regclass, 'altered',
+           format('trigger %s on %s no longer fires on every %s', e.tgname, e.rel::regclass,
+                  CASE WHEN e.tgtype = 31 THEN 'INSERT, UPDATE and DELETE of every row' ELSE 'TRUNCATE' END)
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.* FROM pg_trigger x
+                           WHERE x.tgrelid = e.rel AND x.tgname = e.tgname AND x.tgfoid = e.func OFFSET 0) t
+     WHERE t.tgtype <> e.tgtype OR t.tgqual IS NOT NULL OR cardinality(t.tgattr::int2[]) > 0
+        OR left(encode(t.tgargs, 'escape'), -4) IS DISTINCT FROM e.args AND NOT (e.args = '' AND t.tgnargs = 0)
+    UNION ALL
+    -- Row triggers fire in name order: a BEFORE INSERT/UPDATE row trigger
+    -- named after ours runs after the fence or owner guard has judged the
+    -- row, and could change the row it judged.
+    SELECT DISTINCT ON (e.rel, t.tgname) e.relid::regclass, e.rel::regclass, 'order',
+           format('trigger %s on %s runs after %s and could change the row it checked (name it to sort before %s)',
+                  quote_ident(t.tgname), e.rel::regclass, e.tgname, e.tgname)
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.tgname FROM pg_trigger x
+                           WHERE x.tgrelid = e.rel AND x.tgtype & 3 = 3 AND x.tgtype & 20 <> 0
+                             AND x.tgenabled <> 'D' AND NOT x.tgisinternal
+                             AND x.tgname COLLATE "C" > e.tgname COLLATE "C"
+                             AND x.tgfoid NOT IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+                          OFFSET 0) t
+     WHERE e.tgtype = 31
+    UNION ALL
+    SELECT DISTINCT e.relid::regclass, t.tgrelid::regclass, 'renamed',
+           format('trigger %s on %s runs %s under another name', t.tgname, t.tgrelid::regclass, t.tgfoid::regproc)
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.* FROM pg_trigger x WHERE x.tgrelid = e.rel AND x.tgfoid = e.func OFFSET 0) t
+     WHERE NOT EXISTS (SELECT 1 FROM expected_triggers x WHERE x.rel = t.tgrelid AND x.tgname = t.tgname)
+    UNION ALL
+    SELECT e.relid, e.rel, 'column',
+           format('%s column "%s" of %s is %s', CASE WHEN e.is_token THEN 'token' ELSE 'key' END, e.col, e.rel,
+                  CASE WHEN e.cur IS NULL THEN 'missing'
+                       WHEN e.attgenerated <> '' THEN 'a generated column'
+                       WHEN e.typ IS NOT NULL AND e.cur <> e.typ THEN format('of type %s, was %s', e.cur, e.typ)
+                       WHEN e.high_water THEN lease._key_identity_problem(e.cur, e.attcollation)
+                       ELSE 'of type ' || e.cur::text END)
+      FROM actual_columns e
+     WHERE e.cur IS NULL
+        OR e.attgenerated <> ''
+        OR (e.typ IS NOT NULL AND e.cur <> e.typ)
+        OR (e.typ IS NULL AND e.is_token AND e.cur NOT IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype))
+        OR (e.high_water AND lease._key_identity_problem(e.cur, e.attcollation) IS NOT NULL)
+    UNION ALL
+    SELECT p.relid, p.owner_table, 'constraint',
+           format('owner table %s has no unique constraint on %s', p.owner_table, p.owner_key_columns)
+      FROM p
+     CROSS JOIN LATERAL (SELECT EXISTS (
+        SELECT 1 FROM pg_index x
+         WHERE x.indrelid = p.owner_table AND x.indisunique AND x.indisvalid AND x.indpred IS NULL AND x.indexprs IS NULL
+           AND (SELECT array_agg(k ORDER BY k) FROM unnest((x.indkey::int2[])[0:x.indnkeyatts - 1]) k)
+               = (SELECT array_agg(a.attnum ORDER BY a.attnum) FROM pg_attribute a
+                   WHERE a.attrelid = p.owner_table AND a.attname = ANY (p.owner_key_columns))) AS ok) u
+     WHERE p.owner_table IS NOT NULL AND NOT u.ok
+    UNION ALL
+    SELECT DISTINCT ON (x.relid, i.inhrelid) x.relid, i.inhrelid::regclass, 'inherits',
+           format('table %s inherits from %s, so writes through it bypass the fence', i.inhrelid::regclass, i.inhparent::regclass)
+      FROM (SELECT p.relid, t.rel FROM p JOIN tree t ON t.root IN (p.relid::oid, p.owner_table::oid)) x
+      JOIN pg_inherits i ON i.inhparent = x.rel
+      JOIN pg_class c ON c.oid = i.inhrelid
+     WHERE NOT c.relispartition
+    UNION ALL
+    SELECT p.relid, c.oid::regclass, 'relation', format('%s is no longer a table', c.oid::regclass)
+      FROM p JOIN pg_class c ON c.oid IN (p.relid::oid, p.owner_table::oid)
+     WHERE c.relkind NOT IN ('r', 'p');
+END $$;
+
+CREATE OR REPLACE FUNCTION lease._check_columns(rel regclass, role text, columns text[], token_column text)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    kind "char";
+    col text;
+BEGIN
+    IF rel IS NULL THEN
+        PERFORM lease._fail('22004', format('pg_lease: the %s must not be NULL', role));
+    END IF;
+    SELECT c.relkind INTO kind FROM pg_class c WHERE c.oid = rel;
+    IF kind IS NULL OR kind NOT IN ('r', 'p') THEN
+        PERFORM lease._fail('42809', format('pg_lease: %s %s is not a table', role, rel), 'Only ordinary and partitioned tables can be fenced (not views, foreign tables or other relations).');
+    END IF;
+    IF columns IS NULL OR cardinality(columns) = 0 OR array_position(columns, NULL) IS NOT NULL THEN
+        PERFORM lease._fail('22023', format('pg_lease: the key columns of %s must be a non-empty list of column names', rel));
+    END IF;
+    IF (SELECT count(DISTINCT c) FROM unnest(columns) c) <> cardinality(columns) THEN
+        PERFORM lease._fail('42701', format('pg_lease: key columns of %s are listed twice: %s', rel, columns));
+    END IF;
+    FOREACH col IN ARRAY columns || CASE WHEN token_column IS NULL THEN '{}'::text[] ELSE ARRAY[token_column] END LOOP
+        IF lease._column_type(rel, col) IS NULL THEN
+            PERFORM lease._fail('42703', format('pg_lease: %s column "%s" of %s does not exist', CASE WHEN col = token_column THEN 'token' ELSE 'key' END, col, rel));
+        END IF;
+        -- BEFORE triggers see a generated column's old value: it cannot be fenced.
+        IF EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = rel AND a.attname = col AND a.attgenerated <> '') THEN
+            PERFORM lease._fail('42611', format('pg_lease: column "%s" of %s is a generated column', col, rel), 'Generated columns are computed after BEFORE triggers, so the fence would judge the old value.');
+        END IF;
+    END LOOP;
+    IF token_column IS NOT NULL THEN
+        -- Lease tokens are >= 2^40: only bigint holds them.
+        IF lease._column_type(rel, token_column) <> 'bigint'::regtype THEN
+            PERFORM lease._fail('42804', format('pg_lease: token column "%s" of %s has type %s, not bigint', token_column, rel, lease._column_type(rel, token_column)));
+        END IF;
+        IF token_column = ANY (columns) THEN
+            PERFORM lease._fail('22023', format('pg_lease: token column "%s" of %s cannot also be a key column', token_column, rel));
+        END IF;
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION lease._check_not_protected(target regclass) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    existing regclass;
+BEGIN
+    SELECT p.relid INTO existing FROM lease.protected p
+     WHERE p.relid = target
+        OR p.relid::oid IN (SELECT a.relid FROM pg_partition_ancestors(target) a)
+        OR p.relid::oid IN (SELECT t.relid FROM pg_partition_tree(target) t);
+    IF existing IS NOT NULL THEN
+        PERFORM lease._fail('42710', format('pg_lease: %s is already protected%s', target, CASE WHEN existing = target THEN '' ELSE format(' (through %s)', existing) END), NULL, 'Call lease.unprotect first to change how a table is fenced.');
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION lease._guard_ddl() RETURNS event_trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    touched oid[];
+    concerned oid[];
+    broken record;
+    part record;
+    stray record;
+    bad boolean;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
+        RETURN;
+    END IF;
+    -- CREATE [OR REPLACE] TRIGGER of one of our triggers leaves it enabled
+    -- for origin sessions only, as pg_restore creates it before it enables
+    -- it ALWAYS: enable it ALWAYS at once (pg_restore's own ALTER is then a
+    -- no-op, and OR REPLACE cannot quietly narrow where the fence fires).
+    IF tg_tag = 'CREATE TRIGGER' THEN
+        FOR broken IN
+            SELECT t.tgrelid::regclass AS rel, t.tgname
+              FROM pg_event_trigger_ddl_commands() c JOIN pg_trigger t ON t.oid = c.objid
+             WHERE c.classid = 'pg_trigger'::regclass AND t.tgenabled <> 'A' AND t.tgparentid = 0
+               AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+        LOOP
+            EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname);
+        END LOOP;
+    END IF;
+    SELECT array_agg(DISTINCT CASE c.classid
+                                  WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = c.objid)
+                                  WHEN 'pg_rewrite'::regclass THEN (SELECT w.ev_class FROM pg_rewrite w WHERE w.oid = c.objid)
+                                  ELSE coalesce((SELECT x.indrelid FROM pg_index x WHERE x.indexrelid = c.objid), c.objid) END)
+      INTO touched
+      FROM pg_event_trigger_ddl_commands() c
+     WHERE c.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass, 'pg_rewrite'::regclass);
+    IF touched IS NULL THEN
+        RETURN;
+    END IF;
+    concerned := lease._concerned(touched);
+    IF concerned IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- ALTER COLUMN ... TYPE of a fenced column, even to its own type: with
+    -- USING it rewrites every row, and no row trigger sees it.
+    SELECT c.objid::regclass AS rel, x.col, p.relid INTO broken
+      FROM pg_event_trigger_ddl_commands() c
+     CROSS JOIN LATERAL unnest(lease._retyped_columns(c.command)) x(col)
+      JOIN lease.protected p ON p.relid::oid = ANY (concerned)
+     WHERE c.command_tag = 'ALTER TABLE'
+       AND ((coalesce(pg_partition_root(c.objid), c.objid) = p.relid::oid
+             AND (x.col = ANY (p.key_columns) OR x.col = p.token_column))
+         OR (coalesce(pg_partition_root(c.objid), c.objid) = p.owner_table::oid
+             AND (x.col = ANY (p.owner_key_columns) OR x.col = p.owner_token_column)))
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('ALTER COLUMN %s TYPE on %s would rewrite a fenced column', quote_ident(broken.col), broken.rel),
+            format('Table %s: column "%s" is fenced; ALTER COLUMN ... TYPE rewrites its values without passing the fence.',
+                   broken.relid, broken.col));
+    END IF;
+
+    -- Partitions joined in this transaction (created, or attached). Not while
+    -- the root's fence is itself being created in this transaction, as in a
+    -- single-transaction pg_restore that will create the guards from the dump.
+    -- (A partitioned table attached brings its whole subtree: every member.)
+    FOR part IN
+        SELECT DISTINCT p.relid, p.mode, p.token_column, p.key_columns, p.owner_table, p.owner_key_columns,
+               p.owner_token_column, m.relid AS child, (r.root = p.owner_table::oid) AS is_owner
+          FROM lease.protected p
+          CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
+          CROSS JOIN LATERAL pg_partition_tree(r.root) t
+          JOIN pg_inherits i ON i.inhrelid = t.relid AND i.xmin = xid(pg_current_xact_id())
+          CROSS JOIN LATERAL pg_partition_tree(t.relid) m
+         WHERE p.relid::oid = ANY (concerned)
+           AND t.relid <> r.root
+    LOOP
+        IF part.is_owner THEN
+            IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_owner_truncate') THEN
+                IF EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.owner_table AND g.tgname = 'pg_lease_owner_guard'
+                              AND g.xmin <> xid(pg_current_xact_id())) THEN
+                    PERFORM lease._install_owner_truncate_guard(part.child);
+                ELSE
+                    INSERT INTO lease.deferred_checks VALUES (part.child, part.relid);
+                END IF;
+            END IF;
+            -- Owner rows brought in passed no owner guard: no token above
+            -- what a non-superuser may write (lease.acquire must stay able to
+            -- go higher).
+            IF lease._exists_as_owner(part.child, format('SELECT EXISTS (SELECT 1 FROM ONLY %s WHERE %I > 4611686018427387903)',
+                                                          part.child::regclass, part.owner_token_column)) THEN
+                PERFORM lease._fail('22003', format('pg_lease: %s would bring owner rows with fencing tokens above 4611686018427387903 into %s', tg_tag, part.owner_table), format('Table %s holds such tokens; lease.acquire could issue no higher one.', part.child::regclass));
+            END IF;
+            CONTINUE;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_truncate') THEN
+            IF EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.relid AND g.tgname = 'pg_lease_fence'
+                          AND g.xmin <> xid(pg_current_xact_id())) THEN
+                PERFORM lease._install_truncate_guard(part.child);
+            ELSE
+                INSERT INTO lease.deferred_checks VALUES (part.child, part.relid);
+            END IF;
+        END IF;
+        -- Rows brought in by ATTACH PARTITION passed no fence: each must carry
+        -- its owner row's current token (without a token column, or in
+        -- high-water mode, no row can be checked: the table must be empty).
+        -- Keys are compared by their text (no user operator runs with this
+        -- function's rights; text equal means value equal, and a mismatch
+        -- only refuses), and the owner rows are locked FOR SHARE as the fence
+        -- locks them: a token bump then waits for this transaction, or (at
+        -- REPEATABLE READ and above) this one fails if a bump already committed.
+        IF part.mode = 'owner' AND part.token_column IS NOT NULL THEN
+            EXECUTE format(
+                'SELECT (SELECT count(*) FROM ONLY %s) <> (SELECT count(*) FROM (SELECT 1 FROM ONLY %s t JOIN %s o ON %s AND o.%I = t.%I FOR SHARE OF o) s)',
+                part.child::regclass, part.child::regclass, part.owner_table,
+                (SELECT string_agg(format('o.%I::pg_catalog.text OPERATOR(pg_catalog.=) t.%I::pg_catalog.text',
+                                          part.owner_key_columns[n], part.key_columns[n]), ' AND ')
+                   FROM generate_series(1, cardinality(part.key_columns)) n),
+                part.owner_token_column, part.token_column)
+               INTO bad;
+        ELSE
+            bad := lease._exists_as_owner(part.child, format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', part.child::regclass));
+        END IF;
+        IF bad THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would bring rows into fenced table %s that the fence would refuse', tg_tag, part.relid),
+                format('Table %s holds rows %s. Attach it empty and insert its rows through the fence.', part.child::regclass,
+                       CASE WHEN part.mode = 'owner' AND part.token_column IS NOT NULL
+                            THEN format('whose token is not their owner row''s current token in %s', part.owner_table)
+                            ELSE 'that cannot be checked (no token column, or high-water mode)' END));
+        END IF;
+    END LOOP;
+
+    -- Guards left behind on tables that left a fenced or owner tree (DETACH
+    -- PARTITION): owner rows may not leave; a detached fenced partition is no
+    -- longer fenced, so its TRUNCATE guard goes.
+    FOR stray IN
+        SELECT g.tgrelid, g.tgname FROM pg_trigger g
+         WHERE tg_tag = 'ALTER TABLE'
+           AND g.tgname IN ('pg_lease_truncate', 'pg_lease_owner_truncate')
+           AND g.tgfoid = 'lease.truncate_guard'::regproc
+           AND NOT (coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (ARRAY(
+                   SELECT p.relid::oid FROM lease.protected p UNION ALL
+                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
+    LOOP
+        -- (Whatever rows it holds, by any snapshot: a partition of an owner
+        -- table never leaves it while a fence uses it.)
+        IF stray.tgname = 'pg_lease_owner_truncate' THEN
+            PERFORM lease._raise('FencingTokenRegression',
+                format('%s would take a partition out of an owner table (%s)', tg_tag, stray.tgrelid::regclass),
+                format('Table %s holds owner rows whose fencing tokens would leave the fence; tokens could then start over. Unprotect the tables fenced against it first.',
+                       stray.tgrelid::regclass));
+        END IF;
+        EXECUTE format('DROP TRIGGER %I ON %s', stray.tgname, stray.tgrelid::regclass);
+    END LOOP;
+
+    SELECT f.* INTO broken
+      FROM lease._fence_problems(concerned) f
+     WHERE f.kind NOT IN ('missing', 'constraint')
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('%s would leave the fence on %s incomplete', tg_tag, broken.relid),
+            format('Table %s: %s.', broken.relid, broken.problem));
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION lease._guard_drop() RETURNS event_trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    dropped_tables oid[];
+    owner_roots oid[];
+    orphan record;
+    victim record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
+        RETURN;
+    END IF;
+    owner_roots := ARRAY(SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL);
+    dropped_tables := ARRAY(SELECT d.objid FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'table');
+    DELETE FROM lease.protected p WHERE p.relid::oid = ANY (dropped_tables);
+    DELETE FROM lease.high_water h WHERE h.target::oid = ANY (dropped_tables);
+    -- Owner tables that no fenced table uses any more lose their guards (as
+    -- after lease.unprotect), so no guard outlives its fence.
+    FOR orphan IN
+        SELECT g.tgrelid::regclass AS rel, g.tgname FROM pg_trigger g
+         WHERE g.tgname IN ('pg_lease_owner_guard', 'pg_lease_owner_truncate') AND g.tgparentid = 0
+           AND g.tgfoid IN ('lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+           AND coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (owner_roots)
+           AND NOT (coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (ARRAY(
+                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
+           AND NOT (g.tgrelid = ANY (dropped_tables))
+    LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', orphan.tgname, orphan.rel);
+    END LOOP;
+    SELECT p.relid, p.owner_table INTO orphan FROM lease.protected p WHERE p.owner_table::oid = ANY (dropped_tables) LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('%s would drop owner table %s of fenced table %s', tg_tag, orphan.owner_table, orphan.relid),
+            format('Table %s is fenced against the owner rows of %s.', orphan.relid, orphan.owner_table));
+    END IF;
+    -- A partition of an owner table dropped by name (not with its owner
+    -- table) takes owner rows and their tokens.
+    SELECT tb.object_identity INTO victim
+      FROM pg_event_trigger_dropped_objects() tg
+      JOIN pg_event_trigger_dropped_objects() tb
+        ON tb.object_type = 'table' AND tb.original
+       AND tb.address_names[1] = tg.address_names[1] AND tb.address_names[2] = tg.address_names[2]
+     WHERE tg.object_type = 'trigger' AND tg.address_names[3] = 'pg_lease_owner_truncate'
+       AND NOT (tb.objid = ANY (owner_roots))
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FencingTokenRegression',
+            format('%s would drop a partition of an owner table (%s)', tg_tag, victim.object_identity),
+            'Owner rows hold the current fencing tokens; dropping them would let tokens start over.');
+    END IF;
+    -- Triggers, columns, constraints: address_names is {schema, table, name}.
+    SELECT d.object_type, d.object_identity, f.relid INTO victim
+      FROM pg_event_trigger_dropped_objects() d
+      CROSS JOIN LATERAL (SELECT to_regclass(format('%I.%I', d.address_names[1], d.address_names[2])) AS rel) r
+      JOIN lease._fence_problems(lease._concerned(ARRAY[r.rel::oid])) f ON f.rel = r.rel
+     WHERE d.object_type IN ('trigger', 'table column', 'table constraint', 'index')
+       AND r.rel IS NOT NULL
+       AND NOT (r.rel::oid = ANY (dropped_tables))
+       AND ((d.object_type = 'trigger' AND f.kind = 'missing'
+             AND EXISTS (SELECT 1 FROM lease._expected_triggers(lease._concerned(ARRAY[r.rel::oid])) e
+                          WHERE e.rel = r.rel::oid AND e.tgname = d.address_names[3]))
+         OR (d.object_type = 'table column' AND f.kind = 'column')
+         OR (d.object_type IN ('table constraint', 'index') AND f.kind = 'constraint'))
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('dropping %s %s would leave the fence on %s incomplete', victim.object_type, victim.object_identity, victim.relid),
+            format('pg_lease fences %s with it.', victim.relid));
+    END IF;
+    -- A dropped index no longer names its table: look at every owner table.
+    IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'index') THEN
+        SELECT f.relid, f.problem INTO victim FROM lease._fence_problems() f WHERE f.kind = 'constraint' LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would leave the fence on %s incomplete', tg_tag, victim.relid),
+                format('Table %s: %s.', victim.relid, victim.problem));
+        END IF;
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION lease.acquire(name text, owner text, ttl_ms integer, owner_table regclass DEFAULT NULL,
+                              owner_key text[] DEFAULT NULL)
+RETURNS TABLE (token bigint, expires_at timestamptz)
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    -- Names and owners compare as the stored rows do, whatever collation the
+    -- caller's arguments carry (a nondeterministic one would alias them).
+    p_name text COLLATE "default" := $1;
+    p_owner text COLLATE "default" := $2;
+    p_ttl_ms ALIAS FOR $3;
+    p_owner_table ALIAS FOR $4;
+    p_owner_key ALIAS FOR $5;
+    timeline bigint := lease._token_floor() >> 40;   -- also refuses on a standby
+    epoch bigint;
+    issued bigint;
+    high bigint;
+    stored bigint;
+    ttl integer := lease._check_ttl(p_ttl_ms);
+    cur lease.lease_state;
+    cur_expiry timestamptz;
+    holder lease.session_state;
+    now_ts timestamptz;
+    live boolean;
+    binding record;
+    owner_row bigint[];
+    owner_token bigint;
+    landed bigint;
+    detail text;
+    new_token bigint;
+BEGIN
+    PERFORM lease._check_label('name', p_name);
+    PERFORM lease._check_label('owner', p_owner);
+    IF (p_owner_table IS NULL) <> (p_owner_key IS NULL) THEN
+        PERFORM lease._fail('22023', 'pg_lease: owner_table and owner_key go together');
+    END IF;
+    IF p_owner_table IS NOT NULL THEN
+        SELECT p.owner_key_columns, p.owner_token_column INTO binding
+          FROM lease.protected p WHERE p.owner_table = p_owner_table LIMIT 1;
+        IF NOT FOUND THEN
+            PERFORM lease._fail('55000', format('pg_lease: %s is not the owner table of any table protected with lease.protect', p_owner_table));
+        END IF;
+        IF cardinality(p_owner_key) IS DISTINCT FROM cardinality(binding.owner_key_columns)
+           OR array_position(p_owner_key, NULL) IS NOT NULL THEN
+            PERFORM lease._fail('22023', format('pg_lease: owner_key %s does not match the key columns %s of %s', p_owner_key, binding.owner_key_columns, p_owner_table));
+        END IF;
+    END IF;
+
+    -- The lease row, locked (created on first use): racing acquires queue here.
+    SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at, released_at)
+        VALUES (p_name, p_owner, 0, '-infinity', '-infinity', '-infinity', '-infinity')
+        ON CONFLICT (name) DO NOTHING;
+        SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
+    END IF;
+    -- The new holder's session row exists from its first lease on, so the
+    -- takeover check below can always lock it (an uncommitted first
+    -- heartbeat's INSERT could not be waited for).
+    INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
+    VALUES (p_owner, '-infinity', '-infinity', '-infinity')
+    ON CONFLICT (owner) DO NOTHING;
+    now_ts := clock_timestamp();   -- read after the lock wait
+    cur_expiry := cur.expires_at;
+    live := cur.released_at IS NULL AND cur_expiry > now_ts;
+    IF cur.released_at IS NULL AND NOT live AND cur.owner <> p_owner THEN
+        -- Past its own expiry, another owner's lease may still be carried by
+        -- that owner's heartbeat session. Lock the session row (a heartbeat
+        -- waits for this acquire, or this acquire for it) and judge on the
+        -- clock read after the lock.
+        SELECT * INTO holder FROM lease.session_state s WHERE s.owner = cur.owner FOR SHARE;
+        now_ts := clock_timestamp();
+        cur_expiry := lease._expiry(cur.expires_at, holder.live_since, holder.expires_at);
+        live := cur_expiry > now_ts;
+    END IF;
+    IF live AND cur.owner <> p_owner THEN
+        PERFORM lease._raise('LeaseOwnedElsewhere',
+            format('lease "%s" is held by %s', p_name, cur.owner),
+            format('Lease %s, holder %s, token %s, expires at %s (in %s).', p_name, cur.owner, cur.token,
+                   cur_expiry, date_trunc('millisecond', cur_expiry - now_ts)));
+    END IF;
+
+    IF p_owner_table IS NOT NULL THEN
+        -- FOR UPDATE waits for writers still fenced under the old token. The
+        -- owner row is read and written as the owner table's owner, never as
+        -- this function's superuser owner (src/lease_owner.rs).
+        owner_row := lease._lock_owner_row(p_owner_table, p_owner_key);
+        owner_token := owner_row[1];
+        IF cardinality(owner_row) = 0 THEN
+            PERFORM lease._raise('FenceOwnerMissing',
+                format('lease "%s" is bound to owner row %s of %s, which does not exist', p_name, p_owner_key, p_owner_table),
+                format('Lease %s, owner table %s, key %s = %s.', p_name, p_owner_table, binding.owner_key_columns, p_owner_key));
+        END IF;
+    END IF;
+
+    -- Epoch = base + timeline. A stored token from a higher epoch, or an
+    -- epoch issued before (restored from a dump, or carried through
+    -- pg_upgrade, where timelines restart) raises base to that epoch: the new
+    -- epoch is then above it, and above what any earlier, lower timeline
+    -- computed from the same stored token.
+    stored := greatest(cur.token, owner_token, 0);
+    SELECT coalesce(max(e.base), 0) + timeline INTO epoch FROM lease.token_epoch e;
+    SELECT i.epoch INTO issued FROM lease.token_epoch_issued i;
+    high := greatest(stored >> 40, issued);
+    IF high > epoch THEN
+        INSERT INTO lease.token_epoch (base) VALUES (high) ON CONFLICT DO NOTHING;
+        epoch := high + timeline;
+    END IF;
+    IF epoch > coalesce(issued, 0) AND epoch < 8388608 THEN
+        INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES (epoch)
+        ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
+    END IF;
+    IF stored = 9223372036854775807 OR epoch >= 8388608 THEN   -- 2^63 - 1, 2^23
+        PERFORM lease._fail('22003', format('pg_lease: lease "%s" has no fencing token left (current %s)', p_name, stored), 'Fencing tokens are bigints; this resource''s token is at the top of their range.');
+    END IF;
+    new_token := greatest(stored, epoch << 40) + 1;
+    IF p_owner_table IS NOT NULL THEN
+        BEGIN
+            landed := lease._set_owner_token(p_owner_table, p_owner_key, new_token);
+        EXCEPTION WHEN internal_error THEN
+            -- The owner guard's LF004 (a trigger on the owner table lowered
+            -- the bump) comes back from the Rust call as XX000: raise it again
+            -- with its own code.
+            IF SQLERRM LIKE 'FencingTokenRegression: %' THEN
+                GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
+                PERFORM lease._raise('FencingTokenRegression', substr(SQLERRM, 25), detail);
+            END IF;
+            RAISE;
+        END;
+    END IF;
+    IF p_owner_table IS NOT NULL AND landed IS DISTINCT FROM new_token THEN
+        -- A trigger or rule on the owner table swallowed or changed the bump:
+        -- the old holder's token would still be current.
+        PERFORM lease._raise('FenceTampering',
+            format('lease "%s": the token bump to %s did not reach owner row %s of %s', p_name, new_token, p_owner_key, p_owner_table),
+            format('Lease %s, owner table %s: a trigger or rule on it skipped or changed the UPDATE of its token column.',
+                   p_name, p_owner_table));
+    END IF;
+    UPDATE lease.lease_state l
+       SET owner = p_owner, token = new_token, acquired_at = now_ts, renewed_at = now_ts,
+           expires_at = now_ts + ttl * interval '1 millisecond', released_at = NULL,
+           owner_table = p_owner_table, owner_key = p_owner_key
+     WHERE l.name = p_name
+    RETURNING l.token, l.expires_at INTO token, expires_at;
+    IF cur.owner <> p_owner THEN
+        -- Taken from a holder that did not release it: its next heartbeat
+        -- hears so. This owner's own report of an earlier loss of the lease
+        -- is moot now that it holds the lease again.
+        IF cur.released_at IS NULL THEN
+            INSERT INTO lease.lost_leases AS x (owner, name, token, lost_at)
+            VALUES (cur.owner, p_name, cur.token, now_ts)
+            ON CONFLICT (owner, name) DO UPDATE SET token = excluded.token, lost_at = excluded.lost_at;
+        END IF;
+        DELETE FROM lease.lost_leases x WHERE x.owner = p_owner AND x.name = p_name;
+    END IF;
+
+    -- The lease changed hands from a holder that did not release it (it expired,
+    -- or its owner re-took it from another process): tell a live previous
+    -- holder, so it can freeze before its next write is refused.
+    IF cur.released_at IS NULL AND cur.token > 0 THEN
+        PERFORM pg_notify('pg_lease', json_build_object(
+            'event', 'taken', 'name', p_name, 'owner', p_owner, 'token', new_token,
+            'previous_owner', cur.owner, 'previous_token', cur.token, 'expires_at', expires_at)::text);
+    END IF;
+    -- A token must be durable before the client sees it.
+    IF current_setting('synchronous_commit') = 'off' THEN
+        PERFORM set_config('synchronous_commit', 'local', true);
+    END IF;
+    RETURN NEXT;
+END $$;
+COMMENT ON FUNCTION lease.acquire(text, text, integer, regclass, text[]) IS
+    'Takes (or re-takes) a lease with a new, higher fencing token; LF005 when another live owner holds it.';
+
+CREATE OR REPLACE FUNCTION lease.bind_token(token bigint) RETURNS bigint
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF token IS NULL THEN
+        PERFORM lease._fail('22004', 'lease.bind_token: token must not be NULL');
+    END IF;
+    IF token < 0 THEN
+        PERFORM lease._fail('22023', format('lease.bind_token: token must not be negative (got %s)', token));
+    END IF;
+    PERFORM set_config('pg_lease.token', token::text, true);
+    RETURN token;
+END $$;
+COMMENT ON FUNCTION lease.bind_token(bigint) IS 'Binds the fencing token presented by this transaction''s writes (same as SET LOCAL pg_lease.token).';
+
+CREATE OR REPLACE FUNCTION lease.fenced_boundary_write(target regclass, token bigint, rows jsonb) RETURNS bigint
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cfg lease.protected;
+    bad text;
+    problem record;
+    err_state text;
+    err_message text;
+    err_detail text;
+    err_column text;
+    batch record;
+    columns text;
+    inserted bigint;
+    total bigint := 0;
+    previous_token text;
+BEGIN
+    IF target IS NULL THEN
+        PERFORM lease._fail('22004', 'lease.fenced_boundary_write: target must not be NULL');
+    END IF;
+    SELECT * INTO cfg FROM lease.protected p WHERE p.relid = target;
+    IF NOT FOUND THEN
+        PERFORM lease._fail('55000', format('lease.fenced_boundary_write: %s is not protected by pg_lease', target), NULL, 'Protect it first with lease.protect() or lease.protect_high_water().');
+    END IF;
+    -- A NULL token needs no check here: the fence refuses every row it would
+    -- stamp (LF003), and records the refusals.
+    IF token < 0 THEN
+        PERFORM lease._fail('22023', format('lease.fenced_boundary_write: token must not be negative (got %s)', token));
+    END IF;
+    IF rows IS NULL OR jsonb_typeof(rows) <> 'array' THEN
+        PERFORM lease._fail('22023', format('lease.fenced_boundary_write: rows must be a JSON array of objects, got %s', coalesce(jsonb_typeof(rows), 'NULL')));
+    END IF;
+    SELECT format('element %s is %s', n - 1, jsonb_typeof(e)) INTO bad
+      FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n) WHERE jsonb_typeof(e) <> 'object' LIMIT 1;
+    IF bad IS NOT NULL THEN
+        PERFORM lease._fail('22023', format('lease.fenced_boundary_write: rows must be a JSON array of objects: %s', bad));
+    END IF;
+    SELECT string_agg(DISTINCT format('%I', k), ', ') INTO bad
+      FROM jsonb_array_elements(rows) e, jsonb_object_keys(e) k
+     WHERE lease._column_type(target, k) IS NULL;
+    IF bad IS NOT NULL THEN
+        PERFORM lease._fail('42703', format('lease.fenced_boundary_write: %s has no column(s) %s', target, bad));
+    END IF;
+
+    IF cfg.token_column IS NOT NULL THEN
+        SELECT format('element %s carries %s = %s', n - 1, cfg.token_column, e -> cfg.token_column) INTO bad
+          FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n)
+         WHERE e ? cfg.token_column AND e -> cfg.token_column IS DISTINCT FROM to_jsonb(token) LIMIT 1;
+        IF bad IS NOT NULL THEN
+            PERFORM lease._fail('22023', format('lease.fenced_boundary_write: a row contradicts the call''s token %s: %s', token, bad));
+        END IF;
+        rows := (SELECT jsonb_agg(e || jsonb_build_object(cfg.token_column, token) ORDER BY n)
+                   FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n));
+    ELSE
+        -- Only a token bound in this transaction is restored afterwards.
+        previous_token := lease._bound_token()::text;
+        PERFORM set_config('pg_lease.token', coalesce(token::text, ''), true);
+    END IF;
+
+    -- Rows are inserted in groups with the same keys, so that a column an
+    -- object leaves out takes its default rather than NULL.
+    BEGIN
+    FOR batch IN
+        SELECT keys, jsonb_agg(e ORDER BY n) AS objects
+          FROM (SELECT e, n, ARRAY(SELECT jsonb_object_keys(e) ORDER BY 1) AS keys
+                  FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n)) s
+         GROUP BY keys ORDER BY min(n)
+    LOOP
+        IF cardinality(batch.keys) = 0 THEN
+            EXECUTE format('INSERT INTO %s SELECT FROM jsonb_array_elements($1)', target) USING batch.objects;
+        ELSE
+            SELECT string_agg(format('%I', k), ', ') INTO columns FROM unnest(batch.keys) k;
+            EXECUTE format('INSERT INTO %s (%s) SELECT %s FROM jsonb_populate_recordset(NULL::%s, $1)',
+                           target, columns, columns, target)
+                USING batch.objects;
+        END IF;
+        GET DIAGNOSTICS inserted = ROW_COUNT;
+        total := total + inserted;
+    END LOOP;
+    EXCEPTION WHEN data_exception OR not_null_violation THEN
+        -- Say which element and column: 'rows[3].amount: invalid input syntax
+        -- for type bigint: "ten"'. Fence refusals (LF...) are not caught here.
+        GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
+                                err_detail = PG_EXCEPTION_DETAIL, err_column = COLUMN_NAME;
+        problem := lease._boundary_problem(target, rows, err_state, err_column);
+        IF problem.place IS NULL THEN
+            RAISE;
+        ELSIF err_detail IS NULL OR err_detail = '' THEN
+            PERFORM lease._fail(err_state, format('lease.fenced_boundary_write: %s: %s', problem.place, coalesce(problem.message, err_message)));
+        ELSE
+            PERFORM lease._fail(err_state, format('lease.fenced_boundary_write: %s: %s', problem.place, coalesce(problem.message, err_message)), err_detail);
+        END IF;
+    END;
+
+    IF cfg.token_column IS NULL THEN
+        PERFORM set_config('pg_lease.token', coalesce(previous_token, ''), true);
+    END IF;
+    RETURN total;
+END $$;
+COMMENT ON FUNCTION lease.fenced_boundary_write(regclass, bigint, jsonb) IS
+    'Inserts a JSON array of rows into a protected table under one fencing token; all or nothing; returns the row count.';
+
+CREATE OR REPLACE FUNCTION lease.protect(
+    target regclass,
+    key_columns text[],
+    token_column name DEFAULT NULL,
+    owner_table regclass DEFAULT NULL,
+    owner_key_columns text[] DEFAULT '{id}',
+    owner_token_column name DEFAULT 'owner_fencing_token'
+) RETURNS void
+-- No SET search_path: a NULL owner_table means "tables" as the caller's
+-- search_path resolves it. Every other name below is schema-qualified.
+LANGUAGE plpgsql AS $$
+DECLARE
+    owner regclass := owner_table;
+    i int;
+    guard_args text;
+    existing_guard text;
+BEGIN
+    PERFORM lease._check_columns(target, 'target table', key_columns, token_column);
+    PERFORM lease._check_not_protected(target);
+    IF owner IS NULL THEN
+        owner := pg_catalog.to_regclass('tables');
+        IF owner IS NULL THEN
+            PERFORM lease._fail('42P01', 'pg_lease: owner table "tables" does not exist', NULL, 'Pass owner_table => ''your_schema.your_owner_table''.');
+        END IF;
+    END IF;
+    IF owner OPERATOR(pg_catalog.=) target THEN
+        PERFORM lease._fail('22023', format('pg_lease: %s cannot be its own owner table', target));
+    END IF;
+    IF owner_token_column IS NULL THEN
+        PERFORM lease._fail('22004', 'pg_lease: owner_token_column must not be NULL');
+    END IF;
+    PERFORM lease._check_columns(owner, 'owner table', owner_key_columns, owner_token_column);
+    IF pg_catalog.cardinality(owner_key_columns) OPERATOR(pg_catalog.<>) pg_catalog.cardinality(key_columns) THEN
+        PERFORM lease._fail('22023', format('pg_lease: %s key columns %s do not pair with owner key columns %s', target, key_columns, owner_key_columns));
+    END IF;
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_index x
+         WHERE x.indrelid OPERATOR(pg_catalog.=) owner AND x.indisunique AND x.indpred IS NULL AND x.indexprs IS NULL
+           AND (SELECT pg_catalog.array_agg(k ORDER BY k) FROM pg_catalog.unnest((x.indkey::pg_catalog.int2[])[0:x.indnkeyatts - 1]) k)
+               OPERATOR(pg_catalog.=)
+               (SELECT pg_catalog.array_agg(a.attnum ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
+                 WHERE a.attrelid OPERATOR(pg_catalog.=) owner AND a.attname OPERATOR(pg_catalog.=) ANY (owner_key_columns)))
+    THEN
+        PERFORM lease._fail('42830', format('pg_lease: there is no unique constraint matching key columns %s of owner table %s', owner_key_columns, owner), 'Each fenced row must match exactly one owner row.');
+    END IF;
+    -- Each key pair must be comparable (raises undefined_function otherwise).
+    BEGIN
+        EXECUTE pg_catalog.format('SELECT 1 FROM %s o WHERE %s LIMIT 0', owner,
+            (SELECT pg_catalog.string_agg(pg_catalog.format('o.%I OPERATOR(pg_catalog.=) NULL::%s', owner_key_columns[n],
+                                             lease._column_type(target, key_columns[n])), ' AND ')
+               FROM pg_catalog.generate_series(1, pg_catalog.cardinality(key_columns)) n));
+    EXCEPTION
+        WHEN undefined_function THEN
+            PERFORM lease._fail('42883',
+                format('pg_lease: key columns %s of %s cannot be compared with owner key columns %s of %s',
+                       key_columns, target, owner_key_columns, owner),
+                format('%s (the types of the key columns, in order: %s against %s)', SQLERRM,
+                       (SELECT pg_catalog.string_agg(lease._column_type(target, c)::text, ', ') FROM pg_catalog.unnest(key_columns) c),
+                       (SELECT pg_catalog.string_agg(lease._column_type(owner, c)::text, ', ') FROM pg_catalog.unnest(owner_key_columns) c)),
+                'Give each key column the type of its owner key column, or a type its = operator accepts.');
+        WHEN insufficient_privilege THEN
+            PERFORM lease._fail('42501', format('pg_lease: must be owner of table %s', owner),
+                'lease.protect needs ownership of the protected table and of its owner table.');
+    END;
+
+    -- One owner guard per owner table, shared by every table fenced against it.
+    SELECT pg_catalog.encode(t.tgargs, 'escape') INTO existing_guard FROM pg_catalog.pg_trigger t
+     WHERE t.tgrelid OPERATOR(pg_catalog.=) owner AND t.tgname OPERATOR(pg_catalog.=) 'pg_lease_owner_guard' AND NOT t.tgisinternal;
+    IF existing_guard IS NULL THEN
+        guard_args := pg_catalog.quote_literal(owner_token_column);
+        FOR i IN 1 .. pg_catalog.cardinality(owner_key_columns) LOOP
+            guard_args := guard_args OPERATOR(pg_catalog.||) ', ' OPERATOR(pg_catalog.||) pg_catalog.quote_literal(owner_key_columns[i]);
+        END LOOP;
+        PERFORM lease._install_owner_guards(owner, guard_args);
+    ELSIF pg_catalog.split_part(existing_guard, E'\\000', 1) OPERATOR(pg_catalog.<>) owner_token_column THEN
+        PERFORM lease._fail('0A000', format('pg_lease: owner table %s already guards token column "%s"', owner, pg_catalog.split_part(existing_guard, E'\\000', 1)), 'All tables fenced against one owner table must use the same owner token column.');
+    END IF;
+
+    PERFORM lease._install_target_triggers(target);
+    PERFORM lease._register(target, 'owner', key_columns, token_column, owner, owner_key_columns, owner_token_column);
+END $$;
+COMMENT ON FUNCTION lease.protect(regclass, text[], name, regclass, text[], name) IS
+    'Fences writes to target: each row''s token must equal its owner row''s current token.';
+
+CREATE OR REPLACE FUNCTION lease.protect_high_water(target regclass, key_columns text[], token_column name DEFAULT NULL)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    col text;
+    why text;
+BEGIN
+    PERFORM lease._check_columns(target, 'target table', key_columns, token_column);
+    -- Marks are stored by each key value's canonical form: only key types
+    -- whose equality that form captures exactly can be used.
+    FOREACH col IN ARRAY key_columns LOOP
+        SELECT lease._key_identity_problem(a.atttypid, a.attcollation) INTO why
+          FROM pg_attribute a WHERE a.attrelid = target AND a.attname = col;
+        IF why IS NOT NULL THEN
+            PERFORM lease._fail('0A000', format('pg_lease: key column "%s" of %s cannot identify a high-water resource: %s', col, target, why));
+        END IF;
+    END LOOP;
+    PERFORM lease._check_not_protected(target);
+    PERFORM lease._install_target_triggers(target);
+    PERFORM lease._register(target, 'high_water', key_columns, token_column, NULL, NULL, NULL);
+END $$;
+COMMENT ON FUNCTION lease.protect_high_water(regclass, text[], name) IS
+    'Fences writes to target against the highest token ever accepted per resource.';
+
+CREATE OR REPLACE FUNCTION lease.purge_rejected_writes(older_than interval) RETURNS bigint
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    purged bigint;
+BEGIN
+    IF older_than IS NULL OR older_than < interval '0' THEN
+        PERFORM lease._fail('22023', 'lease.purge_rejected_writes: older_than must be a non-negative interval');
+    END IF;
+    DELETE FROM lease.rejected_writes WHERE rejected_at < now() - older_than;
+    GET DIAGNOSTICS purged = ROW_COUNT;
+    RETURN purged;
+END $$;
+COMMENT ON FUNCTION lease.purge_rejected_writes(interval) IS 'Deletes audit rows older than the interval; returns how many.';
+
+CREATE OR REPLACE FUNCTION lease.release(name text, owner text, token bigint) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    now_ts timestamptz := clock_timestamp();
+    l_name text COLLATE "default" := name;     -- see lease.acquire
+    l_owner text COLLATE "default" := owner;
+    was_live boolean;
+BEGIN
+    PERFORM lease._check_label('name', name);
+    PERFORM lease._check_label('owner', owner);
+    -- An expired lease of this holder is marked released too (it stops being
+    -- reported as lost), but only a live one counts as released by this call:
+    -- alive on its own (its expiry is cut to now), or carried by its owner's
+    -- session (its own expiry, kept, is after the session's start).
+    UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
+     WHERE l.name = l_name AND l.owner = l_owner AND l.token = release.token AND l.released_at IS NULL
+    RETURNING l.expires_at = now_ts
+              OR EXISTS (SELECT FROM lease.session_state s
+                          WHERE s.owner = l.owner AND lease._expiry(l.expires_at, s.live_since, s.expires_at) > now_ts)
+    INTO was_live;
+    RETURN coalesce(was_live, false);
+END $$;
+COMMENT ON FUNCTION lease.release(text, text, bigint) IS
+    'Releases a live lease held by owner with token; anyone may take it at once. False if not held.';
+
+CREATE OR REPLACE FUNCTION lease.renew(name text, owner text, token bigint, ttl_ms integer) RETURNS timestamptz
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ttl integer := lease._check_ttl(ttl_ms);
+    l_name text COLLATE "default" := name;     -- see lease.acquire
+    l_owner text COLLATE "default" := owner;
+    cur lease.lease_state;
+    expiry timestamptz;
+    holder lease.session_state;
+    now_ts timestamptz;
+    why text;
+    new_expiry timestamptz;
+BEGIN
+    PERFORM lease._check_label('name', name);
+    PERFORM lease._check_label('owner', owner);
+    IF token IS NULL THEN
+        PERFORM lease._fail('22004', 'pg_lease: token must not be NULL');
+    END IF;
+    SELECT * INTO cur FROM lease.lease_state l WHERE l.name = l_name FOR UPDATE;
+    now_ts := clock_timestamp();
+    expiry := cur.expires_at;
+    IF cur.released_at IS NULL AND expiry <= now_ts AND cur.owner = l_owner THEN
+        -- Maybe carried by the owner's session: judged under its lock, as in acquire.
+        SELECT * INTO holder FROM lease.session_state s WHERE s.owner = cur.owner FOR SHARE;
+        now_ts := clock_timestamp();
+        expiry := lease._expiry(cur.expires_at, holder.live_since, holder.expires_at);
+    END IF;
+    why := CASE
+        WHEN cur.name IS NULL THEN 'it never existed'
+        WHEN cur.owner <> l_owner THEN format('it was taken by %s with token %s', cur.owner, cur.token)
+        WHEN cur.token > renew.token THEN format('%s re-acquired it since, with token %s', cur.owner, cur.token)
+        WHEN cur.token < renew.token THEN format('token %s was never issued for it (current token %s)', renew.token, cur.token)
+        WHEN cur.released_at IS NOT NULL THEN format('it was released at %s', cur.released_at)
+        WHEN expiry <= now_ts THEN format('it expired at %s, %s ago', expiry, date_trunc('millisecond', now_ts - expiry))
+    END;
+    IF why IS NOT NULL THEN
+        PERFORM lease._raise('LeaseLost',
+            format('%s no longer holds lease "%s" with token %s', renew.owner, renew.name, renew.token),
+            format('Lease %s: %s.', renew.name, why));
+    END IF;
+    UPDATE lease.lease_state l SET renewed_at = now_ts, expires_at = now_ts + ttl * interval '1 millisecond'
+     WHERE l.name = l_name
+    RETURNING l.expires_at INTO new_expiry;
+    RETURN new_expiry;
+END $$;
+COMMENT ON FUNCTION lease.renew(text, text, bigint, integer) IS
+    'Extends a live lease held by owner with token; LF006 (DETAIL says why) otherwise.';
+
+CREATE OR REPLACE FUNCTION lease.unprotect(target regclass) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    p lease.protected;
+    part regclass;
+BEGIN
+    IF target IS NULL THEN
+        PERFORM lease._fail('22004', 'lease.unprotect: target must not be NULL');
+    END IF;
+    -- Forget the config first: the DDL guard then no longer expects the triggers.
+    SELECT * INTO p FROM lease.protected x WHERE x.relid = target;
+    IF NOT FOUND THEN
+        PERFORM lease._fail('42704', format('pg_lease: %s is not protected', target));
+    END IF;
+    PERFORM lease._unregister(target);
+    EXECUTE format('DROP TRIGGER pg_lease_fence ON %s', target);
+    FOR part IN SELECT t.relid FROM pg_partition_tree(target) t UNION SELECT target LOOP
+        EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_truncate ON %s', part);
+    END LOOP;
+    IF p.owner_table IS NOT NULL AND NOT EXISTS (SELECT 1 FROM lease.protected o WHERE o.owner_table = p.owner_table) THEN
+        EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_owner_guard ON %s', p.owner_table);
+        FOR part IN SELECT t.relid FROM pg_partition_tree(p.owner_table) t UNION SELECT p.owner_table LOOP
+            EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_owner_truncate ON %s', part);
+        END LOOP;
+    END IF;
+END $$;
+COMMENT ON FUNCTION lease.unprotect(regclass) IS 'Removes pg_lease''s fence from target (high-water marks are kept).';

@@ -13,6 +13,7 @@
 
 use crate::gucs;
 use pgrx::pg_sys;
+use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// A string truncated to fit, at a character boundary.
@@ -103,8 +104,23 @@ pub struct StatSlot {
     pub accepted: AtomicU64,
     pub refused: AtomicU64,
     pub last_refusal: AtomicI64,
-    /// Written once, under the lock, when the slot is claimed.
-    pub table_name: FixedStr<160>,
+    /// Written once, under the lock, when the slot is claimed (before
+    /// `relid` is published with Release ordering); read through
+    /// [`StatSlot::table_name`].
+    table_name: UnsafeCell<FixedStr<160>>,
+}
+
+impl StatSlot {
+    /// The protected table's name, once the slot is claimed.
+    pub fn table_name(&self) -> Option<&str> {
+        if self.relid.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        // SAFETY: the name was written before `relid` was stored with Release
+        // (in `stat_slot`, under the lock) and is never written again; the
+        // Acquire load above orders this read after that write.
+        Some(unsafe { (*self.table_name.get()).as_str() })
+    }
 }
 
 pub const STAT_SLOTS: usize = 1024;
@@ -216,16 +232,24 @@ struct Node {
     record: AuditRecord,
 }
 
+/// The state only the lock holder touches: the record pool, the
+/// destinations and the totals. Reached only through [`Locked::state`].
 #[repr(C)]
-pub struct Shared {
+pub struct Queue {
     capacity: u64,
-    // Under the lock:
     free: u32,
     queued: u64,
     refused: u64,
     recorded: u64,
     dropped: u64,
     dests: [Dest; DESTS],
+}
+
+#[repr(C)]
+pub struct Shared {
+    /// Under the lock only (an UnsafeCell: `&Shared` is shared by every
+    /// process, and the lock holder writes through it).
+    queue: UnsafeCell<Queue>,
     // Lock-free:
     pub last_flush: AtomicI64,
     launcher_pid: AtomicI32,
@@ -278,12 +302,13 @@ unsafe extern "C-unwind" fn startup() {
         // All zero is a valid state for every field (no destination in use,
         // Phase::Unknown, WorkerState::None), except the free list.
         std::ptr::write_bytes(shared as *mut u8, 0, size_for(capacity));
-        (*shared).capacity = capacity as u64;
+        let queue = &mut *(*shared).queue.get();
+        queue.capacity = capacity as u64;
         let nodes = nodes(shared);
         for i in 0..capacity {
             (*nodes.add(i)).next = if i + 1 < capacity { (i + 1) as u32 } else { NIL };
         }
-        (*shared).free = if capacity > 0 { 0 } else { NIL };
+        queue.free = if capacity > 0 { 0 } else { NIL };
     }
     LOCK = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
     SHARED = shared;
@@ -306,10 +331,13 @@ impl Locked {
         Locked
     }
 
-    /// The shared state: only through a guard, so only under the lock.
-    #[allow(clippy::mut_from_ref)]
-    fn state(&self) -> &mut Shared {
-        unsafe { &mut *SHARED }
+    /// The locked state, borrowed from the guard: only under the lock, and
+    /// only one `&mut` at a time.
+    fn state(&mut self) -> &mut Queue {
+        // SAFETY: SHARED is set (the guard exists only with shared memory);
+        // this process holds the lock, which every access to `queue` takes,
+        // and the `&mut self` borrow keeps this the only reference to it.
+        unsafe { &mut *(*SHARED).queue.get() }
     }
 }
 
@@ -323,9 +351,12 @@ unsafe fn nodes(shared: *mut Shared) -> *mut Node {
     (shared as *mut u8).add(std::mem::size_of::<Shared>()) as *mut Node
 }
 
-fn node(s: &mut Shared, i: u32) -> &mut Node {
-    debug_assert!((i as u64) < s.capacity);
-    unsafe { &mut *nodes(s).add(i as usize) }
+/// Node `i` of the pool, borrowed from the locked queue.
+fn node(s: &mut Queue, i: u32) -> &mut Node {
+    assert!((i as u64) < s.capacity, "audit pool index {i} out of range");
+    // SAFETY: SHARED spans the struct and `capacity` nodes (size_for); `s`
+    // proves the lock is held, and borrowing it keeps the node unique.
+    unsafe { &mut *nodes(SHARED).add(i as usize) }
 }
 
 thread_local! {
@@ -335,7 +366,7 @@ thread_local! {
 }
 
 /// The index of the destination `key` (under the lock).
-fn find(s: &Shared, key: u32) -> Option<usize> {
+fn find(s: &Queue, key: u32) -> Option<usize> {
     let hint = LAST_DEST.with(|h| h.get());
     if hint < DESTS && s.dests[hint].in_use && s.dests[hint].key == key {
         return Some(hint);
@@ -348,7 +379,7 @@ fn find(s: &Shared, key: u32) -> Option<usize> {
 /// The destination `key`, claimed if new: a free slot, else the idle one
 /// (nothing queued, no writer) whose last refusal is oldest. None when every
 /// destination has records or a writer (under the lock).
-fn find_or_claim(s: &mut Shared, key: u32, name: &str) -> Option<usize> {
+fn find_or_claim(s: &mut Queue, key: u32, name: &str) -> Option<usize> {
     if let Some(i) = find(s, key) {
         return Some(i);
     }
@@ -382,12 +413,12 @@ pub fn stuck_limit(capacity: u64) -> u64 {
 /// full, or the launcher when the destination had nothing queued and has no
 /// writer. Takes the lock (see [`Locked`]).
 pub fn enqueue(record: &AuditRecord, keep: bool) {
-    if shared().is_none() {
+    let Some(shared) = shared() else {
         return;
-    }
+    };
     let central = gucs::central_database();
     let wake = {
-        let lock = Locked::acquire();
+        let mut lock = Locked::acquire();
         let s = lock.state();
         s.refused += 1;
         let (key, name) = match &central {
@@ -436,7 +467,7 @@ pub fn enqueue(record: &AuditRecord, keep: bool) {
         // early only to keep the queue from filling.
         match worker {
             WorkerState::Running if queued_total + 1 >= capacity / 2 => latch,
-            WorkerState::None if was_empty => s.launcher_latch.load(Ordering::Acquire),
+            WorkerState::None if was_empty => shared.launcher_latch.load(Ordering::Acquire),
             _ => std::ptr::null_mut(),
         }
     };
@@ -448,7 +479,7 @@ pub fn enqueue(record: &AuditRecord, keep: bool) {
 /// Whether the queue is at least half full (writers then flush at once).
 pub fn half_full() -> bool {
     let Some(_) = shared() else { return false };
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     let s = lock.state();
     s.queued >= s.capacity / 2
 }
@@ -470,7 +501,7 @@ pub fn launcher_pid() -> i32 {
 /// destination is free.
 pub fn attach(key: u32, name: &str, latch: *mut pg_sys::Latch, pid: i32) -> Option<usize> {
     shared()?;
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     let s = lock.state();
     let i = find_or_claim(s, key, name)?;
     let d = &mut s.dests[i];
@@ -492,7 +523,7 @@ pub fn detach(i: usize, pid: i32, only_if_idle: bool) -> bool {
     if shared().is_none() {
         return true;
     }
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     let d = &mut lock.state().dests[i];
     if only_if_idle && d.queued > 0 {
         return false;
@@ -509,7 +540,7 @@ pub fn detach(i: usize, pid: i32, only_if_idle: bool) -> bool {
 /// one, which has a writer whatever is queued.
 pub fn claim(key: u32, name: &str) -> Option<usize> {
     shared()?;
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     find_or_claim(lock.state(), key, name)
 }
 
@@ -518,7 +549,7 @@ pub fn set_name(i: usize, name: &str) {
     if shared().is_none() {
         return;
     }
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     lock.state().dests[i].name.set(name);
 }
 
@@ -529,7 +560,7 @@ pub fn peek(i: usize, max: usize, out: &mut Vec<AuditRecord>) {
     if shared().is_none() {
         return;
     }
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     let s = lock.state();
     let mut at = s.dests[i].head;
     while at != NIL && out.len() < max {
@@ -541,7 +572,7 @@ pub fn peek(i: usize, max: usize, out: &mut Vec<AuditRecord>) {
 
 /// Unlinks the first `n` records of destination `i`, back to the free list
 /// (under the lock).
-fn pop(s: &mut Shared, i: usize, n: u64) {
+fn pop(s: &mut Queue, i: usize, n: u64) {
     for _ in 0..n {
         let at = s.dests[i].head;
         if at == NIL {
@@ -566,7 +597,7 @@ fn pop(s: &mut Shared, i: usize, n: u64) {
 pub fn commit_recorded(i: usize, n: usize, dropped: usize, now: i64) {
     let Some(shared) = shared() else { return };
     debug_assert!(dropped <= n);
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     let s = lock.state();
     pop(s, i, n as u64);
     let recorded = (n - dropped) as u64;
@@ -585,7 +616,7 @@ pub fn discard(i: usize, why: &str, now: i64) -> (u64, String) {
     if shared().is_none() {
         return (0, String::new());
     }
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     let s = lock.state();
     let n = s.dests[i].queued;
     pop(s, i, n);
@@ -604,7 +635,7 @@ pub fn set_phase(i: usize, phase: Phase) {
     if shared().is_none() {
         return;
     }
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     lock.state().dests[i].phase = phase;
 }
 
@@ -612,7 +643,7 @@ pub fn phase(i: usize) -> Phase {
     if shared().is_none() {
         return Phase::Unknown;
     }
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     lock.state().dests[i].phase
 }
 
@@ -620,7 +651,7 @@ pub fn queued(i: usize) -> u64 {
     if shared().is_none() {
         return 0;
     }
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     lock.state().dests[i].queued
 }
 
@@ -643,7 +674,7 @@ pub fn set_last_error(i: usize, error: Option<&str>, now: i64) -> bool {
     if shared().is_none() {
         return false;
     }
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     let d = &mut lock.state().dests[i];
     match error {
         Some(e) => keep_error(d, e, now),
@@ -664,7 +695,7 @@ pub fn note_failure(i: usize, error: &str, now: i64) {
     if shared().is_none() || unsafe { pg_sys::LWLockHeldByMe(LOCK) } {
         return;
     }
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     let d = &mut lock.state().dests[i];
     keep_error(d, error, now);
     if d.phase != Phase::WaitingExtension {
@@ -677,7 +708,7 @@ pub fn set_last_drop(i: usize, why: &str, now: i64) {
     if shared().is_none() {
         return;
     }
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     let d = &mut lock.state().dests[i];
     d.last_drop.set(why);
     d.last_drop_at = now;
@@ -737,7 +768,7 @@ pub fn destinations() -> Vec<DestView> {
     if shared().is_none() {
         return Vec::new();
     }
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     let s = lock.state();
     (0..DESTS).filter(|&i| s.dests[i].in_use).map(|i| view(i, &s.dests[i])).collect()
 }
@@ -745,7 +776,7 @@ pub fn destinations() -> Vec<DestView> {
 /// The destination `key`, if in use.
 pub fn destination(key: u32) -> Option<DestView> {
     shared()?;
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     let s = lock.state();
     find(s, key).map(|i| view(i, &s.dests[i]))
 }
@@ -756,7 +787,7 @@ pub fn set_launched(i: usize, launched: bool, now: i64) {
     if shared().is_none() {
         return;
     }
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     let d = &mut lock.state().dests[i];
     if launched {
         if d.worker == WorkerState::None {
@@ -782,7 +813,7 @@ pub fn set_waiting_turn(i: usize, waiting: bool, now: i64) {
     if shared().is_none() {
         return;
     }
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     let d = &mut lock.state().dests[i];
     if !waiting {
         d.no_turn_since = 0;
@@ -797,7 +828,7 @@ pub fn set_not_accepting(i: usize, note: &str, now: i64) -> bool {
     if shared().is_none() {
         return false;
     }
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     let d = &mut lock.state().dests[i];
     d.phase = Phase::NotAccepting;
     d.no_turn_since = 0;
@@ -811,7 +842,7 @@ pub fn clear_launched(i: usize) {
     if shared().is_none() {
         return;
     }
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     let d = &mut lock.state().dests[i];
     if d.worker == WorkerState::Launched {
         d.worker = WorkerState::None;
@@ -830,7 +861,7 @@ pub struct Counters {
 /// A consistent snapshot of the queue counters.
 pub fn counters() -> Option<Counters> {
     shared()?;
-    let lock = Locked::acquire();
+    let mut lock = Locked::acquire();
     let s = lock.state();
     Some(Counters {
         capacity: s.capacity,
@@ -846,7 +877,7 @@ pub fn counters() -> Option<Counters> {
 pub fn reset() {
     let Some(shared) = shared() else { return };
     {
-        let lock = Locked::acquire();
+        let mut lock = Locked::acquire();
         let s = lock.state();
         s.refused = s.queued;
         s.recorded = 0;
@@ -885,8 +916,9 @@ pub fn stat_slot(dboid: pg_sys::Oid, relid: pg_sys::Oid, table_name: &str) -> Op
         return Some(slot);
     }
     let slot = shared.stats.iter().find(|s| s.relid.load(Ordering::Acquire) == 0)?;
-    // Only this (locked) writer touches a free slot's name.
-    unsafe { (*(slot as *const StatSlot as *mut StatSlot)).table_name.set(table_name) };
+    // SAFETY: a free slot's name is written only here, under the lock (held:
+    // `_lock`), and read only after `relid` is published below.
+    unsafe { (*slot.table_name.get()).set(table_name) };
     slot.dboid.store(db, Ordering::Release);
     slot.relid.store(rel, Ordering::Release);
     Some(slot)

@@ -32,7 +32,7 @@ pub fn stats() -> TableIterator<
                     (
                         pg_sys::Oid::from(slot.dboid.load(Ordering::Relaxed)),
                         pg_sys::Oid::from(slot.relid.load(Ordering::Relaxed)),
-                        slot.table_name.as_str().to_owned(),
+                        slot.table_name().unwrap_or_default().to_owned(),
                         slot.accepted.load(Ordering::Relaxed) as i64,
                         slot.refused.load(Ordering::Relaxed) as i64,
                         timestamp(slot.last_refusal.load(Ordering::Relaxed)),

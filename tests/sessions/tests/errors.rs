@@ -293,3 +293,33 @@ fn a_restored_audit_table_continues_after_its_highest_id() {
     );
     assert_eq!(id, 6);
 }
+
+/// README (tamper resistance): `DROP EXTENSION pg_lease CASCADE` takes every
+/// pg_lease trigger and the protection config with it; a new `CREATE
+/// EXTENSION` protects nothing until `lease.protect` runs again.
+#[test]
+fn drop_extension_cascade_leaves_nothing_protected_until_protect_runs_again() {
+    let db = TestDb::new("errors_drop_ext");
+    let mut c = db.connect();
+    c.batch_execute(POKER).unwrap();
+    c.batch_execute("DROP EXTENSION pg_lease CASCADE; CREATE EXTENSION pg_lease").unwrap();
+    let triggers: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+              WHERE t.tgname LIKE 'pg_lease%' AND NOT t.tgisinternal AND c.relnamespace <> 'lease'::regnamespace",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(triggers, 0);
+    let protected: i64 = c.query_one("SELECT count(*) FROM lease.protected_tables", &[]).unwrap().get(0);
+    assert_eq!(protected, 0);
+    // Unfenced now: a stale token is not refused.
+    c.batch_execute("INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 1, 1)").unwrap();
+    c.batch_execute(
+        "DELETE FROM payouts WHERE fencing_token = 1; SELECT lease.protect('payouts', '{table_id}', 'fencing_token')",
+    )
+    .unwrap();
+    let e = db_error(&mut c, "INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 1, 1)");
+    assert_eq!(e.code().code(), "LF001");
+}

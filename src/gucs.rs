@@ -14,6 +14,8 @@ thread_local! {
 }
 
 /// Backing storage Postgres writes the raw `pg_lease.token` string into.
+/// Rust never reads or writes it: guc.c owns it (through the address given
+/// in [`init`]); the parsed value lives in `BOUND_TOKEN`.
 static mut TOKEN_RAW: *mut c_char = std::ptr::null_mut();
 
 /// Record refusals in `lease.rejected_writes` (needs preload).
@@ -60,14 +62,20 @@ pub fn bound_token() -> Option<i64> {
     let token = BOUND_TOKEN.with(|t| t.get())?;
     let guc = TOKEN_GUC.with(|g| g.get());
     // SAFETY: `guc` is null or the config_generic Postgres allocated for
-    // pg_lease.token in this backend, which lives until the backend exits.
+    // pg_lease.token in this backend (find_token_guc), which guc.c never
+    // frees or moves; reading its `stack` field by value, in the backend's
+    // only thread, races with nothing.
     (!guc.is_null() && unsafe { !(*guc).stack.is_null() }).then_some(token)
 }
 
 /// Finds pg_lease.token's GUC record (call right after defining it).
 fn find_token_guc() -> *const pg_sys::config_generic {
-    // SAFETY: the GUC array and its records belong to guc.c and are only
-    // read here, in this backend's only thread; records are never freed.
+    // SAFETY: the GUC records belong to guc.c and are only read here, in
+    // this backend's only thread; records are never freed. PG 18:
+    // find_option takes a NUL-terminated name, creates no placeholder and,
+    // with skip_errorstack, returns NULL when the name is unknown. Before:
+    // get_guc_variables() is an array of GetNumConfigOptions() non-null
+    // record pointers, each record's `name` a NUL-terminated string.
     unsafe {
         #[cfg(feature = "pg18")]
         {
@@ -103,38 +111,66 @@ unsafe extern "C-unwind" fn check_token(
     _extra: *mut *mut c_void,
     source: pg_sys::GucSource::Type,
 ) -> bool {
-    if (*newval).is_null() {
+    // SAFETY: guc.c calls a string check hook with a valid pointer to the
+    // candidate value (which may itself be null).
+    let newval = unsafe { *newval };
+    if newval.is_null() {
         return true;
     }
-    let text = CStr::from_ptr(*newval).to_string_lossy();
+    // SAFETY: a non-null candidate is a NUL-terminated string guc.c owns
+    // until the hook returns; the text is copied if not valid UTF-8 and only
+    // used within the hook.
+    let text = unsafe { CStr::from_ptr(newval) }.to_string_lossy();
     match parse_token(&text) {
         // A token is bound per transaction; a value from the configuration
         // file, ALTER ROLE/DATABASE SET or the connection (PGOPTIONS) would
         // claim every transaction of a session: refuse it where it is set.
         Ok(Some(_)) if source != pg_sys::GucSource::PGC_S_SESSION && source != pg_sys::GucSource::PGC_S_OVERRIDE => {
-            pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(
-                c"pg_lease.token binds a fencing token to one transaction; it cannot be set for a role, a database, a connection or the server.".as_ptr(),
-            );
-            pg_sys::GUC_check_errhint_string =
-                pg_sys::pstrdup(c"Call lease.bind_token(token) in each transaction that writes.".as_ptr());
+            check_errdetail(c"pg_lease.token binds a fencing token to one transaction; it cannot be set for a role, a database, a connection or the server.");
+            check_errhint(c"Call lease.bind_token(token) in each transaction that writes.");
             false
         }
         Ok(_) => true,
         Err(why) => {
-            // What GUC_check_errdetail() does; Postgres reports it right after we return.
-            pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(why.as_ptr());
+            check_errdetail(why);
             false
         }
     }
 }
 
+/// What GUC_check_errdetail() does: the DETAIL guc.c reports right after a
+/// check hook returns false (it resets the string before each hook call).
+fn check_errdetail(detail: &CStr) {
+    // SAFETY: pstrdup copies the NUL-terminated `detail` into the current
+    // memory context, where guc.c reads it before the hook's caller returns;
+    // GUC_check_errdetail_string is a plain backend global, assigned by value
+    // (no reference to the `static mut` is taken) in the backend's only thread.
+    unsafe { pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr()) };
+}
+
+/// What GUC_check_errhint() does (see [`check_errdetail`]).
+fn check_errhint(hint: &CStr) {
+    // SAFETY: as in check_errdetail, for GUC_check_errhint_string.
+    unsafe { pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(hint.as_ptr()) };
+}
+
 unsafe extern "C-unwind" fn assign_token(newval: *const c_char, _extra: *mut c_void) {
-    let parsed =
-        if newval.is_null() { None } else { parse_token(&CStr::from_ptr(newval).to_string_lossy()).unwrap_or(None) };
+    let parsed = if newval.is_null() {
+        None
+    } else {
+        // SAFETY: guc.c calls the assign hook with the value just accepted
+        // by check_token: a NUL-terminated string it owns for the call.
+        parse_token(&unsafe { CStr::from_ptr(newval) }.to_string_lossy()).unwrap_or(None)
+    };
     BOUND_TOKEN.with(|t| t.set(parsed));
 }
 
 pub fn init() {
+    // SAFETY: called once per backend, from _PG_init. Name and descriptions
+    // are 'static C literals (guc.c keeps pointers to the descriptions);
+    // TOKEN_RAW is a 'static that only guc.c accesses, through this `&raw
+    // mut` (no Rust reference to the `static mut` exists); the boot value is
+    // a 'static literal; the hooks have guc.c's check/assign signatures.
     unsafe {
         pg_sys::DefineCustomStringVariable(
             c"pg_lease.token".as_ptr(),
@@ -147,94 +183,97 @@ pub fn init() {
             Some(check_token),
             Some(assign_token),
             None,
-        );
-        TOKEN_GUC.with(|g| g.set(find_token_guc()));
+        )
+    };
+    TOKEN_GUC.with(|g| g.set(find_token_guc()));
+    GucRegistry::define_int_guc(
+        c"pg_lease.min_ttl_ms",
+        c"Shortest lease TTL accepted by lease.acquire and lease.renew, in milliseconds.",
+        c"",
+        &MIN_TTL_MS,
+        1,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_lease.max_ttl_ms",
+        c"Longest lease TTL accepted by lease.acquire and lease.renew, in milliseconds.",
+        c"",
+        &MAX_TTL_MS,
+        1,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_lease.audit",
+        c"Record refused writes in lease.rejected_writes (needs shared_preload_libraries).",
+        c"",
+        &AUDIT,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_lease.audit_flush_ms",
+        c"Longest time the audit worker waits before writing queued refusals.",
+        c"",
+        &AUDIT_FLUSH_MS,
+        10,
+        60_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_lease.audit_statement",
+        c"Keep the text of refused statements in lease.rejected_writes.",
+        c"Off by default: statements can hold personal data.",
+        &AUDIT_STATEMENT,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_lease.audit_row",
+        c"Keep refused rows as jsonb in lease.rejected_writes.",
+        c"Off by default: payouts can hold personal data.",
+        &AUDIT_ROW,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_lease.audit_retention",
+        c"Age after which the audit worker deletes rows of lease.rejected_writes; 0 keeps them.",
+        c"",
+        &AUDIT_RETENTION_MIN,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MIN,
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_lease.log_rejections",
+        c"Write one structured LOG line per refused write.",
+        c"",
+        &LOG_REJECTIONS,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    // Server-start settings can only be defined while preloading; without
+    // preload there is no queue or worker for them to configure.
+    // SAFETY: reads (by value) a backend global guc.c/miscinit.c set
+    // before loading libraries; this backend has one thread.
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         GucRegistry::define_int_guc(
-            c"pg_lease.min_ttl_ms",
-            c"Shortest lease TTL accepted by lease.acquire and lease.renew, in milliseconds.",
-            c"",
-            &MIN_TTL_MS,
-            1,
-            i32::MAX,
-            GucContext::Suset,
-            GucFlags::UNIT_MS,
-        );
-        GucRegistry::define_int_guc(
-            c"pg_lease.max_ttl_ms",
-            c"Longest lease TTL accepted by lease.acquire and lease.renew, in milliseconds.",
-            c"",
-            &MAX_TTL_MS,
-            1,
-            i32::MAX,
-            GucContext::Suset,
-            GucFlags::UNIT_MS,
-        );
-        GucRegistry::define_bool_guc(
-            c"pg_lease.audit",
-            c"Record refused writes in lease.rejected_writes (needs shared_preload_libraries).",
-            c"",
-            &AUDIT,
-            GucContext::Sighup,
+            c"pg_lease.audit_queue_size",
+            c"Refusal records the shared-memory audit queue holds.",
+            c"When it is full, refusals are counted as dropped (they still reach the log).",
+            &AUDIT_QUEUE_SIZE,
+            16,
+            1 << 20,
+            GucContext::Postmaster,
             GucFlags::default(),
         );
-        GucRegistry::define_int_guc(
-            c"pg_lease.audit_flush_ms",
-            c"Longest time the audit worker waits before writing queued refusals.",
-            c"",
-            &AUDIT_FLUSH_MS,
-            10,
-            60_000,
-            GucContext::Sighup,
-            GucFlags::UNIT_MS,
-        );
-        GucRegistry::define_bool_guc(
-            c"pg_lease.audit_statement",
-            c"Keep the text of refused statements in lease.rejected_writes.",
-            c"Off by default: statements can hold personal data.",
-            &AUDIT_STATEMENT,
-            GucContext::Suset,
-            GucFlags::default(),
-        );
-        GucRegistry::define_bool_guc(
-            c"pg_lease.audit_row",
-            c"Keep refused rows as jsonb in lease.rejected_writes.",
-            c"Off by default: payouts can hold personal data.",
-            &AUDIT_ROW,
-            GucContext::Suset,
-            GucFlags::default(),
-        );
-        GucRegistry::define_int_guc(
-            c"pg_lease.audit_retention",
-            c"Age after which the audit worker deletes rows of lease.rejected_writes; 0 keeps them.",
-            c"",
-            &AUDIT_RETENTION_MIN,
-            0,
-            i32::MAX,
-            GucContext::Sighup,
-            GucFlags::UNIT_MIN,
-        );
-        GucRegistry::define_bool_guc(
-            c"pg_lease.log_rejections",
-            c"Write one structured LOG line per refused write.",
-            c"",
-            &LOG_REJECTIONS,
-            GucContext::Suset,
-            GucFlags::default(),
-        );
-        // Server-start settings can only be defined while preloading; without
-        // preload there is no queue or worker for them to configure.
-        if pg_sys::process_shared_preload_libraries_in_progress {
-            GucRegistry::define_int_guc(
-                c"pg_lease.audit_queue_size",
-                c"Refusal records the shared-memory audit queue holds.",
-                c"When it is full, refusals are counted as dropped (they still reach the log).",
-                &AUDIT_QUEUE_SIZE,
-                16,
-                1 << 20,
-                GucContext::Postmaster,
-                GucFlags::default(),
-            );
-            GucRegistry::define_string_guc(
+        GucRegistry::define_string_guc(
                 c"pg_lease.database",
                 c"One database whose lease.rejected_writes records the refusals of every database; empty: each database records its own.",
                 c"Empty (the default): refusals are recorded in the lease.rejected_writes of the database where they happened.",
@@ -242,20 +281,21 @@ pub fn init() {
                 GucContext::Postmaster,
                 GucFlags::default(),
             );
-            GucRegistry::define_int_guc(
-                c"pg_lease.audit_workers",
-                c"Most per-database audit writers running at once.",
-                c"Each takes a max_worker_processes slot while it runs.",
-                &AUDIT_WORKERS,
-                1,
-                64,
-                GucContext::Sighup,
-                GucFlags::default(),
-            );
-        }
-        // Typos such as `SET pg_lease.tokne` then fail instead of creating a placeholder.
-        pg_sys::MarkGUCPrefixReserved(c"pg_lease".as_ptr());
+        GucRegistry::define_int_guc(
+            c"pg_lease.audit_workers",
+            c"Most per-database audit writers running at once.",
+            c"Each takes a max_worker_processes slot while it runs.",
+            &AUDIT_WORKERS,
+            1,
+            64,
+            GucContext::Sighup,
+            GucFlags::default(),
+        );
     }
+    // Typos such as `SET pg_lease.tokne` then fail instead of creating a placeholder.
+    // SAFETY: a NUL-terminated 'static literal, which guc.c copies into its
+    // list of reserved prefixes.
+    unsafe { pg_sys::MarkGUCPrefixReserved(c"pg_lease".as_ptr()) };
 }
 
 #[cfg(any(test, feature = "pg_test"))]

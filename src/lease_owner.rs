@@ -53,7 +53,12 @@ fn key_datums(keys: &[(String, pg_sys::Oid)], key: &[Option<String>]) -> Vec<(pg
         .map(|((_, typid), value)| {
             // Text from SQL never holds NUL.
             let text = CString::new(value.as_deref().unwrap_or_default()).expect("SQL text has no NUL");
-            // SAFETY: the type's own input function, on a NUL-terminated string.
+            // SAFETY: getTypeInputInfo is a syscache lookup of the key
+            // column's type writing into live locals; OidInputFunctionCall
+            // runs that type's own input function on `text`, a NUL-terminated
+            // string alive until the end of this closure (input functions
+            // read it, never write, despite the *mut), and returns a datum
+            // palloc'd in the current memory context (or raises).
             unsafe {
                 let (mut input, mut ioparam) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
                 pg_sys::getTypeInputInfo(*typid, &mut input, &mut ioparam);
@@ -65,8 +70,10 @@ fn key_datums(keys: &[(String, pg_sys::Oid)], key: &[Option<String>]) -> Vec<(pg
 
 /// SPI arguments over datums made by [`key_datums`] in this call.
 fn args(datums: &[(pg_sys::Datum, pg_sys::Oid)]) -> Vec<DatumWithOid<'static>> {
-    // SAFETY: the datums were palloc'd in the current memory context by
-    // key_datums and outlive the statements they are passed to.
+    // SAFETY: each datum is a value of `typid` made by that type's input
+    // function in key_datums, palloc'd in the current memory context (or by
+    // value), which outlives the SPI statements they are passed to within
+    // the same call; 'static only says nothing in Rust borrows them.
     datums.iter().map(|&(d, typid)| unsafe { DatumWithOid::new(d, typid) }).collect()
 }
 

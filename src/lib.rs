@@ -56,10 +56,12 @@ pub extern "C-unwind" fn _PG_init() {
     fence::init();
     // Shared memory and the audit worker exist only when preloaded (and not
     // while pg_upgrade runs the server in binary-upgrade mode).
-    unsafe {
-        if pg_sys::process_shared_preload_libraries_in_progress && !pg_sys::IsBinaryUpgrade {
-            audit::init_preloaded();
-        }
+    // SAFETY: reads (by value, no reference taken) two backend globals
+    // Postgres sets before loading libraries and that nothing writes
+    // concurrently: this backend has one thread.
+    let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress && !pg_sys::IsBinaryUpgrade };
+    if preloading {
+        audit::init_preloaded();
     }
 }
 

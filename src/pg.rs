@@ -2,21 +2,40 @@
 //! calls, roles, saved plans. Depends on nothing else in pg_lease; every other
 //! module reads Postgres through these (or through pgrx) rather than raw
 //! pointers of its own.
+//!
+//! The safe functions here rely on what holds for all of pg_lease's code: it
+//! runs in a backend's one thread, inside a transaction (so syscache and
+//! catalog lookups are allowed), called through pgrx or `crate::boundary`,
+//! which turn a Postgres ERROR raised inside a `pg_sys` call into a Rust
+//! panic and back. Pointers Postgres returns from a lookup are palloc'd in
+//! `CurrentMemoryContext`, which no callee here resets, and are copied into
+//! Rust values before the function returns.
 
 use pgrx::pg_sys;
 use std::ffi::CStr;
 
 /// A C string owned by Postgres, copied into Rust (NULL becomes empty).
+///
+/// # Safety
+/// `p` is null or points to a NUL-terminated string that stays valid and
+/// unmodified for the duration of this call (e.g. a palloc'd result of the
+/// `pg_sys` call that produced it, or a backend global).
 pub(crate) unsafe fn owned(p: *const std::ffi::c_char) -> String {
     if p.is_null() {
         String::new()
     } else {
-        CStr::from_ptr(p).to_string_lossy().into_owned()
+        // SAFETY: non-null here, and NUL-terminated and valid for the call by
+        // the caller's contract; the bytes are copied before returning.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
 }
 
 /// (schema, relation name) of `relid`.
 pub fn relation_names(relid: pg_sys::Oid) -> (String, String) {
+    // SAFETY: get_rel_namespace, get_namespace_name and get_rel_name are
+    // syscache lookups that accept any OID (a missing object gives
+    // InvalidOid or NULL, not an error); the names they return are palloc'd
+    // NUL-terminated copies (or NULL), which `owned` accepts and copies.
     unsafe {
         let schema = owned(pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid)));
         let table = owned(pg_sys::get_rel_name(relid));
@@ -27,6 +46,10 @@ pub fn relation_names(relid: pg_sys::Oid) -> (String, String) {
 /// An identifier quoted the way Postgres quotes it (only when needed).
 pub fn quote_ident(name: &str) -> String {
     let cname = std::ffi::CString::new(name).expect("identifiers have no NUL");
+    // SAFETY: `cname` is NUL-terminated and lives to the end of this
+    // function; quote_identifier only reads it and returns either that same
+    // pointer (no quoting needed) or a palloc'd quoted copy, so what `owned`
+    // copies is valid either way.
     unsafe { owned(pg_sys::quote_identifier(cname.as_ptr())) }
 }
 
@@ -46,13 +69,20 @@ pub fn rel_owner(relid: pg_sys::Oid) -> pg_sys::Oid {
 }
 
 /// Prepares `sql` with SPI and keeps the plan for the life of the backend.
-/// Call inside an SPI connection.
-pub unsafe fn prepare_saved(sql: &CStr, argtypes: &mut [pg_sys::Oid], what: &str) -> pg_sys::SPIPlanPtr {
-    let plan = pg_sys::SPI_prepare(sql.as_ptr(), argtypes.len() as i32, argtypes.as_mut_ptr());
+/// Call inside an SPI connection (outside one, SPI_prepare fails with
+/// SPI_ERROR_UNCONNECTED and this raises an ERROR).
+pub fn prepare_saved(sql: &CStr, argtypes: &mut [pg_sys::Oid], what: &str) -> pg_sys::SPIPlanPtr {
+    // SAFETY: `sql` is NUL-terminated; `argtypes` points to exactly
+    // `argtypes.len()` OIDs, which SPI_prepare only reads and copies into the
+    // plan's own memory. Without a connection it returns NULL (checked below)
+    // rather than touching SPI state; a bad query raises an ERROR.
+    let plan = unsafe { pg_sys::SPI_prepare(sql.as_ptr(), argtypes.len() as i32, argtypes.as_mut_ptr()) };
     if plan.is_null() {
         pgrx::error!("pg_lease: could not prepare {what}");
     }
-    pg_sys::SPI_keepplan(plan);
+    // SAFETY: `plan` is a non-null, not yet saved plan SPI_prepare just
+    // returned; SPI_keepplan moves it under CacheMemoryContext.
+    unsafe { pg_sys::SPI_keepplan(plan) };
     plan
 }
 
@@ -76,26 +106,35 @@ pub fn token_from_datum(datum: pg_sys::Datum, typid: pg_sys::Oid) -> i64 {
 }
 
 /// The text form of a datum, for messages (slow path only).
-pub fn datum_text(datum: pg_sys::Datum, typid: pg_sys::Oid) -> String {
-    unsafe {
-        let (mut out, mut varlena) = (pg_sys::InvalidOid, false);
-        pg_sys::getTypeOutputInfo(typid, &mut out, &mut varlena);
-        owned(pg_sys::OidOutputFunctionCall(out, datum))
-    }
+///
+/// # Safety
+/// `datum` is a valid, non-NULL value of type `typid` (the type's output
+/// function dereferences it when the type is passed by reference).
+pub unsafe fn datum_text(datum: pg_sys::Datum, typid: pg_sys::Oid) -> String {
+    let (mut out, mut varlena) = (pg_sys::InvalidOid, false);
+    // SAFETY: a syscache lookup writing into two live locals; an unknown type
+    // raises an ERROR.
+    unsafe { pg_sys::getTypeOutputInfo(typid, &mut out, &mut varlena) };
+    // SAFETY: `out` is `typid`'s output function and `datum` a valid value
+    // of that type (the caller's contract); it returns a palloc'd C string.
+    unsafe { owned(pg_sys::OidOutputFunctionCall(out, datum)) }
 }
 
 /// Runs `f` as `role` with `flags` added to the security context, restoring
 /// both afterwards (on error, (sub)transaction abort restores them).
 fn with_user<R>(role: pg_sys::Oid, flags: u32, f: impl FnOnce() -> R) -> R {
-    // SAFETY: saves and restores the current user and security context.
-    unsafe {
-        let (mut saved_user, mut saved_ctx) = (pg_sys::InvalidOid, 0);
-        pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_ctx);
-        pg_sys::SetUserIdAndSecContext(role, saved_ctx | (pg_sys::SECURITY_LOCAL_USERID_CHANGE | flags) as i32);
-        let r = f();
-        pg_sys::SetUserIdAndSecContext(saved_user, saved_ctx);
-        r
-    }
+    let (mut saved_user, mut saved_ctx) = (pg_sys::InvalidOid, 0);
+    // SAFETY: reads two backend globals into live locals.
+    unsafe { pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_ctx) };
+    // SAFETY: SetUserIdAndSecContext only assigns backend globals; it is
+    // always paired with the restore below, and if `f` raises, transaction or
+    // subtransaction abort restores the user and context saved at its start
+    // (as for ri_triggers.c's identical pattern).
+    unsafe { pg_sys::SetUserIdAndSecContext(role, saved_ctx | (pg_sys::SECURITY_LOCAL_USERID_CHANGE | flags) as i32) };
+    let r = f();
+    // SAFETY: restores exactly what was read above.
+    unsafe { pg_sys::SetUserIdAndSecContext(saved_user, saved_ctx) };
+    r
 }
 
 /// Runs `f` as `role`, the way ri_triggers.c runs its checks as the owner of
@@ -125,9 +164,13 @@ pub fn display(relid: pg_sys::Oid) -> String {
 /// through this.
 pub fn as_table_owner<R>(relid: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
     with_user(rel_owner(relid), pg_sys::SECURITY_RESTRICTED_OPERATION, || {
-        // SAFETY: settings the user code makes are undone at this nest level.
+        // SAFETY: NewGUCNestLevel only increments guc.c's nest counter;
+        // settings the user code makes are undone at this level below (or by
+        // abort, if `f` raises).
         let nest = unsafe { pg_sys::NewGUCNestLevel() };
         let r = f();
+        // SAFETY: `nest` is the level opened above, still the innermost one:
+        // `f` returned normally, so any level it opened it also closed.
         unsafe { pg_sys::AtEOXact_GUC(true, nest) };
         r
     })
@@ -136,7 +179,9 @@ pub fn as_table_owner<R>(relid: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
 /// (attnum, type) of column `name` of `relid`, if it exists.
 pub fn attribute(relid: pg_sys::Oid, name: &str) -> Option<(i16, pg_sys::Oid)> {
     let cname = std::ffi::CString::new(name).expect("column names have no NUL");
-    // SAFETY: syscache lookups.
+    // SAFETY: `cname` is NUL-terminated and outlives the call; get_attnum
+    // and get_atttype are syscache lookups that accept any relid/attnum
+    // (missing ones give InvalidAttrNumber / InvalidOid, no error).
     unsafe {
         let attnum = pg_sys::get_attnum(relid, cname.as_ptr());
         (attnum > 0).then(|| (attnum, pg_sys::get_atttype(relid, attnum)))
@@ -146,7 +191,9 @@ pub fn attribute(relid: pg_sys::Oid, name: &str) -> Option<(i16, pg_sys::Oid)> {
 /// The collation of column `attnum` of `relid`.
 pub fn attcollation(relid: pg_sys::Oid, attnum: i16) -> pg_sys::Oid {
     let (mut typid, mut typmod, mut collation) = (pg_sys::InvalidOid, 0, pg_sys::InvalidOid);
-    // SAFETY: a syscache lookup of an existing column; raises if it is gone.
+    // SAFETY: a syscache lookup writing into three live locals; a missing
+    // column raises an ERROR ("cache lookup failed") rather than reading
+    // anything invalid.
     unsafe { pg_sys::get_atttypetypmodcoll(relid, attnum, &mut typid, &mut typmod, &mut collation) };
     collation
 }
@@ -173,10 +220,30 @@ pub fn own_relid(name: &str) -> pg_sys::Oid {
     .unwrap_or_else(|| panic!("{name} exists"))
 }
 
-/// A text[] datum of `elems` (text datums), in the current memory context.
-pub fn text_array(elems: &[pg_sys::Datum]) -> pg_sys::Datum {
-    // SAFETY: text elements, by reference, int-aligned, as construct_array
-    // expects; it copies them.
+/// A `text` datum made by [`text_datum`]: the only elements [`text_array`]
+/// accepts, so that it never hands construct_array something that is not a
+/// text varlena.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct TextDatum(pg_sys::Datum);
+
+/// `bytes` as a text datum, palloc'd in the current memory context.
+pub fn text_datum(bytes: &[u8]) -> TextDatum {
+    // SAFETY: cstring_to_text_with_len copies exactly `len` bytes from the
+    // live slice (no NUL needed) into a new palloc'd text. A length past
+    // i32::MAX would wrap negative and make palloc raise "invalid memory
+    // alloc request size" before anything is copied.
+    let text = unsafe { pg_sys::cstring_to_text_with_len(bytes.as_ptr().cast(), bytes.len() as i32) };
+    TextDatum(pg_sys::Datum::from(text))
+}
+
+/// A text[] datum of `elems`, in the current memory context.
+pub fn text_array(elems: &[TextDatum]) -> pg_sys::Datum {
+    // SAFETY: `TextDatum` is a transparent Datum, so the slice is
+    // `elems.len()` Datums, each a valid text varlena (only `text_datum`
+    // makes them); text is by reference (-1), int-aligned, as passed;
+    // construct_array only reads the elements and copies them into the new
+    // array.
     unsafe {
         let array = pg_sys::construct_array(
             elems.as_ptr() as *mut pg_sys::Datum,
@@ -188,6 +255,31 @@ pub fn text_array(elems: &[pg_sys::Datum]) -> pg_sys::Datum {
         );
         pg_sys::Datum::from(array)
     }
+}
+
+/// `node` as a `&T` when it is non-null and tagged `tag`.
+///
+/// # Safety
+/// `node` is null or points to a valid parse/plan Node that outlives `'a`,
+/// and `T` is the struct Postgres uses for nodes tagged `tag`.
+pub unsafe fn cast_node<'a, T>(node: *const pg_sys::Node, tag: pg_sys::NodeTag) -> Option<&'a T> {
+    // SAFETY: non-null is checked first; then `node` points to a valid Node
+    // (the caller's contract), whose first field is its tag, and a node with
+    // tag `tag` is a `T` living for 'a (also the caller's contract).
+    (!node.is_null() && unsafe { (*node).type_ } == tag).then(|| unsafe { &*(node as *const T) })
+}
+
+/// The pointer elements of a Postgres `List` (NIL, a null pointer, is empty).
+///
+/// # Safety
+/// `list` is null or a valid pointer `List` (T_List) that is not modified or
+/// freed while the iterator is used.
+pub unsafe fn list_ptrs<'a>(list: *const pg_sys::List) -> impl Iterator<Item = *mut std::ffi::c_void> + 'a {
+    // SAFETY: a non-null `list` is a valid List (the caller's contract).
+    let len = if list.is_null() { 0 } else { (unsafe { (*list).length }) as usize };
+    // SAFETY: i < length, and a List's `elements` array holds `length`
+    // cells; a pointer List's cells are read through `ptr_value`.
+    (0..len).map(move |i| unsafe { (*(*list).elements.add(i)).ptr_value })
 }
 
 /// A heap tuple together with the descriptor it was formed with: the only way
@@ -202,6 +294,8 @@ impl Row {
     /// # Safety
     /// `tuple` is a valid heap tuple formed with `desc`, and both stay valid
     /// (not freed, not modified) for as long as the `Row` or a copy is used.
+    /// Datums read from the row point into the tuple (by-reference types), so
+    /// they are valid as long as the row is.
     pub unsafe fn new(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> Row {
         Row { tuple, desc }
     }
@@ -258,8 +352,10 @@ impl<'a> TriggerCall<'a> {
     /// `fcinfo` is the FunctionCallInfo Postgres passed to a version-1 C
     /// function, valid for `'a` (the call).
     pub unsafe fn from_fcinfo(fcinfo: pg_sys::FunctionCallInfo, function: &str) -> TriggerCall<'a> {
-        // SAFETY: the caller's contract; `context` is a Node or null, and a
-        // T_TriggerData node is a TriggerData (CALLED_AS_TRIGGER).
+        // SAFETY: `fcinfo` is valid for the call (the caller's contract);
+        // `context` is null or a Node (fmgr.h), and a node tagged
+        // T_TriggerData is a TriggerData (the CALLED_AS_TRIGGER test), which
+        // the trigger manager keeps alive until the function returns.
         unsafe {
             let ctx = (*fcinfo).context;
             if ctx.is_null() || (*ctx).type_ != pg_sys::NodeTag::T_TriggerData {
@@ -287,7 +383,8 @@ impl<'a> TriggerCall<'a> {
 
     /// The OID of the relation the trigger fired on.
     pub fn relid(&self) -> pg_sys::Oid {
-        // SAFETY: the trigger manager's relation is open for the whole call.
+        // SAFETY: tg_relation is the non-null, open Relation the trigger
+        // fired on; the trigger manager holds it open for the whole call.
         unsafe { (*self.td.tg_relation).rd_id }
     }
 
@@ -299,8 +396,9 @@ impl<'a> TriggerCall<'a> {
     /// The inserted row (INSERT), the old row (UPDATE, DELETE); None for
     /// statement-level calls.
     pub fn trigtuple(&self) -> Option<Row> {
-        // SAFETY: the trigger manager's tuples are formed with the relation's
-        // descriptor and live for the whole call.
+        // SAFETY: a non-null tg_trigtuple is formed with the relation's
+        // descriptor (rd_att) and lives (in the executor's slot) at least
+        // until the trigger function returns, which is the TriggerCall's 'a.
         (!self.td.tg_trigtuple.is_null()).then(|| unsafe { Row::new(self.td.tg_trigtuple, self.desc()) })
     }
 
@@ -320,8 +418,10 @@ impl<'a> TriggerCall<'a> {
 
     /// The trigger's arguments (`tgargs`).
     pub fn args(&self) -> Vec<String> {
-        // SAFETY: tg_trigger and its tgnargs C strings belong to the relcache
-        // entry, valid for the call.
+        // SAFETY: tg_trigger is non-null for every trigger call and belongs
+        // to the relcache entry held open for the call; tgargs holds tgnargs
+        // NUL-terminated strings (and may be NULL only when tgnargs is 0, in
+        // which case it is never dereferenced).
         unsafe {
             let trigger = &*self.td.tg_trigger;
             (0..trigger.tgnargs as usize).map(|i| owned(*trigger.tgargs.add(i))).collect()
@@ -341,9 +441,13 @@ pub unsafe fn run_token_plan(
     args: &mut [pg_sys::Datum],
     role: pg_sys::Oid,
 ) -> (Option<Option<i64>>, pg_sys::Oid) {
-    // SAFETY: the caller's contract for the plan and its arguments; the SPI
-    // connection is opened and closed here (an error inside aborts the
-    // (sub)transaction, which cleans SPI up).
+    // SAFETY: the caller's contract for the plan and its arguments (`args`
+    // holds exactly the plan's parameters; a null `nulls` means none is
+    // NULL). SPI_connect/SPI_finish pair up here; an ERROR in between aborts
+    // the (sub)transaction, which cleans SPI up. SPI_tuptable and its first
+    // row are read only when SPI_processed > 0, and only before SPI_finish
+    // frees them; column 1 is an integer (caller's contract), column 2 is
+    // read only when the descriptor has it and as the oid it is.
     unsafe {
         pg_sys::SPI_connect();
         // read_only = false: a fresh snapshot, so READ COMMITTED sees the latest

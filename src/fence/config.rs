@@ -175,6 +175,11 @@ pub fn is_owner_table(relid: pg_sys::Oid) -> bool {
 fn free_stale_plans() {
     let plans = STALE_PLANS.with(|p| std::mem::take(&mut *p.borrow_mut()));
     for plan in plans {
+        // SAFETY: each plan was saved with SPI_keepplan (prepare_saved) and
+        // queued exactly once, by the Drop of the last reference to the
+        // FenceConfig that owned it, so it is freed once and no code can run
+        // it afterwards. Freeing is deferred to here, outside invalidation
+        // callbacks, because SPI_freeplan may not run inside one.
         unsafe { pg_sys::SPI_freeplan(plan) };
     }
 }
@@ -202,6 +207,7 @@ fn load_row(relid: pg_sys::Oid) -> Option<ProtectedRow> {
                      OR p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (ARRAY(
                             SELECT a.relid::pg_catalog.oid FROM pg_catalog.pg_partition_ancestors($1) a))",
                 Some(1),
+                // SAFETY: an OID is a by-value datum, a valid regclass.
                 &[unsafe { pgrx::datum::DatumWithOid::new(relid, pg_sys::REGCLASSOID) }],
             )
             .expect("reading lease.protected");
@@ -247,6 +253,8 @@ fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
     for name in &row.key_columns {
         let (attnum, typid) = column(relid, &display, name)?;
         let (mut typlen, mut typbyval) = (0i16, false);
+        // SAFETY: a syscache lookup of the column's type writing into two live
+        // locals; an unknown type raises an ERROR.
         unsafe { pg_sys::get_typlenbyval(typid, &mut typlen, &mut typbyval) };
         let canon = if high_water {
             let collation = attcollation(relid, attnum);
@@ -327,6 +335,8 @@ fn prepare_owner_lookup(
     }
     // A plain owner table is read ONLY: rows of inheritance children are not
     // owner rows (the DDL guard refuses such children anyway).
+    // SAFETY: a syscache lookup accepting any OID (a missing relation gives
+    // relkind 0, not an error).
     let partitioned = unsafe { pg_sys::get_rel_relkind(owner_relid) } as u8 == pg_sys::RELKIND_PARTITIONED_TABLE;
     let tables: Vec<pg_sys::Oid> = if partitioned {
         Spi::connect(|client| {
@@ -334,6 +344,7 @@ fn prepare_owner_lookup(
                 .select(
                     "SELECT t.relid::pg_catalog.oid FROM pg_catalog.pg_partition_tree($1) t",
                     None,
+                    // SAFETY: an OID is a by-value datum, a valid regclass.
                     &[unsafe { pgrx::datum::DatumWithOid::new(owner_relid, pg_sys::REGCLASSOID) }],
                 )
                 .expect("reading the owner table's partitions")
@@ -355,7 +366,7 @@ fn prepare_owner_lookup(
     let locking = CString::new(format!("{sql} FOR SHARE OF o")).expect("no NUL in generated SQL");
     let peeking = CString::new(sql).expect("no NUL in generated SQL");
     let mut argtypes: Vec<pg_sys::Oid> = keys.iter().map(|k| k.typid).collect();
-    let (plan, peek) = Spi::connect(|_| unsafe {
+    let (plan, peek) = Spi::connect(|_| {
         (
             prepare_saved(&locking, &mut argtypes, &format!("the owner lookup for {display}")),
             prepare_saved(&peeking, &mut argtypes, &format!("the owner lookup for {display}")),

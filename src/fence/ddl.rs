@@ -10,27 +10,41 @@ use pgrx::pg_sys;
 /// `pg_event_trigger_ddl_commands()`.
 ///
 /// # Safety
-/// Called by Postgres as a version-1 C function.
+/// Called by Postgres as a version-1 C function: `fcinfo` is valid for the
+/// call and has the one argument the SQL declaration gives it, a
+/// `pg_ddl_command` that pg_event_trigger_ddl_commands() returned in this
+/// `ddl_command_end` event trigger.
 pub unsafe fn retyped_columns(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Refusal> {
-    let arg = &*(*fcinfo).args.as_ptr();
-    let mut names: Vec<pg_sys::Datum> = Vec::new();
+    // SAFETY: `fcinfo` is valid for the call and carries one argument (the
+    // caller's contract), so args[0] exists.
+    let arg = unsafe { &*(*fcinfo).args.as_ptr() };
+    let mut names: Vec<crate::pg::TextDatum> = Vec::new();
     if !arg.isnull {
         // SAFETY: a pg_ddl_command datum is a pointer to the CollectedCommand
         // that pg_event_trigger_ddl_commands() is returning (event trigger
         // memory, alive for the whole ddl_command_end trigger).
-        let cmd = &*(arg.value.cast_mut_ptr::<pg_sys::CollectedCommand>());
+        let cmd = unsafe { &*(arg.value.cast_mut_ptr::<pg_sys::CollectedCommand>()) };
         if cmd.type_ == pg_sys::CollectedCommandType::SCT_AlterTable {
-            let subcmds = cmd.d.alterTable.subcmds;
-            let len = if subcmds.is_null() { 0 } else { (*subcmds).length as usize };
-            for i in 0..len {
-                let sub = (*(*subcmds).elements.add(i)).ptr_value as *const pg_sys::CollectedATSubcmd;
-                let node = (*sub).parsetree;
-                if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_AlterTableCmd {
+            // SAFETY: `d` is the union member SCT_AlterTable selects; its
+            // subcmds is NIL or a pointer List of CollectedATSubcmd, in the
+            // same event trigger memory as `cmd`.
+            let subcmds = unsafe { crate::pg::list_ptrs(cmd.d.alterTable.subcmds) };
+            for sub in subcmds {
+                // SAFETY: each element is a non-null CollectedATSubcmd
+                // (event_trigger.c's EventTriggerCollectAlterTableSubcmd),
+                // alive as `cmd` is; its parsetree is null or a Node.
+                let node = unsafe { (*(sub as *const pg_sys::CollectedATSubcmd)).parsetree };
+                // SAFETY: `node` is null or a valid Node living as `cmd`
+                // does; a T_AlterTableCmd node is an AlterTableCmd.
+                let Some(at) =
+                    (unsafe { crate::pg::cast_node::<pg_sys::AlterTableCmd>(node, pg_sys::NodeTag::T_AlterTableCmd) })
+                else {
                     continue;
-                }
-                let at = &*(node as *const pg_sys::AlterTableCmd);
+                };
                 if at.subtype == pg_sys::AlterTableType::AT_AlterColumnType && !at.name.is_null() {
-                    names.push(pg_sys::Datum::from(pg_sys::cstring_to_text(at.name)));
+                    // SAFETY: a non-null AlterTableCmd.name is the column's
+                    // NUL-terminated name, alive as the parse tree is.
+                    names.push(crate::pg::text_datum(unsafe { std::ffi::CStr::from_ptr(at.name) }.to_bytes()));
                 }
             }
         }
@@ -56,40 +70,59 @@ pub fn exists_as_owner(rel: pg_sys::Oid, query: &str) -> bool {
 /// owner rows and their tokens) it is refused here (LF004).
 ///
 /// # Safety
-/// Called by Postgres as a version-1 C event trigger function.
+/// Called by Postgres as a version-1 C event trigger function: `fcinfo` is
+/// valid for the call.
 pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Refusal> {
-    let ctx = (*fcinfo).context;
-    if ctx.is_null() || (*ctx).type_ != pg_sys::NodeTag::T_EventTriggerData {
+    // SAFETY: `fcinfo` is valid for the call (the caller's contract); its
+    // context is null or a Node, and a T_EventTriggerData node is an
+    // EventTriggerData the event trigger machinery keeps alive for the call.
+    let data = unsafe {
+        crate::pg::cast_node::<pg_sys::EventTriggerData>((*fcinfo).context, pg_sys::NodeTag::T_EventTriggerData)
+    };
+    let Some(data) = data else {
         pgrx::error!("lease._guard_ddl_start() may only be called as an event trigger");
-    }
-    let data = &*(ctx as *const pg_sys::EventTriggerData);
-    let tree = data.parsetree;
-    if tree.is_null() || (*tree).type_ != pg_sys::NodeTag::T_AlterTableStmt {
+    };
+    // SAFETY: parsetree is null or the command's parse tree, alive for the
+    // whole event trigger call; a T_AlterTableStmt node is an AlterTableStmt.
+    let stmt =
+        unsafe { crate::pg::cast_node::<pg_sys::AlterTableStmt>(data.parsetree, pg_sys::NodeTag::T_AlterTableStmt) };
+    let Some(stmt) = stmt else {
         return Ok(pg_sys::Datum::from(0));
-    }
-    let stmt = &*(tree as *const pg_sys::AlterTableStmt);
-    let cmds = stmt.cmds;
-    let len = if cmds.is_null() { 0 } else { (*cmds).length as usize };
-    for i in 0..len {
-        let node = (*(*cmds).elements.add(i)).ptr_value as *const pg_sys::Node;
-        if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_AlterTableCmd {
+    };
+    // SAFETY: an AlterTableStmt's cmds is NIL or a pointer List of Nodes
+    // belonging to the same parse tree, which nothing modifies while this
+    // trigger runs.
+    let cmds = unsafe { crate::pg::list_ptrs(stmt.cmds) };
+    for node in cmds {
+        // SAFETY: each element is a Node of the parse tree (null is
+        // rejected); a T_AlterTableCmd node is an AlterTableCmd.
+        let cmd = unsafe {
+            crate::pg::cast_node::<pg_sys::AlterTableCmd>(node as *const pg_sys::Node, pg_sys::NodeTag::T_AlterTableCmd)
+        };
+        let Some(cmd) = cmd else {
             continue;
-        }
-        let cmd = &*(node as *const pg_sys::AlterTableCmd);
+        };
         if cmd.subtype != pg_sys::AlterTableType::AT_DetachPartition || cmd.def.is_null() {
             continue;
         }
-        let part = &*(cmd.def as *const pg_sys::PartitionCmd);
+        // SAFETY: the grammar makes the def of a DETACH PARTITION a
+        // PartitionCmd (gram.y, partition_cmd), non-null as checked above.
+        let part = unsafe { &*(cmd.def as *const pg_sys::PartitionCmd) };
         if !part.concurrent {
             continue;
         }
-        let relid = pg_sys::RangeVarGetRelidExtended(
-            stmt.relation,
-            pg_sys::NoLock as i32,
-            pg_sys::RVROption::RVR_MISSING_OK,
-            None,
-            std::ptr::null_mut(),
-        );
+        // SAFETY: stmt.relation is the statement's non-null RangeVar; with
+        // NoLock and RVR_MISSING_OK this is a plain name lookup that returns
+        // InvalidOid for a missing relation; no callback, no callback arg.
+        let relid = unsafe {
+            pg_sys::RangeVarGetRelidExtended(
+                stmt.relation,
+                pg_sys::NoLock as i32,
+                pg_sys::RVROption::RVR_MISSING_OK,
+                None,
+                std::ptr::null_mut(),
+            )
+        };
         if relid != pg_sys::InvalidOid && crate::fence::config::is_owner_table(relid) {
             let display = crate::pg::display(relid);
             return Err(Refusal::new(

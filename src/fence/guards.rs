@@ -45,7 +45,8 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
         _ => (token_of(old), None, None),
     };
 
-    // SAFETY: reads the current user's superuser flag.
+    // SAFETY: superuser() is a syscache lookup of the current user (a
+    // backend global), valid in any transaction.
     if let Some(a) = after.filter(|&a| a > MAX_TOKEN && !unsafe { pg_sys::superuser() }) {
         pgrx::ereport!(
             ERROR,
@@ -106,7 +107,9 @@ fn not_protected(function: &str, relid: pg_sys::Oid) -> ! {
 fn same_key(relid: pg_sys::Oid, old: Row, new: Row, keys: &[(&str, i16, pg_sys::Oid)]) -> bool {
     keys.iter().all(|&(_, attnum, typid)| match (old.attr(attnum), new.attr(attnum)) {
         (None, None) => true,
-        // SAFETY: two non-NULL values of the column's type.
+        // SAFETY: two non-NULL values of column `attnum` of the trigger's
+        // relation `relid` (old and new rows of this call, valid for it),
+        // whose type `typid` config::column read for that same relation.
         (Some(a), Some(b)) => unsafe { identity::equal(a, b, typid, attcollation(relid, attnum)) },
         _ => false,
     })

@@ -9,7 +9,7 @@
 use crate::errors::{LeaseError, Refusal};
 use crate::fence::config::FenceConfig;
 use crate::fence::{key, refusal, verified};
-use crate::pg::{own_relid, prepare_saved, rel_owner, run_token_plan, text_array, Row, TriggerOp};
+use crate::pg::{own_relid, prepare_saved, rel_owner, run_token_plan, text_array, text_datum, Row, TriggerOp};
 use pgrx::pg_sys;
 use std::cell::Cell;
 
@@ -31,7 +31,7 @@ fn plans() -> Plans {
     if let Some(p) = PLANS.with(|p| p.get()) {
         return p;
     }
-    let p = pgrx::spi::Spi::connect(|_| unsafe {
+    let p = pgrx::spi::Spi::connect(|_| {
         let mut args = [pg_sys::REGCLASSOID, pg_sys::TEXTARRAYOID, pg_sys::INT8OID];
         Plans {
             select: prepare_saved(
@@ -64,17 +64,20 @@ fn plans() -> Plans {
 /// `lease.high_water` (see identity.rs).
 fn resource_datum(cfg: &FenceConfig, row: Row) -> pg_sys::Datum {
     let mut buf = Vec::with_capacity(32);
-    let elems: Vec<pg_sys::Datum> = cfg
+    let elems: Vec<_> = cfg
         .keys
         .iter()
         .map(|k| {
             buf.clear();
             let canon = k.canon.expect("high-water keys have a canonical form");
-            // SAFETY: the key is non-NULL (checked by the caller) and of k.typid.
-            unsafe {
-                canon.append(&mut buf, row.attr(k.attnum).expect("key checked non-NULL"), k.typid);
-                pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(buf.as_ptr().cast(), buf.len() as i32))
-            }
+            let datum = row.attr(k.attnum).expect("key checked non-NULL");
+            // SAFETY: `datum` is non-NULL (just checked) and a value of
+            // k.typid: `cfg` was built for the relation `row` belongs to, so
+            // k.attnum is that key column in the row's descriptor and k.typid
+            // its type (a change of either invalidates the config); it lives
+            // in the row, valid for this call.
+            unsafe { canon.append(&mut buf, datum, k.typid) };
+            text_datum(&buf)
         })
         .collect();
     text_array(&elems)
@@ -94,14 +97,17 @@ pub fn read_and_lock(cfg: &FenceConfig, row: Row) -> Option<i64> {
 /// Runs one of the mark lookups (`select` or `peek`) for the row's resource.
 fn read_mark(plan: pg_sys::SPIPlanPtr, cfg: &FenceConfig, row: Row) -> Option<i64> {
     let mut args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row)];
-    // SAFETY: both lookups take (regclass, text[]) and return the token.
+    // SAFETY: both lookups (plans()) take (regclass, text[]), which `args`
+    // holds (an OID by value, a text[] from text_array), and return the int8
+    // token first.
     unsafe { run_token_plan(plan, &mut args, plans().role) }.0.flatten()
 }
 
 fn raise_mark(cfg: &FenceConfig, row: Row, token: i64) -> i64 {
     let p = plans();
     let mut args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row), pg_sys::Datum::from(token)];
-    // SAFETY: the upsert takes (regclass, text[], int8) and returns the mark.
+    // SAFETY: the upsert (plans()) takes (regclass, text[], int8), which
+    // `args` holds, and returns the int8 mark first.
     unsafe { run_token_plan(p.upsert, &mut args, p.role) }.0.flatten().expect("the upsert returns the mark")
 }
 

@@ -41,7 +41,8 @@ pub enum Canon {
 impl Canon {
     /// The canonical kind of a key column, or why it has none.
     pub fn of(typid: pg_sys::Oid, collation: pg_sys::Oid) -> Result<Canon, String> {
-        // SAFETY: plain catalog lookups.
+        // SAFETY: a syscache walk down a domain chain; any OID is accepted
+        // (a non-domain or unknown type is returned as is).
         let base = unsafe { pg_sys::getBaseType(typid) };
         let canon = match base {
             pg_sys::INT2OID => Canon::Int16,
@@ -63,7 +64,8 @@ impl Canon {
         };
         if matches!(canon, Canon::Text | Canon::Bpchar)
             && collation != pg_sys::InvalidOid
-            // SAFETY: a catalog lookup of a collation the column uses.
+            // SAFETY: a syscache lookup of a valid collation OID (the
+            // column's own); an unknown one raises an ERROR.
             && !unsafe { pg_sys::get_collation_isdeterministic(collation) }
         {
             return Err("its collation is nondeterministic, so equal values can differ in their bytes".to_owned());
@@ -74,7 +76,8 @@ impl Canon {
     /// Appends the canonical form of a non-NULL datum of this kind.
     ///
     /// # Safety
-    /// `datum` must be a valid, non-NULL value of the type this kind was made for.
+    /// `datum` must be a valid, non-NULL value of `typid`, the type this kind
+    /// was made for ([`Canon::of`]), and stay valid during the call.
     pub unsafe fn append(self, out: &mut Vec<u8>, datum: pg_sys::Datum, typid: pg_sys::Oid) {
         use std::io::Write;
         match self {
@@ -83,21 +86,33 @@ impl Canon {
             Canon::Int64 | Canon::Timestamp => write!(out, "{}", datum.value() as i64).unwrap(),
             Canon::Date => write!(out, "{}", datum.value() as i32).unwrap(),
             Canon::Numeric => {
-                let num = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as pg_sys::Numeric;
-                let text = pg_sys::numeric_normalize(num);
-                out.extend_from_slice(std::ffi::CStr::from_ptr(text).to_bytes());
-                pg_sys::pfree(text.cast());
+                // SAFETY: a numeric datum is a (maybe toasted) varlena, which
+                // pg_detoast_datum returns as is or as a palloc'd plain copy.
+                let num = unsafe { pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) } as pg_sys::Numeric;
+                // SAFETY: `num` is a plain numeric; numeric_normalize returns
+                // a new palloc'd NUL-terminated string.
+                let text = unsafe { pg_sys::numeric_normalize(num) };
+                // SAFETY: `text` is that string, freed only after the copy.
+                out.extend_from_slice(unsafe { std::ffi::CStr::from_ptr(text) }.to_bytes());
+                // SAFETY: `text` was palloc'd above and nothing else refers to it.
+                unsafe { pg_sys::pfree(text.cast()) };
             }
-            Canon::Text => out.extend_from_slice(varlena_bytes(datum)),
+            // SAFETY: text and varchar are varlena types; `datum` is a valid
+            // one (the caller's contract), used before it can go away.
+            Canon::Text => out.extend_from_slice(unsafe { varlena_bytes(datum) }),
             Canon::Bpchar => {
-                let bytes = varlena_bytes(datum);
+                // SAFETY: char(n) is a varlena type; as for Text.
+                let bytes = unsafe { varlena_bytes(datum) };
                 let end = bytes.iter().rposition(|&b| b != b' ').map_or(0, |i| i + 1);
                 out.extend_from_slice(&bytes[..end]);
             }
-            Canon::Output => out.extend_from_slice(crate::pg::datum_text(datum, typid).as_bytes()),
+            // SAFETY: `datum` is a valid non-NULL value of `typid` (the
+            // caller's contract).
+            Canon::Output => out.extend_from_slice(unsafe { crate::pg::datum_text(datum, typid) }.as_bytes()),
             Canon::Bytea => {
                 out.extend_from_slice(b"\\x");
-                for b in varlena_bytes(datum) {
+                // SAFETY: bytea is a varlena type; as for Text.
+                for b in unsafe { varlena_bytes(datum) } {
                     write!(out, "{b:02x}").unwrap();
                 }
             }
@@ -108,14 +123,25 @@ impl Canon {
 /// The bytes of a varlena datum (detoasted when needed).
 ///
 /// # Safety
-/// `datum` must be a valid non-NULL varlena datum that outlives the result.
+/// `datum` must be a valid non-NULL varlena datum that outlives the result,
+/// and the result must not outlive the current memory context (a detoasted
+/// copy is palloc'd there).
 pub unsafe fn varlena_bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
     use pgrx::varlena::{varatt_is_1b_e, varatt_is_4b_c, vardata_any, varsize_any_exhdr};
     let mut v = datum.cast_mut_ptr::<pg_sys::varlena>();
-    if varatt_is_1b_e(v) || varatt_is_4b_c(v) {
-        v = pg_sys::pg_detoast_datum_packed(v);
+    // SAFETY: `v` points to a valid varlena (the caller's contract); these
+    // read its header only.
+    if unsafe { varatt_is_1b_e(v) || varatt_is_4b_c(v) } {
+        // SAFETY: an external or compressed varlena, which
+        // pg_detoast_datum_packed fetches/decompresses into a palloc'd copy
+        // in the current memory context (a short-header one it leaves as is).
+        v = unsafe { pg_sys::pg_detoast_datum_packed(v) };
     }
-    std::slice::from_raw_parts(vardata_any(v) as *const u8, varsize_any_exhdr(v))
+    // SAFETY: `v` is now an in-line, uncompressed varlena (1- or 4-byte
+    // header): its data starts at vardata_any and is varsize_any_exhdr bytes
+    // long, valid as long as the datum or the detoasted copy is ('a, by the
+    // caller's contract).
+    unsafe { std::slice::from_raw_parts(vardata_any(v) as *const u8, varsize_any_exhdr(v)) }
 }
 
 /// Whether two non-NULL values of `typid` are equal under the type's default
@@ -127,25 +153,43 @@ pub unsafe fn varlena_bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
 pub unsafe fn equal(a: pg_sys::Datum, b: pg_sys::Datum, typid: pg_sys::Oid, collation: pg_sys::Oid) -> bool {
     let mut typlen = 0i16;
     let mut byval = false;
-    pg_sys::get_typlenbyval(typid, &mut typlen, &mut byval);
+    // SAFETY: a syscache lookup writing into two live locals; an unknown
+    // type raises an ERROR.
+    unsafe { pg_sys::get_typlenbyval(typid, &mut typlen, &mut byval) };
     let same_bytes = if byval {
         a.value() == b.value()
     } else if typlen == -1 {
-        varlena_bytes(a) == varlena_bytes(b)
+        // SAFETY: by-reference values of a varlena type (typlen -1), valid
+        // (the caller's contract), compared before this call returns.
+        unsafe { varlena_bytes(a) == varlena_bytes(b) }
     } else if typlen > 0 {
-        std::slice::from_raw_parts(a.cast_mut_ptr::<u8>(), typlen as usize)
-            == std::slice::from_raw_parts(b.cast_mut_ptr::<u8>(), typlen as usize)
+        // SAFETY: a by-reference value of a fixed-length type points to
+        // typlen bytes, valid for the call (the caller's contract).
+        unsafe {
+            std::slice::from_raw_parts(a.cast_mut_ptr::<u8>(), typlen as usize)
+                == std::slice::from_raw_parts(b.cast_mut_ptr::<u8>(), typlen as usize)
+        }
     } else {
         false
     };
     if same_bytes {
         return true;
     }
-    let entry = pg_sys::lookup_type_cache(typid, pg_sys::TYPECACHE_EQ_OPR_FINFO as i32);
-    if entry.is_null() || (*entry).eq_opr_finfo.fn_oid == pg_sys::InvalidOid {
+    // SAFETY: looks `typid` up in the type cache (raises if unknown).
+    let entry = unsafe { pg_sys::lookup_type_cache(typid, pg_sys::TYPECACHE_EQ_OPR_FINFO as i32) };
+    // SAFETY: a non-null entry is a TypeCacheEntry, which the type cache
+    // never frees for the life of the backend.
+    if entry.is_null() || unsafe { (*entry).eq_opr_finfo.fn_oid } == pg_sys::InvalidOid {
         return false;
     }
-    let result = pg_sys::FunctionCall2Coll(&mut (*entry).eq_opr_finfo, collation, a, b);
+    // SAFETY: eq_opr_finfo is the type's equality function, looked up by
+    // the type cache (fn_oid valid, checked above) and kept there, so a
+    // &mut to it is what FunctionCall2Coll expects (it may cache fn_extra
+    // in it; this backend has one thread, and nothing else holds a
+    // reference to it during the call). `a` and `b` are valid non-NULL
+    // values of `typid` (the caller's contract); the function is strict
+    // and an ERROR (or a NULL result) raises.
+    let result = unsafe { pg_sys::FunctionCall2Coll(&mut (*entry).eq_opr_finfo, collation, a, b) };
     result.value() != 0
 }
 

@@ -19,7 +19,8 @@ unsafe fn encode_datum(buf: &mut Vec<u8>, key: &KeyColumn, datum: pg_sys::Datum)
     if let Some(canon) = key.canon {
         let start = buf.len();
         buf.extend_from_slice(&[0; 4]);
-        // SAFETY: the caller's contract.
+        // SAFETY: `datum` is a valid non-NULL value of key.typid (the
+        // caller's contract), the type `canon` was made for (config::build).
         unsafe { canon.append(buf, datum, key.typid) };
         let len = (buf.len() - start - 4) as u32;
         buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
@@ -29,8 +30,11 @@ unsafe fn encode_datum(buf: &mut Vec<u8>, key: &KeyColumn, datum: pg_sys::Datum)
         buf.extend_from_slice(&datum.value().to_ne_bytes());
         return;
     }
-    // SAFETY: a by-reference datum of a type with this typlen points to a
-    // varlena (-1), a C string (-2) or typlen bytes, valid while the row is.
+    // SAFETY: key.typlen/typbyval are key.typid's (config::build), and a
+    // by-reference datum of a type with this typlen points to a varlena (-1),
+    // a NUL-terminated C string (-2) or typlen bytes (> 0), valid while the
+    // row is (the caller's contract); the bytes are copied into `buf` before
+    // returning.
     let bytes: &[u8] = unsafe {
         match key.typlen {
             -1 => identity::varlena_bytes(datum),
@@ -50,8 +54,11 @@ pub fn encode(buf: &mut Vec<u8>, cfg: &FenceConfig, row: Row) -> bool {
     buf.extend_from_slice(&cfg.scope);
     for key in &cfg.keys {
         match row.attr(key.attnum) {
-            // SAFETY: a non-NULL column of the key's type (the config was
-            // built from this relation's attributes).
+            // SAFETY: a non-NULL column of the key's type: `cfg` is the
+            // config of the relation `row` was fired on (callers pass
+            // for_relation(call.relid()) with that call's rows), so
+            // key.attnum/typid match the row's descriptor; a change of either
+            // invalidates the config before the next row.
             Some(d) => unsafe { encode_datum(buf, key, d) },
             None => return false,
         }
@@ -79,10 +86,22 @@ pub fn args(cfg: &FenceConfig, row: Row) -> Vec<pg_sys::Datum> {
 
 /// `(table_id, seat)=(7, 2)`, the way Postgres prints keys in its own errors:
 /// each column `(attnum, type)` of `row` under its name.
+///
+/// Every `(attnum, type)` must be a column of the relation `row` belongs to,
+/// with that column's type (as [`config::column`] gives it for that
+/// relation, or a [`FenceConfig`] built for it); the type's output function
+/// reads the value as that type.
+///
+/// [`config::column`]: crate::fence::config::column
 pub fn describe<'a>(row: Row, columns: impl Iterator<Item = (&'a str, i16, pg_sys::Oid)>) -> String {
     let (names, values): (Vec<String>, Vec<String>) = columns
         .map(|(name, attnum, typid)| {
-            (quote_ident(name), row.attr(attnum).map_or_else(|| "NULL".to_owned(), |d| datum_text(d, typid)))
+            // SAFETY: a non-NULL column `attnum` of `row`, whose type is
+            // `typid` (this function's documented requirement, which both
+            // callers meet: guards.rs with config::column of the trigger's
+            // relation, describe_resource with the row's own config); the
+            // value lives in the row, valid for the call.
+            (quote_ident(name), row.attr(attnum).map_or_else(|| "NULL".to_owned(), |d| unsafe { datum_text(d, typid) }))
         })
         .unzip();
     format!("({})=({})", names.join(", "), values.join(", "))

@@ -29,6 +29,12 @@ pub(crate) type FastMap<K, V> = rustc_hash::FxHashMap<K, V>;
 
 /// Registers the cache callbacks; called once per backend from `_PG_init`.
 pub fn init() {
+    // SAFETY: each registration appends a function pointer to a fixed
+    // backend-local array (the callbacks are plain `extern "C-unwind"` fns
+    // that live as long as the library, never unloaded); the Datum and void
+    // arguments are unused by the callbacks, so 0 and null are fine. Called
+    // once per backend (_PG_init), so the limited callback slots are not
+    // exhausted by repeats.
     unsafe {
         pg_sys::CacheRegisterRelcacheCallback(Some(config::on_relcache_invalidation), pg_sys::Datum::from(0));
         pg_sys::CacheRegisterSyscacheCallback(

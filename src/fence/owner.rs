@@ -9,7 +9,9 @@ use crate::pg::{run_token_plan, Row};
 /// None: no owner row. Some(None): the owner row's token is NULL.
 pub fn lock(cfg: &FenceConfig, owner: &OwnerLookup, row: Row) -> Option<Option<i64>> {
     // SAFETY: the saved plan takes the key columns' types, in key order,
-    // and returns (token, tableoid) (config::prepare_owner_lookup).
+    // which key::args gives (the row's key datums, valid while the row is),
+    // and returns (token, tableoid) with the token column checked to be an
+    // integer (config::prepare_owner_lookup).
     let (found, tableoid) = unsafe { run_token_plan(owner.plan, &mut key::args(cfg, row), owner.rel_owner) };
     // The saved plan names the owner table by its schema-qualified name, and
     // Postgres re-parses that text when it revalidates the plan: after a

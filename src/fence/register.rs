@@ -16,7 +16,8 @@ fn require(ok: bool, message: String, detail: &str) {
 
 /// Whether `role` may act as the owner of `relid` (superusers may).
 fn owns(role: pg_sys::Oid, relid: pg_sys::Oid) -> bool {
-    // SAFETY: plain catalog lookups.
+    // SAFETY: has_privs_of_role is a catalog lookup accepting any role
+    // OIDs (an unknown one simply has no privileges).
     unsafe { pg_sys::has_privs_of_role(role, rel_owner(relid)) }
 }
 
@@ -31,7 +32,8 @@ fn may_execute(role: pg_sys::Oid, function: &str) -> bool {
 }
 
 fn check_caller(entry_point: &str, tables: &[pg_sys::Oid]) {
-    // SAFETY: reads the current user id.
+    // SAFETY: GetUserId reads a backend global, set in any backend that
+    // runs SQL.
     let caller = unsafe { pg_sys::GetUserId() };
     require(
         may_execute(caller, entry_point),

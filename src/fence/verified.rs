@@ -30,6 +30,8 @@ pub fn lookup(key: &[u8]) -> Option<Option<i64>> {
 }
 
 pub fn remember(key: &[u8], current: Option<i64>) {
+    // SAFETY: reads the current transaction state (a backend global); the
+    // fence only runs inside a transaction.
     let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
     VERIFIED.with(|v| {
         v.borrow_mut().insert(key.into(), Entry { current, subxact });

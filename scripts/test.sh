@@ -86,7 +86,7 @@ for _ in $(seq 150); do
     sleep 0.1
 done
 if [ "$n" != 1 ]; then
-    echo "test: no pg_lease audit launcher in the sessions cluster 15 s after its start ($n in pg_stat_activity); its server.log ends:" >&2
+    echo "test: no pg_lease audit launcher in the sessions cluster after 150 polls, 15 s and more ($n in pg_stat_activity); its server.log ends:" >&2
     tail -20 "$SCRATCH/sessions/server.log" >&2 || true
     exit 1
 fi

@@ -26,6 +26,14 @@ if [ -f "$stamp" ] && "$prefix/bin/pg_config" --version 2>/dev/null | grep -q "^
     exit 0
 fi
 
+# What the build needs: Debian's package tools, and root for them and for $prefix.
+if ! command -v apt-get >/dev/null || ! command -v dpkg >/dev/null; then
+    echo "build-postgres: needs Debian's apt-get and dpkg (it builds from Debian's source package, on Debian 12)" >&2
+    exit 1
+fi
+[ "$(id -u)" = 0 ] \
+    || { echo "build-postgres: building PostgreSQL $major into $prefix needs root (apt-get, /etc/apt/sources.list.d): run it as root" >&2; exit 1; }
+
 # The build's own prerequisites (a fresh Debian 12 machine lacks them).
 packages=(bison flex pkg-config libicu-dev libreadline-dev zlib1g-dev bzip2 make gcc)
 missing=()
@@ -78,7 +86,7 @@ if [ -z "$(apt-cache showsrc "postgresql-$major" 2>/dev/null)" ] && [ -z "$apt_u
     apt-get update -qq
 fi
 
-work=$(mktemp -d /var/tmp/pg_lease-build-pg$major.XXXXXX)
+work=$(mktemp -d "/var/tmp/pg_lease-build-pg$major.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 say "fetching the postgresql-$major source package"

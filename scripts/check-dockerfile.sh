@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 major=$(scripts/pg.sh major)
 status=0
 grep -q '^ARG PG_MAJOR=15$' Dockerfile || { echo "check-dockerfile: the Dockerfile must take ARG PG_MAJOR (default 15)" >&2; status=1; }
+# The ${PG_MAJOR} in these patterns is the Dockerfile's own text, not a shell expansion.
+# shellcheck disable=SC2016
 grep -q '^FROM postgres:${PG_MAJOR}-bookworm$' Dockerfile \
     || { echo "check-dockerfile: the runtime stage must be FROM postgres:\${PG_MAJOR}-bookworm" >&2; status=1; }
 while read -r src; do
@@ -18,11 +20,12 @@ while read -r src; do
         status=1
     fi
 done < <(sed -n 's/^COPY --from=build \([^ ]*\) .*/\1/p' Dockerfile)
+# shellcheck disable=SC2016  # the Dockerfile's literal ${PG_MAJOR}, as above
 grep -q '^RUN make package PG=${PG_MAJOR}$' Dockerfile \
     || { echo "check-dockerfile: the build stage must RUN make package PG=\${PG_MAJOR}" >&2; status=1; }
-for f in $(sed -n 's/^COPY \(docker\/[^ ]*\) .*/\1/p' Dockerfile); do
+while read -r f; do
     [ -x "$f" ] || { echo "check-dockerfile: $f is missing or not executable" >&2; status=1; }
-done
+done < <(sed -n 's/^COPY \(docker\/[^ ]*\) .*/\1/p' Dockerfile)
 package=target/release/pg_lease-pg$major
 for f in pg_lease.control "pg_lease--$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1).sql"; do
     [ -f "$package/usr/share/postgresql/$major/extension/$f" ] \

@@ -10,8 +10,13 @@ cd "$(dirname "$0")/.."
 major=$(scripts/pg.sh major)
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 released=sql/released/pg_lease--$version.sql
+if ! cargo pgrx --version >/dev/null 2>&1; then
+    echo "check-schema: needs cargo-pgrx (scripts/setup.sh installs it)" >&2
+    exit 1
+fi
 generated=$(mktemp)
-trap 'rm -f "$generated"' EXIT
+schema_diff=$(mktemp)
+trap 'rm -f "$generated" "$schema_diff"' EXIT
 cargo pgrx schema "pg$major" -o "$generated" >/dev/null 2>&1 || cargo pgrx schema "pg$major" -o "$generated"
 # pgrx stamps source line numbers into comments; they are not schema.
 normalize() { grep -Ev '^-- [A-Za-z0-9_/.-]+\.rs:[0-9]+$' "$1"; }
@@ -21,19 +26,19 @@ if [ ! -f "$released" ]; then
     echo "  (cargo pgrx schema pg15 -o $released) and sql/pg_lease--<previous>--$version.sql." >&2
     exit 1
 fi
-if ! diff -u <(normalize "$released") <(normalize "$generated") > /tmp/pg_lease-schema.diff; then
-    cat /tmp/pg_lease-schema.diff >&2
+if ! diff -u <(normalize "$released") <(normalize "$generated") > "$schema_diff"; then
+    cat "$schema_diff" >&2
     echo "check-schema: the generated SQL differs from released $version (diff above)." >&2
     echo "  Bump the version in Cargo.toml, freeze the new schema in sql/released/, and write" >&2
     echo "  sql/pg_lease--$version--<new>.sql that turns $version into it." >&2
     exit 1
 fi
 previous=""
-for v in $(ls sql/released | sed -E 's/^pg_lease--(.*)\.sql$/\1/' | sort -V); do
+while read -r v; do
     if [ -n "$previous" ] && [ ! -f "sql/pg_lease--$previous--$v.sql" ]; then
         echo "check-schema: missing upgrade script sql/pg_lease--$previous--$v.sql" >&2
         exit 1
     fi
     previous=$v
-done
+done < <(for f in sql/released/pg_lease--*.sql; do f=${f#sql/released/pg_lease--}; echo "${f%.sql}"; done | sort -V)
 echo "check-schema: $version matches its released schema; upgrade path complete"

@@ -16,20 +16,58 @@
 # PG_CONFIG=<PostgreSQL 18's pg_config> runs 18 clusters. PG_LEASE_INITDB_ARGS
 # adds initdb options (e.g. --no-data-checksums).
 set -euo pipefail
-BIN=$("${PG_CONFIG:-pg_config}" --bindir)
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+usage() {
+    [ $# -eq 0 ] || echo "cluster.sh: $*" >&2
+    # The usage lines at the top of this file.
+    echo "usage:" >&2
+    sed -n '/^#   scripts\/cluster\.sh /,/^# [^ ]/{/^# [^ ]/d; s/^#//p;}' "$0" >&2
+    exit 2
+}
+
+# The arguments first, so that a bad call gets its usage whatever else is missing.
+[ $# -ge 2 ] || usage
+cmd=$1; name=$2
+case "$cmd" in
+start|init|psql) [ $# -ge 3 ] || usage "$cmd needs NAME PORT" ;;
+standby) [ $# -ge 4 ] || usage "standby needs NAME PORT PRIMARY_PORT" ;;
+upgrade) [ $# -ge 4 ] || usage "upgrade needs NAME OLD OLD_PG_CONFIG" ;;
+stop|crash|kill9|restart|promote) ;;
+*) usage "unknown command '$cmd'" ;;
+esac
+# NAME is a directory under $ROOT that start and standby delete and recreate.
+case "$name" in ''|.|..|*/*) usage "NAME must be a plain directory name, not '$name'" ;; esac
+case "$cmd" in start|init|psql|standby)
+    [[ "$3" =~ ^[0-9]+$ ]] || usage "PORT must be a number, not '$3'" ;;
+esac
+
+pg_config=${PG_CONFIG:-pg_config}
+command -v "$pg_config" >/dev/null \
+    || die "no pg_config '$pg_config': set PG_CONFIG to the pg_config of the PostgreSQL to run (scripts/pg.sh pg_config prints 15's)"
+BIN=$("$pg_config" --bindir)
 ROOT=${PG_LEASE_SCRATCH:-/var/tmp/pg_lease}
 RUNAS=(sudo -u postgres --preserve-env=PGOPTIONS)
-[ "$(id -un)" = postgres ] && RUNAS=()
+if [ "$(id -un)" = postgres ]; then
+    RUNAS=()
+elif [ "$cmd" != psql ]; then
+    # Servers run as the postgres user; root hands the cluster's directories to it.
+    [ "$(id -u)" = 0 ] || die "run as root or as postgres (servers run as the postgres user, through sudo from root); not as $(id -un)"
+    id postgres >/dev/null 2>&1 || die "no postgres user: install Debian's postgresql-15 (scripts/setup.sh does) or create one"
+    command -v sudo >/dev/null || die "sudo is missing: apt-get install sudo (scripts/setup.sh does)"
+fi
 
 # With PG_LEASE_FAKETIME_FILE set, servers run under libfaketime and their
 # wall clock follows the offset written in that file (e.g. "+30s"), live.
 FAKE=()
 if [ -n "${PG_LEASE_FAKETIME_FILE:-}" ]; then
-    FAKE=(env LD_PRELOAD=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
+    # Debian's faketime package, in this machine's multiarch directory.
+    faketime_lib=/usr/lib/$(uname -m)-linux-gnu/faketime/libfaketime.so.1
+    [ -f "$faketime_lib" ] \
+        || die "PG_LEASE_FAKETIME_FILE needs $faketime_lib: apt-get install faketime (scripts/setup.sh does, on Debian)"
+    FAKE=(env LD_PRELOAD="$faketime_lib"
           FAKETIME_TIMESTAMP_FILE="$PG_LEASE_FAKETIME_FILE" FAKETIME_NO_CACHE=1 DONT_FAKE_MONOTONIC=1)
 fi
 
-cmd=$1; name=$2
 dir=$ROOT/$name
 case "$cmd" in
 start|init)
@@ -59,6 +97,7 @@ crash)
     "${RUNAS[@]}" "$BIN/pg_ctl" -D "$dir" -m immediate -w stop >/dev/null
     ;;
 kill9)
+    [ -f "$dir/postmaster.pid" ] || die "kill9: no $dir/postmaster.pid (is $name running?)"
     pid=$(head -1 "$dir/postmaster.pid")
     kill -9 "$pid"
     # Backends notice the postmaster is gone and exit; a new postmaster
@@ -72,7 +111,11 @@ kill9)
         [ "$state" = Z ] || [ "$state" = gone ] && break
         sleep 0.1
     done
-    if [ "$state" = Z ]; then rm -f "$dir/postmaster.pid" "$dir".sock/.s.PGSQL.*; fi
+    case "$state" in
+    Z) rm -f "$dir/postmaster.pid" "$dir".sock/.s.PGSQL.* ;;
+    gone) ;;
+    *) die "kill9: postmaster $pid of $name is still there (state $state) 5 s after SIGKILL" ;;
+    esac
     ;;
 restart)
     "${RUNAS[@]}" "${FAKE[@]}" "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w start >/dev/null
@@ -92,6 +135,7 @@ promote)
     "${RUNAS[@]}" "$BIN/pg_ctl" -D "$dir" -w promote >/dev/null
     ;;
 upgrade)
+    [ -x "$4" ] || die "upgrade: OLD_PG_CONFIG $4 is not an executable pg_config"
     old=$ROOT/$3; old_bin=$("$4" --bindir)
     # pg_upgrade writes its reports into the current directory and runs both
     # servers on Unix sockets only (no TCP port is taken).
@@ -106,5 +150,4 @@ psql)
     port=$3; shift 3
     exec "$BIN/psql" -h 127.0.0.1 -p "$port" -U postgres "$@"
     ;;
-*) echo "usage: $0 start|init|stop|crash|kill9|restart|standby|promote|upgrade|psql NAME [PORT]" >&2; exit 2 ;;
 esac

@@ -4,6 +4,8 @@
 # tries to pay out, Postgres refuses with LF001 and no chips are created.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] \
+    || { echo "demo: run as root (it installs packages and pg_lease into PostgreSQL, and runs a cluster as the postgres user)" >&2; exit 1; }
 PORT=${PG_LEASE_DEMO_PORT:-54402}
 
 scripts/setup.sh

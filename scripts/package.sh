@@ -9,6 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 major=$(scripts/pg.sh major)
 pg_config=$(scripts/pg.sh pg_config)
+[ -x "$pg_config" ] || { echo "package: no $pg_config: PostgreSQL $major is not installed (make setup PG=$major installs it)" >&2; exit 1; }
 read -ra features <<< "$(scripts/pg.sh features)"
 out=target/release/pg_lease-pg$major
 rm -rf "$out"

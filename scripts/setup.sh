@@ -9,18 +9,29 @@ PGRX_VERSION=0.18.0
 major=$(scripts/pg.sh major)
 
 # `setup.sh bench` also installs what `make bench` compares against.
-packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo faketime pgbouncer)
+packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo faketime pgbouncer shellcheck)
 command -v npm >/dev/null || packages+=(nodejs npm)
 [ "${1:-}" = bench ] && packages+=(redis-server redis-tools)
+if ! command -v dpkg >/dev/null || ! command -v apt-get >/dev/null; then
+    echo "setup: needs Debian 12 (dpkg, apt-get) to install ${packages[*]}; elsewhere install their equivalents, cargo and cargo-pgrx $PGRX_VERSION yourself" >&2
+    exit 1
+fi
 missing=()
 for pkg in "${packages[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "setup: missing Debian packages ${missing[*]}: run this as root, or apt-get install them as root" >&2
+        exit 1
+    fi
     echo "setup: installing ${missing[*]}"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
+        || { echo "setup: apt-get could not install ${missing[*]} (the names are Debian 12 bookworm's; this is $(sed -n 's/^PRETTY_NAME="\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' /etc/os-release 2>/dev/null))" >&2; exit 1; }
 fi
+command -v cargo >/dev/null \
+    || { echo "setup: cargo is missing: install a Rust toolchain (rustup, https://rustup.rs), then run this again" >&2; exit 1; }
 
 if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION"; then
     echo "setup: installing cargo-pgrx $PGRX_VERSION (takes a few minutes)"

@@ -5,6 +5,8 @@
 # and adds the pg_upgrade 15 -> 18 test (tests/sessions/tests/pg_upgrade.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] \
+    || { echo "test: run as root (it installs what it needs and runs its clusters as the postgres user)" >&2; exit 1; }
 LOG=$(mktemp)
 # Every test runner's output also goes to $LOG, summed up in the last line.
 exec > >(tee "$LOG") 2>&1
@@ -13,7 +15,7 @@ summary() {
     awk '/^test result:/ { p += $4; f += $6 } /^# pass / { p += $3 } /^# fail / { f += $3 }
          / passed, [0-9]+ failed$/ && /^chaos:/ { p += $2; f += $4 }
          END { printf "total: %d passed, %d failed\n", p, f + 0 }' "$LOG"
-    [ $rc -eq 0 ] || echo "make test FAILED (exit $rc)"
+    [ "$rc" -eq 0 ] || echo "make test FAILED (exit $rc)"
     rm -f "$LOG"
 }
 trap summary EXIT
@@ -33,6 +35,7 @@ read -ra features <<< "$(scripts/pg.sh features)"
 echo "== PostgreSQL $PG: $("$PG_CONFIG" --version) ($PG_CONFIG)"
 
 echo "== lint"
+scripts/lint-shell.sh
 cargo fmt --check
 cargo clippy --quiet --all-targets "${features[@]}" --features pg_test -- -D warnings
 cargo fmt --check --manifest-path tests/sessions/Cargo.toml
@@ -79,11 +82,17 @@ echo "== multi-session tests (real connections, port $PORT)"
 scripts/cluster.sh start sessions "$PORT"
 trap 'rc=$?; scripts/cluster.sh stop sessions; summary $rc' EXIT
 # The audit launcher starts once recovery is over.
+n=0
 for _ in $(seq 150); do
     n=$(scripts/cluster.sh psql sessions "$PORT" -X -At -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_lease audit launcher'")
     [ "$n" = 1 ] && break
     sleep 0.1
 done
+if [ "$n" != 1 ]; then
+    echo "test: no pg_lease audit launcher in the sessions cluster after 150 polls, 15 s and more ($n in pg_stat_activity); its server.log ends:" >&2
+    tail -20 "$SCRATCH/sessions/server.log" >&2 || true
+    exit 1
+fi
 PG_LEASE_TEST_PORT=$PORT cargo test --manifest-path tests/sessions/Cargo.toml -- --test-threads=4
 
 echo "== TypeScript game-server client (node's test runner)"

@@ -9,7 +9,7 @@ PGRX_VERSION=0.18.0
 major=$(scripts/pg.sh major)
 
 # `setup.sh bench` also installs what `make bench` compares against.
-packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo faketime pgbouncer shellcheck)
+packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo faketime pgbouncer shellcheck python3)
 command -v npm >/dev/null || packages+=(nodejs npm)
 [ "${1:-}" = bench ] && packages+=(redis-server redis-tools)
 if ! command -v dpkg >/dev/null || ! command -v apt-get >/dev/null; then

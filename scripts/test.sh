@@ -36,6 +36,7 @@ echo "== PostgreSQL $PG: $("$PG_CONFIG" --version) ($PG_CONFIG)"
 
 echo "== lint"
 scripts/lint-shell.sh
+scripts/check-modules.py
 cargo fmt --check
 cargo clippy --quiet --all-targets "${features[@]}" --features pg_test -- -D warnings
 cargo fmt --check --manifest-path tests/sessions/Cargo.toml

@@ -439,7 +439,7 @@ BEGIN
      WHERE e.cur IS NULL
         OR e.attgenerated <> ''
         OR (e.typ IS NOT NULL AND e.cur <> e.typ)
-        OR (e.typ IS NULL AND e.is_token AND e.cur NOT IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype))
+        OR (e.typ IS NULL AND e.is_token AND NOT lease._is_token_type(e.cur))
         OR (e.high_water AND lease._key_identity_problem(e.cur, e.attcollation) IS NOT NULL)
     UNION ALL
     SELECT p.relid, p.owner_table, 'constraint',

@@ -4,8 +4,16 @@
 -- whitespace, control characters are refused), lease._check_ttl raised the
 -- same way, lease.protect's comparability and ownership errors in its own
 -- words, and the trigger list shared by the fence check and the drop guard
--- (lease._expected_triggers). No table changes.
+-- (lease._expected_triggers), the token types in one place (lease._is_token_type),
+-- and one naming convention for the lease functions' locals. No table changes.
 \echo Use "ALTER EXTENSION pg_lease UPDATE TO '0.5.0'" to load this file. \quit
+
+CREATE  FUNCTION "_is_token_type"(
+	"typ" oid /* pg_sys :: Oid */
+) RETURNS bool /* bool */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'is_token_type_wrapper';
 
 CREATE FUNCTION lease._fail(sqlstate text, message text, detail text DEFAULT NULL, hint text DEFAULT NULL)
 RETURNS void LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_fail';
@@ -144,7 +152,7 @@ BEGIN
      WHERE e.cur IS NULL
         OR e.attgenerated <> ''
         OR (e.typ IS NOT NULL AND e.cur <> e.typ)
-        OR (e.typ IS NULL AND e.is_token AND e.cur NOT IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype))
+        OR (e.typ IS NULL AND e.is_token AND NOT lease._is_token_type(e.cur))
         OR (e.high_water AND lease._key_identity_problem(e.cur, e.attcollation) IS NOT NULL)
     UNION ALL
     SELECT p.relid, p.owner_table, 'constraint',
@@ -169,6 +177,55 @@ BEGIN
       FROM p JOIN pg_class c ON c.oid IN (p.relid::oid, p.owner_table::oid)
      WHERE c.relkind NOT IN ('r', 'p');
 END $$;
+
+CREATE OR REPLACE FUNCTION lease._beat(owner_id text, ttl_ms integer)
+RETURNS TABLE (name text, token bigint, expires_at timestamptz, taken boolean)
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    p_owner text COLLATE "default" := owner_id;   -- see the convention at the top
+    ttl integer := lease._check_ttl(ttl_ms);
+    sess lease.session_state;
+    now_ts timestamptz;
+BEGIN
+    PERFORM lease._check_label('owner', p_owner);
+    -- Lock order, as in every lease function: lease rows, then session rows,
+    -- then lost_leases.
+    SELECT * INTO sess FROM lease.session_state s WHERE s.owner = p_owner FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
+        VALUES (p_owner, '-infinity', '-infinity', '-infinity')
+        ON CONFLICT (owner) DO NOTHING;
+        SELECT * INTO sess FROM lease.session_state s WHERE s.owner = p_owner FOR UPDATE;
+    END IF;
+    now_ts := clock_timestamp();   -- read after the lock wait
+    IF sess.expires_at <= now_ts THEN
+        -- A first heartbeat, or the session lapsed: the leases it carried
+        -- that are past their own expiry died with it. A new life begins now
+        -- and carries only leases alive on their own, so these are reported
+        -- this once. A lease an acquire, renew or release is changing right
+        -- now is skipped, not waited for (a takeover waiting for this session
+        -- row would deadlock): its change decides, a renew keeps it, a
+        -- takeover reports it as taken at the next heartbeat.
+        RETURN QUERY
+        SELECT l.name, l.token, lease._expiry(l.expires_at, sess.live_since, sess.expires_at), false
+          FROM lease.lease_state l
+         WHERE l.owner = p_owner AND l.released_at IS NULL
+           AND l.expires_at <= now_ts AND l.expires_at > sess.live_since
+           FOR SHARE SKIP LOCKED;
+        sess.live_since := now_ts;
+    END IF;
+    UPDATE lease.session_state s
+       SET live_since = sess.live_since, renewed_at = now_ts, expires_at = now_ts + ttl * interval '1 millisecond'
+     WHERE s.owner = p_owner;
+    -- Takeovers, read after the session lock: one that committed while this
+    -- heartbeat waited for it is reported now.
+    RETURN QUERY
+    DELETE FROM lease.lost_leases x WHERE x.owner = p_owner
+    RETURNING x.name, x.token, NULL::timestamptz, true;
+END $$;
+COMMENT ON FUNCTION lease._beat(text, integer) IS
+    'Extends owner''s heartbeat session; returns the leases lost since the last heartbeat (internal).';
 
 CREATE OR REPLACE FUNCTION lease._check_columns(rel regclass, role text, columns text[], token_column text)
 RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -476,9 +533,7 @@ RETURNS TABLE (token bigint, expires_at timestamptz)
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    -- Names and owners compare as the stored rows do, whatever collation the
-    -- caller's arguments carry (a nondeterministic one would alias them).
-    p_name text COLLATE "default" := $1;
+    p_name text COLLATE "default" := $1;   -- see the convention at the top
     p_owner text COLLATE "default" := $2;
     p_ttl_ms ALIAS FOR $3;
     p_owner_table ALIAS FOR $4;
@@ -883,18 +938,18 @@ CREATE OR REPLACE FUNCTION lease.release(name text, owner text, token bigint) RE
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     now_ts timestamptz := clock_timestamp();
-    l_name text COLLATE "default" := name;     -- see lease.acquire
-    l_owner text COLLATE "default" := owner;
+    p_name text COLLATE "default" := name;     -- see the convention at the top
+    p_owner text COLLATE "default" := owner;
     was_live boolean;
 BEGIN
-    PERFORM lease._check_label('name', name);
-    PERFORM lease._check_label('owner', owner);
+    PERFORM lease._check_label('name', p_name);
+    PERFORM lease._check_label('owner', p_owner);
     -- An expired lease of this holder is marked released too (it stops being
     -- reported as lost), but only a live one counts as released by this call:
     -- alive on its own (its expiry is cut to now), or carried by its owner's
     -- session (its own expiry, kept, is after the session's start).
     UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
-     WHERE l.name = l_name AND l.owner = l_owner AND l.token = release.token AND l.released_at IS NULL
+     WHERE l.name = p_name AND l.owner = p_owner AND l.token = release.token AND l.released_at IS NULL
     RETURNING l.expires_at = now_ts
               OR EXISTS (SELECT FROM lease.session_state s
                           WHERE s.owner = l.owner AND lease._expiry(l.expires_at, s.live_since, s.expires_at) > now_ts)
@@ -904,12 +959,38 @@ END $$;
 COMMENT ON FUNCTION lease.release(text, text, bigint) IS
     'Releases a live lease held by owner with token; anyone may take it at once. False if not held.';
 
+CREATE OR REPLACE FUNCTION lease.release_all(owner text) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    now_ts timestamptz := clock_timestamp();
+    p_owner text COLLATE "default" := owner;   -- see the convention at the top
+    released integer;
+BEGIN
+    PERFORM lease._check_label('owner', p_owner);
+    WITH held AS (
+        SELECT l.name, lease._expiry(l.expires_at, s.live_since, s.expires_at) > now_ts AS was_live
+          FROM lease.lease_state l LEFT JOIN lease.session_state s ON s.owner = l.owner
+         WHERE l.owner = p_owner AND l.released_at IS NULL FOR UPDATE OF l
+    ), done AS (
+        UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
+          FROM held WHERE l.name = held.name
+        RETURNING held.was_live
+    )
+    SELECT count(*) FILTER (WHERE d.was_live) INTO released FROM done d;
+    -- The process is going away: so does its session. Lock order, as in
+    -- every lease function: lease rows, then session rows, then lost_leases.
+    UPDATE lease.session_state s SET expires_at = now_ts WHERE s.owner = p_owner AND s.expires_at > now_ts;
+    DELETE FROM lease.lost_leases x WHERE x.owner = p_owner;
+    RETURN released;
+END $$;
+COMMENT ON FUNCTION lease.release_all(text) IS 'Releases every lease of owner (the SIGTERM path); returns how many were live.';
+
 CREATE OR REPLACE FUNCTION lease.renew(name text, owner text, token bigint, ttl_ms integer) RETURNS timestamptz
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     ttl integer := lease._check_ttl(ttl_ms);
-    l_name text COLLATE "default" := name;     -- see lease.acquire
-    l_owner text COLLATE "default" := owner;
+    p_name text COLLATE "default" := name;     -- see the convention at the top
+    p_owner text COLLATE "default" := owner;
     cur lease.lease_state;
     expiry timestamptz;
     holder lease.session_state;
@@ -917,15 +998,15 @@ DECLARE
     why text;
     new_expiry timestamptz;
 BEGIN
-    PERFORM lease._check_label('name', name);
-    PERFORM lease._check_label('owner', owner);
+    PERFORM lease._check_label('name', p_name);
+    PERFORM lease._check_label('owner', p_owner);
     IF token IS NULL THEN
         PERFORM lease._fail('22004', 'pg_lease: token must not be NULL');
     END IF;
-    SELECT * INTO cur FROM lease.lease_state l WHERE l.name = l_name FOR UPDATE;
+    SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
     now_ts := clock_timestamp();
     expiry := cur.expires_at;
-    IF cur.released_at IS NULL AND expiry <= now_ts AND cur.owner = l_owner THEN
+    IF cur.released_at IS NULL AND expiry <= now_ts AND cur.owner = p_owner THEN
         -- Maybe carried by the owner's session: judged under its lock, as in acquire.
         SELECT * INTO holder FROM lease.session_state s WHERE s.owner = cur.owner FOR SHARE;
         now_ts := clock_timestamp();
@@ -933,7 +1014,7 @@ BEGIN
     END IF;
     why := CASE
         WHEN cur.name IS NULL THEN 'it never existed'
-        WHEN cur.owner <> l_owner THEN format('it was taken by %s with token %s', cur.owner, cur.token)
+        WHEN cur.owner <> p_owner THEN format('it was taken by %s with token %s', cur.owner, cur.token)
         WHEN cur.token > renew.token THEN format('%s re-acquired it since, with token %s', cur.owner, cur.token)
         WHEN cur.token < renew.token THEN format('token %s was never issued for it (current token %s)', renew.token, cur.token)
         WHEN cur.released_at IS NOT NULL THEN format('it was released at %s', cur.released_at)
@@ -945,12 +1026,28 @@ BEGIN
             format('Lease %s: %s.', renew.name, why));
     END IF;
     UPDATE lease.lease_state l SET renewed_at = now_ts, expires_at = now_ts + ttl * interval '1 millisecond'
-     WHERE l.name = l_name
+     WHERE l.name = p_name
     RETURNING l.expires_at INTO new_expiry;
     RETURN new_expiry;
 END $$;
 COMMENT ON FUNCTION lease.renew(text, text, bigint, integer) IS
     'Extends a live lease held by owner with token; LF006 (DETAIL says why) otherwise.';
+
+CREATE OR REPLACE FUNCTION lease.renew_all(owner text, ttl_ms integer)
+RETURNS TABLE (name text, token bigint, expires_at timestamptz, renewed boolean)
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    p_owner text COLLATE "default" := owner;   -- see the convention at the top
+BEGIN
+    RETURN QUERY SELECT b.name, b.token, b.expires_at, false FROM lease._beat(p_owner, ttl_ms) b;
+    RETURN QUERY
+    SELECT l.name, l.token, greatest(l.expires_at, s.expires_at), true
+      FROM lease.session_state s JOIN lease.lease_state l ON l.owner = s.owner
+     WHERE s.owner = p_owner AND l.released_at IS NULL AND l.expires_at > s.live_since;
+END $$;
+COMMENT ON FUNCTION lease.renew_all(text, integer) IS
+    'Heartbeat: renews every live lease of owner; lost ones come back with renewed = false.';
 
 CREATE OR REPLACE FUNCTION lease.unprotect(target regclass) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$

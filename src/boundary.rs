@@ -36,7 +36,9 @@ unsafe fn run(work: impl FnOnce() -> Outcome) -> pg_sys::Datum {
         }
         result
     };
-    match pgrx::pg_sys::panic::pgrx_extern_c_guard(judged) {
+    // SAFETY: the guard catches Rust panics and Postgres errors raised in
+    // `judged` and reports them normally; called from a C entry point.
+    match unsafe { pgrx::pg_sys::panic::pgrx_extern_c_guard(judged) } {
         Ok(datum) => datum,
         // SAFETY: this frame holds nothing with a destructor (the closure and
         // its captures were consumed by the guard); our caller is the C entry.
@@ -61,7 +63,8 @@ unsafe fn run_refusing<T: Into<Outcome>>(work: impl FnOnce() -> T) -> pg_sys::Da
 /// As for [`run`].
 #[inline(always)]
 unsafe fn run_checked(work: impl FnOnce() -> Result<pg_sys::Datum, Invalid>) -> pg_sys::Datum {
-    match pgrx::pg_sys::panic::pgrx_extern_c_guard(work) {
+    // SAFETY: as in `run`.
+    match unsafe { pgrx::pg_sys::panic::pgrx_extern_c_guard(work) } {
         Ok(datum) => datum,
         // SAFETY: as in `run`.
         Err(invalid) => unsafe { errors::raise(invalid) },
@@ -167,8 +170,10 @@ unsafe fn text_arg(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> Option<String>
 /// # Safety
 /// `fcinfo` carries four text-or-NULL arguments (the SQL declaration's).
 unsafe fn fail(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Invalid> {
-    // SAFETY: the caller's contract.
-    let arg = |i| unsafe { text_arg(fcinfo, i) };
+    let arg = |i| {
+        // SAFETY: the caller's contract: four text arguments.
+        unsafe { text_arg(fcinfo, i) }
+    };
     let sqlstate = arg(0).unwrap_or_default();
     let mut invalid =
         Invalid::new(&sqlstate, arg(1).unwrap_or_default()).unwrap_or_else(|why| pgrx::error!("lease._fail: {why}"));

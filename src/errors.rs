@@ -346,6 +346,7 @@ mod tests {
             assert!(!e.hint().is_empty());
         }
         // Postgres renders the encoded code back to the same five characters.
+        // SAFETY: unpack_sql_state returns a pointer to a static buffer.
         let rendered =
             unsafe { std::ffi::CStr::from_ptr(pg_sys::unpack_sql_state(LeaseError::FenceTampering.sqlerrcode())) };
         assert_eq!(rendered.to_str().unwrap(), "LF008");

@@ -106,6 +106,10 @@ pub fn parse_token(text: &str) -> Result<Option<i64>, &'static CStr> {
     }
 }
 
+/// guc.c's check hook for `pg_lease.token`. Guarded: a Postgres ERROR
+/// raised inside (out of memory in pstrdup) must not unwind into guc.c as a
+/// Rust panic.
+#[pgrx::pg_guard]
 unsafe extern "C-unwind" fn check_token(
     newval: *mut *mut c_char,
     _extra: *mut *mut c_void,
@@ -154,6 +158,8 @@ fn check_errhint(hint: &CStr) {
     unsafe { pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(hint.as_ptr()) };
 }
 
+/// guc.c's assign hook for `pg_lease.token` (guarded, as `check_token`).
+#[pgrx::pg_guard]
 unsafe extern "C-unwind" fn assign_token(newval: *const c_char, _extra: *mut c_void) {
     let parsed = if newval.is_null() {
         None

@@ -30,7 +30,7 @@ pub fn bound_token() -> Option<i64> {
 /// token is above it and above every token this database has recorded.
 #[pg_extern(name = "_token_floor", volatile, parallel_unsafe)]
 pub fn token_floor() -> i64 {
-    if unsafe { pg_sys::RecoveryInProgress() } {
+    if crate::pg::in_recovery() {
         ereport!(
             ERROR,
             PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
@@ -38,6 +38,8 @@ pub fn token_floor() -> i64 {
             "This server is a standby in recovery."
         );
     }
+    // SAFETY: reads the WAL insertion timeline; on a primary (checked above)
+    // it is set once recovery has ended.
     let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() } as i64;
     timeline << EPOCH_SHIFT
 }

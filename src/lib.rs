@@ -26,6 +26,7 @@ pgrx::extension_sql_file!(
     requires = [
         "schema",
         fence::identity::key_identity_problem,
+        fence::identity::is_token_type,
         fence::register::register,
         fence::register::unregister,
         fence::ddl::exists_as_owner,

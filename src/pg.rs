@@ -477,3 +477,44 @@ pub unsafe fn run_token_plan(
         result
     }
 }
+
+/// The current time (`GetCurrentTimestamp`: microseconds since 2000-01-01 UTC).
+pub fn now() -> pg_sys::TimestampTz {
+    // SAFETY: reads the clock; no precondition.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+/// This backend's process id.
+pub fn my_pid() -> i32 {
+    // SAFETY: a process-global integer Postgres sets at process start and
+    // never changes afterwards; read in this process's only thread.
+    unsafe { pg_sys::MyProcPid }
+}
+
+/// The database this backend is connected to (InvalidOid for a process
+/// connected to none).
+pub fn my_database() -> pg_sys::Oid {
+    // SAFETY: as in `my_pid`: set once at connection time.
+    unsafe { pg_sys::MyDatabaseId }
+}
+
+/// The name of database `oid`, None when it does not exist. Needs a
+/// transaction (a syscache lookup).
+pub fn database_name(oid: pg_sys::Oid) -> Option<String> {
+    // SAFETY: get_database_name returns NULL or a palloc'd C string.
+    let name = unsafe { pg_sys::get_database_name(oid) };
+    // SAFETY: non-null: a NUL-terminated string in the current context.
+    (!name.is_null()).then(|| unsafe { owned(name) })
+}
+
+/// A timestamp as Postgres prints it (`DateStyle`, `TimeZone`).
+pub fn timestamp_text(t: pg_sys::TimestampTz) -> String {
+    // SAFETY: timestamptz_to_str formats into a static buffer, copied at once.
+    unsafe { owned(pg_sys::timestamptz_to_str(t)) }
+}
+
+/// Whether this server is a standby (in recovery).
+pub fn in_recovery() -> bool {
+    // SAFETY: reads shared recovery state; no precondition.
+    unsafe { pg_sys::RecoveryInProgress() }
+}

@@ -67,7 +67,7 @@ AS 'MODULE_PATHNAME', 'bound_token_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:45
+-- src/fence/ddl.rs:59
 -- pg_lease::fence::ddl::_exists_as_owner
 CREATE  FUNCTION "_exists_as_owner"(
 	"rel" oid, /* pg_sys :: Oid */
@@ -79,7 +79,18 @@ AS 'MODULE_PATHNAME', 'exists_as_owner_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/identity.rs:155
+-- src/fence/identity.rs:207
+-- pg_lease::fence::identity::_is_token_type
+CREATE  FUNCTION "_is_token_type"(
+	"typ" oid /* pg_sys :: Oid */
+) RETURNS bool /* bool */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'is_token_type_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/fence/identity.rs:199
 -- pg_lease::fence::identity::_key_identity_problem
 CREATE  FUNCTION "_key_identity_problem"(
 	"typ" oid, /* pg_sys :: Oid */
@@ -91,7 +102,7 @@ AS 'MODULE_PATHNAME', 'key_identity_problem_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lease_owner.rs:80
+-- src/lease_owner.rs:87
 -- pg_lease::lease_owner::_lock_owner_row
 CREATE  FUNCTION "_lock_owner_row"(
 	"owner_table" oid, /* pg_sys :: Oid */
@@ -103,7 +114,7 @@ AS 'MODULE_PATHNAME', 'lock_owner_row_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/register.rs:52
+-- src/fence/register.rs:54
 -- pg_lease::fence::register::_register
 CREATE  FUNCTION "_register"(
 	"target" oid, /* pg_sys :: Oid */
@@ -120,7 +131,7 @@ AS 'MODULE_PATHNAME', 'register_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lease_owner.rs:105
+-- src/lease_owner.rs:112
 -- pg_lease::lease_owner::_set_owner_token
 CREATE  FUNCTION "_set_owner_token"(
 	"owner_table" oid, /* pg_sys :: Oid */
@@ -133,7 +144,7 @@ AS 'MODULE_PATHNAME', 'set_owner_token_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:14
+-- src/audit/status.rs:15
 -- pg_lease::audit::status::_stats
 CREATE  FUNCTION "_stats"() RETURNS TABLE (
 	"database_oid" oid,  /* pg_sys :: Oid */
@@ -158,7 +169,7 @@ AS 'MODULE_PATHNAME', 'token_floor_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/register.rs:99
+-- src/fence/register.rs:101
 -- pg_lease::fence::register::_unregister
 CREATE  FUNCTION "_unregister"(
 	"target" oid /* pg_sys :: Oid */
@@ -173,6 +184,7 @@ AS 'MODULE_PATHNAME', 'unregister_wrapper';
 -- requires:
 --   schema
 --   fence::identity::key_identity_problem
+--   fence::identity::is_token_type
 --   fence::register::register
 --   fence::register::unregister
 --   fence::ddl::exists_as_owner
@@ -619,7 +631,7 @@ BEGIN
      WHERE e.cur IS NULL
         OR e.attgenerated <> ''
         OR (e.typ IS NOT NULL AND e.cur <> e.typ)
-        OR (e.typ IS NULL AND e.is_token AND e.cur NOT IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype))
+        OR (e.typ IS NULL AND e.is_token AND NOT lease._is_token_type(e.cur))
         OR (e.high_water AND lease._key_identity_problem(e.cur, e.attcollation) IS NOT NULL)
     UNION ALL
     SELECT p.relid, p.owner_table, 'constraint',
@@ -1132,7 +1144,7 @@ REVOKE EXECUTE ON FUNCTION lease.protect(regclass, text[], name, regclass, text[
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:47
+-- src/lib.rs:48
 -- requires:
 --   fence
 --   lease::token_floor
@@ -1141,6 +1153,15 @@ REVOKE EXECUTE ON FUNCTION lease.protect(regclass, text[], name, regclass, text[
 
 -- The lease service: acquire / renew / renew_all / release with durable,
 -- failover-safe fencing tokens, judged on the database clock.
+--
+-- One convention in every function here: a name or owner parameter is
+-- copied into a `p_<parameter>` local declared COLLATE "default", and only
+-- that local is used, so names and owners compare as the stored rows do
+-- whatever collation the caller's argument carries (a nondeterministic one
+-- would alias them); every column is qualified by its table's alias; any
+-- other parameter whose name a column shares is written `function.parameter`
+-- (functions that only pass their arguments on, like try_acquire and
+-- heartbeat, pass them as they came).
 
 -- One row per lease name, forever: release and expiry only mark the row, so a
 -- name's token counter can never start over.
@@ -1267,9 +1288,7 @@ RETURNS TABLE (token bigint, expires_at timestamptz)
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    -- Names and owners compare as the stored rows do, whatever collation the
-    -- caller's arguments carry (a nondeterministic one would alias them).
-    p_name text COLLATE "default" := $1;
+    p_name text COLLATE "default" := $1;   -- see the convention at the top
     p_owner text COLLATE "default" := $2;
     p_ttl_ms ALIAS FOR $3;
     p_owner_table ALIAS FOR $4;
@@ -1450,8 +1469,8 @@ CREATE FUNCTION lease.renew(name text, owner text, token bigint, ttl_ms integer)
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     ttl integer := lease._check_ttl(ttl_ms);
-    l_name text COLLATE "default" := name;     -- see lease.acquire
-    l_owner text COLLATE "default" := owner;
+    p_name text COLLATE "default" := name;     -- see the convention at the top
+    p_owner text COLLATE "default" := owner;
     cur lease.lease_state;
     expiry timestamptz;
     holder lease.session_state;
@@ -1459,15 +1478,15 @@ DECLARE
     why text;
     new_expiry timestamptz;
 BEGIN
-    PERFORM lease._check_label('name', name);
-    PERFORM lease._check_label('owner', owner);
+    PERFORM lease._check_label('name', p_name);
+    PERFORM lease._check_label('owner', p_owner);
     IF token IS NULL THEN
         PERFORM lease._fail('22004', 'pg_lease: token must not be NULL');
     END IF;
-    SELECT * INTO cur FROM lease.lease_state l WHERE l.name = l_name FOR UPDATE;
+    SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
     now_ts := clock_timestamp();
     expiry := cur.expires_at;
-    IF cur.released_at IS NULL AND expiry <= now_ts AND cur.owner = l_owner THEN
+    IF cur.released_at IS NULL AND expiry <= now_ts AND cur.owner = p_owner THEN
         -- Maybe carried by the owner's session: judged under its lock, as in acquire.
         SELECT * INTO holder FROM lease.session_state s WHERE s.owner = cur.owner FOR SHARE;
         now_ts := clock_timestamp();
@@ -1475,7 +1494,7 @@ BEGIN
     END IF;
     why := CASE
         WHEN cur.name IS NULL THEN 'it never existed'
-        WHEN cur.owner <> l_owner THEN format('it was taken by %s with token %s', cur.owner, cur.token)
+        WHEN cur.owner <> p_owner THEN format('it was taken by %s with token %s', cur.owner, cur.token)
         WHEN cur.token > renew.token THEN format('%s re-acquired it since, with token %s', cur.owner, cur.token)
         WHEN cur.token < renew.token THEN format('token %s was never issued for it (current token %s)', renew.token, cur.token)
         WHEN cur.released_at IS NOT NULL THEN format('it was released at %s', cur.released_at)
@@ -1487,7 +1506,7 @@ BEGIN
             format('Lease %s: %s.', renew.name, why));
     END IF;
     UPDATE lease.lease_state l SET renewed_at = now_ts, expires_at = now_ts + ttl * interval '1 millisecond'
-     WHERE l.name = l_name
+     WHERE l.name = p_name
     RETURNING l.expires_at INTO new_expiry;
     RETURN new_expiry;
 END $$;
@@ -1504,20 +1523,20 @@ RETURNS TABLE (name text, token bigint, expires_at timestamptz, taken boolean)
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    who text COLLATE "default" := owner_id;   -- see lease.acquire
+    p_owner text COLLATE "default" := owner_id;   -- see the convention at the top
     ttl integer := lease._check_ttl(ttl_ms);
     sess lease.session_state;
     now_ts timestamptz;
 BEGIN
-    PERFORM lease._check_label('owner', who);
+    PERFORM lease._check_label('owner', p_owner);
     -- Lock order, as in every lease function: lease rows, then session rows,
     -- then lost_leases.
-    SELECT * INTO sess FROM lease.session_state s WHERE s.owner = who FOR UPDATE;
+    SELECT * INTO sess FROM lease.session_state s WHERE s.owner = p_owner FOR UPDATE;
     IF NOT FOUND THEN
         INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
-        VALUES (who, '-infinity', '-infinity', '-infinity')
+        VALUES (p_owner, '-infinity', '-infinity', '-infinity')
         ON CONFLICT (owner) DO NOTHING;
-        SELECT * INTO sess FROM lease.session_state s WHERE s.owner = who FOR UPDATE;
+        SELECT * INTO sess FROM lease.session_state s WHERE s.owner = p_owner FOR UPDATE;
     END IF;
     now_ts := clock_timestamp();   -- read after the lock wait
     IF sess.expires_at <= now_ts THEN
@@ -1531,18 +1550,18 @@ BEGIN
         RETURN QUERY
         SELECT l.name, l.token, lease._expiry(l.expires_at, sess.live_since, sess.expires_at), false
           FROM lease.lease_state l
-         WHERE l.owner = who AND l.released_at IS NULL
+         WHERE l.owner = p_owner AND l.released_at IS NULL
            AND l.expires_at <= now_ts AND l.expires_at > sess.live_since
            FOR SHARE SKIP LOCKED;
         sess.live_since := now_ts;
     END IF;
     UPDATE lease.session_state s
        SET live_since = sess.live_since, renewed_at = now_ts, expires_at = now_ts + ttl * interval '1 millisecond'
-     WHERE s.owner = who;
+     WHERE s.owner = p_owner;
     -- Takeovers, read after the session lock: one that committed while this
     -- heartbeat waited for it is reported now.
     RETURN QUERY
-    DELETE FROM lease.lost_leases x WHERE x.owner = who
+    DELETE FROM lease.lost_leases x WHERE x.owner = p_owner
     RETURNING x.name, x.token, NULL::timestamptz, true;
 END $$;
 COMMENT ON FUNCTION lease._beat(text, integer) IS
@@ -1572,13 +1591,13 @@ RETURNS TABLE (name text, token bigint, expires_at timestamptz, renewed boolean)
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    who text COLLATE "default" := owner;   -- see lease.acquire
+    p_owner text COLLATE "default" := owner;   -- see the convention at the top
 BEGIN
-    RETURN QUERY SELECT b.name, b.token, b.expires_at, false FROM lease._beat(who, ttl_ms) b;
+    RETURN QUERY SELECT b.name, b.token, b.expires_at, false FROM lease._beat(p_owner, ttl_ms) b;
     RETURN QUERY
     SELECT l.name, l.token, greatest(l.expires_at, s.expires_at), true
       FROM lease.session_state s JOIN lease.lease_state l ON l.owner = s.owner
-     WHERE s.owner = who AND l.released_at IS NULL AND l.expires_at > s.live_since;
+     WHERE s.owner = p_owner AND l.released_at IS NULL AND l.expires_at > s.live_since;
 END $$;
 COMMENT ON FUNCTION lease.renew_all(text, integer) IS
     'Heartbeat: renews every live lease of owner; lost ones come back with renewed = false.';
@@ -1587,18 +1606,18 @@ CREATE FUNCTION lease.release(name text, owner text, token bigint) RETURNS boole
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     now_ts timestamptz := clock_timestamp();
-    l_name text COLLATE "default" := name;     -- see lease.acquire
-    l_owner text COLLATE "default" := owner;
+    p_name text COLLATE "default" := name;     -- see the convention at the top
+    p_owner text COLLATE "default" := owner;
     was_live boolean;
 BEGIN
-    PERFORM lease._check_label('name', name);
-    PERFORM lease._check_label('owner', owner);
+    PERFORM lease._check_label('name', p_name);
+    PERFORM lease._check_label('owner', p_owner);
     -- An expired lease of this holder is marked released too (it stops being
     -- reported as lost), but only a live one counts as released by this call:
     -- alive on its own (its expiry is cut to now), or carried by its owner's
     -- session (its own expiry, kept, is after the session's start).
     UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
-     WHERE l.name = l_name AND l.owner = l_owner AND l.token = release.token AND l.released_at IS NULL
+     WHERE l.name = p_name AND l.owner = p_owner AND l.token = release.token AND l.released_at IS NULL
     RETURNING l.expires_at = now_ts
               OR EXISTS (SELECT FROM lease.session_state s
                           WHERE s.owner = l.owner AND lease._expiry(l.expires_at, s.live_since, s.expires_at) > now_ts)
@@ -1612,14 +1631,14 @@ CREATE FUNCTION lease.release_all(owner text) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     now_ts timestamptz := clock_timestamp();
-    who text COLLATE "default" := owner;   -- see lease.acquire
+    p_owner text COLLATE "default" := owner;   -- see the convention at the top
     released integer;
 BEGIN
-    PERFORM lease._check_label('owner', who);
+    PERFORM lease._check_label('owner', p_owner);
     WITH held AS (
         SELECT l.name, lease._expiry(l.expires_at, s.live_since, s.expires_at) > now_ts AS was_live
           FROM lease.lease_state l LEFT JOIN lease.session_state s ON s.owner = l.owner
-         WHERE l.owner = who AND l.released_at IS NULL FOR UPDATE OF l
+         WHERE l.owner = p_owner AND l.released_at IS NULL FOR UPDATE OF l
     ), done AS (
         UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
           FROM held WHERE l.name = held.name
@@ -1628,8 +1647,8 @@ BEGIN
     SELECT count(*) FILTER (WHERE d.was_live) INTO released FROM done d;
     -- The process is going away: so does its session. Lock order, as in
     -- every lease function: lease rows, then session rows, then lost_leases.
-    UPDATE lease.session_state s SET expires_at = now_ts WHERE s.owner = who AND s.expires_at > now_ts;
-    DELETE FROM lease.lost_leases x WHERE x.owner = who;
+    UPDATE lease.session_state s SET expires_at = now_ts WHERE s.owner = p_owner AND s.expires_at > now_ts;
+    DELETE FROM lease.lost_leases x WHERE x.owner = p_owner;
     RETURN released;
 END $$;
 COMMENT ON FUNCTION lease.release_all(text) IS 'Releases every lease of owner (the SIGTERM path); returns how many were live.';
@@ -1645,7 +1664,7 @@ REVOKE EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]),
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:119
+-- src/audit/status.rs:120
 -- pg_lease::audit::status::audit_databases
 CREATE  FUNCTION "audit_databases"() RETURNS TABLE (
 	"database" TEXT,  /* String */
@@ -1668,7 +1687,7 @@ AS 'MODULE_PATHNAME', 'audit_databases_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:54
+-- src/audit/status.rs:55
 -- pg_lease::audit::status::audit_status
 CREATE  FUNCTION "audit_status"() RETURNS TABLE (
 	"preloaded" bool,  /* bool */
@@ -1689,7 +1708,7 @@ AS 'MODULE_PATHNAME', 'audit_status_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:394
+-- src/audit/status.rs:395
 -- pg_lease::audit::status::stats_reset
 CREATE  FUNCTION "stats_reset"() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE
@@ -1698,7 +1717,7 @@ AS 'MODULE_PATHNAME', 'stats_reset_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:35
+-- src/lib.rs:36
 -- requires:
 --   schema
 --   lease

@@ -44,7 +44,8 @@ pub fn register() {
         .load();
 }
 
-unsafe extern "C-unwind" fn on_launcher_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+/// `before_shmem_exit` callback: the launcher is gone.
+extern "C-unwind" fn on_launcher_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
     shmem::set_launcher(std::ptr::null_mut(), 0);
 }
 
@@ -71,9 +72,12 @@ pub extern "C-unwind" fn pg_lease_audit_launcher_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     // No database: the shared catalogs (pg_database) only.
     BackgroundWorker::connect_worker_to_spi(None, None);
+    // SAFETY: registers a callback with a static function; MyProc is this
+    // process's PGPROC (set for every background worker with shared memory
+    // access) and its latch lives as long as the process.
     unsafe {
         pg_sys::before_shmem_exit(Some(on_launcher_exit), pg_sys::Datum::from(0));
-        shmem::set_launcher(&raw mut (*pg_sys::MyProc).procLatch, pg_sys::MyProcPid);
+        shmem::set_launcher(&raw mut (*pg_sys::MyProc).procLatch, crate::pg::my_pid());
     }
     match gucs::central_database() {
         Some(db) => log!(
@@ -88,6 +92,7 @@ pub extern "C-unwind" fn pg_lease_audit_launcher_main(_arg: pg_sys::Datum) {
         launcher.sweep_retention();
         let alive = BackgroundWorker::wait_latch(Some(TICK));
         if BackgroundWorker::sighup_received() {
+            // SAFETY: rereads the configuration files, as every process does on SIGHUP.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
         if !alive {
@@ -105,7 +110,7 @@ pub extern "C-unwind" fn pg_lease_audit_launcher_main(_arg: pg_sys::Datum) {
 }
 
 fn now() -> i64 {
-    unsafe { pg_sys::GetCurrentTimestamp() }
+    crate::pg::now()
 }
 
 impl Launcher {
@@ -116,12 +121,16 @@ impl Launcher {
         while i < self.started.len() {
             let s = &self.started[i];
             let mut pid = 0;
+            // SAFETY: `handle` came from RegisterDynamicBackgroundWorker and is
+            // freed only below, after the worker stopped.
             let status = unsafe { pg_sys::GetBackgroundWorkerPid(s.handle, &mut pid) };
             if status != pg_sys::BgwHandleStatus::BGWH_STOPPED {
                 i += 1;
                 continue;
             }
             let s = self.started.swap_remove(i);
+            // SAFETY: palloc'd in TopMemoryContext by `start`, removed from
+            // `started` above, so freed once.
             unsafe { pg_sys::pfree(s.handle.cast()) };
             if s.retention_only {
                 continue;
@@ -176,7 +185,7 @@ impl Launcher {
         waiting.sort_by_key(|d| d.launched_at);
         // One look at pg_database for all of them: a heap scan, which needs
         // no database (get_database_oid's index scan does).
-        let databases = match in_transaction(|| unsafe { databases() }) {
+        let databases = match in_transaction(databases) {
             Ok(dbs) => dbs,
             Err(e) => {
                 log!("pg_lease audit launcher: could not read pg_database: {e}");
@@ -274,7 +283,7 @@ impl Launcher {
         }
         if self.last_sweep.is_none_or(|t| t.elapsed() >= RETENTION_EVERY) {
             self.last_sweep = Some(Instant::now());
-            match in_transaction(|| unsafe { connectable_databases() }) {
+            match in_transaction(connectable_databases) {
                 Ok(dbs) => self.retention_due = dbs.into(),
                 Err(e) => log!("pg_lease audit launcher: could not list databases for pg_lease.audit_retention: {e}"),
             }
@@ -322,19 +331,31 @@ struct Db {
 /// Every database, read by a heap scan of pg_database, as autovacuum's
 /// get_database_list does: valid in a process connected to no database,
 /// where catalog index scans are not (get_database_oid fails there with
-/// "cannot read pg_class without having selected a database"). In a
-/// transaction.
-unsafe fn databases() -> Vec<Db> {
-    let rel = pg_sys::table_open(pg_sys::DatabaseRelationId, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-    let scan = pg_sys::table_beginscan_catalog(rel, 0, std::ptr::null_mut());
+/// "cannot read pg_class without having selected a database"). Call it in
+/// a transaction (`in_transaction`): table_open needs one, and raises
+/// otherwise.
+fn databases() -> Vec<Db> {
+    // SAFETY: pg_database is a shared catalog, opened and scanned as
+    // autovacuum does, under AccessShareLock; the scan and relation are
+    // closed below (an error in between aborts the transaction, which
+    // releases both).
+    let (rel, scan) = unsafe {
+        let rel = pg_sys::table_open(pg_sys::DatabaseRelationId, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        (rel, pg_sys::table_beginscan_catalog(rel, 0, std::ptr::null_mut()))
+    };
     let mut dbs = Vec::new();
     loop {
-        let tuple = pg_sys::heap_getnext(scan, pg_sys::ScanDirection::ForwardScanDirection);
+        // SAFETY: `scan` is open; the tuple returned stays valid until the next call.
+        let tuple = unsafe { pg_sys::heap_getnext(scan, pg_sys::ScanDirection::ForwardScanDirection) };
         if tuple.is_null() {
             break;
         }
-        let form = &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_database>(tuple);
-        let name = std::ffi::CStr::from_ptr(form.datname.data.as_ptr()).to_string_lossy().into_owned();
+        // SAFETY: a pg_database tuple's fixed part is a FormData_pg_database,
+        // whose datname is a NUL-terminated NameData.
+        let (form, name) = unsafe {
+            let form = &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_database>(tuple);
+            (form, std::ffi::CStr::from_ptr(form.datname.data.as_ptr()).to_string_lossy().into_owned())
+        };
         dbs.push(Db {
             oid: form.oid.to_u32(),
             name,
@@ -342,15 +363,18 @@ unsafe fn databases() -> Vec<Db> {
             template: form.datistemplate,
         });
     }
-    pg_sys::table_endscan(scan);
-    pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    // SAFETY: closes what was opened above, once.
+    unsafe {
+        pg_sys::table_endscan(scan);
+        pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    }
     dbs
 }
 
 /// The databases a retention writer may visit: those that accept connections
 /// and are not templates (a connection to a template would make CREATE
 /// DATABASE fail).
-unsafe fn connectable_databases() -> Vec<u32> {
+fn connectable_databases() -> Vec<u32> {
     databases().into_iter().filter(|db| db.allow_connections && !db.template).map(|db| db.oid).collect()
 }
 
@@ -368,11 +392,13 @@ fn start_writer(key: u32, retention_only: bool, name: &str) -> Option<*mut pg_sy
         .set_start_time(BgWorkerStartTime::RecoveryFinished)
         .set_restart_time(None)
         .set_argument(Some(pg_sys::Datum::from(key as u64 | if retention_only { RETENTION_ONLY } else { 0 })))
-        .set_notify_pid(unsafe { pg_sys::MyProcPid });
+        .set_notify_pid(crate::pg::my_pid());
     let mut worker: pg_sys::BackgroundWorker = (&builder).into();
     let mut handle: *mut pg_sys::BackgroundWorkerHandle = std::ptr::null_mut();
     // The handle lives until the writer stops (freed in reap), whatever
     // memory context is current.
+    // SAFETY: `worker` is a complete registration built by pgrx's builder;
+    // the handle is allocated in TopMemoryContext (restored right after).
     let registered = unsafe {
         let old = pg_sys::MemoryContextSwitchTo(pg_sys::TopMemoryContext);
         let ok = pg_sys::RegisterDynamicBackgroundWorker(&mut worker, &mut handle);

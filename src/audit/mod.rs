@@ -13,7 +13,7 @@ pub mod worker;
 
 use crate::errors::Refusal;
 use crate::gucs;
-use crate::pg::owned;
+use crate::pg::{self, owned, Row};
 use pgrx::pg_sys;
 use shmem::{AuditRecord, StatSlot};
 use std::cell::Cell;
@@ -43,8 +43,7 @@ pub fn count(stats: Option<&'static StatSlot>, accepted: bool) {
         slot.accepted.fetch_add(1, Ordering::Relaxed);
     } else {
         slot.refused.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: reads the clock.
-        slot.last_refusal.store(unsafe { pg_sys::GetCurrentTimestamp() }, Ordering::Relaxed);
+        slot.last_refusal.store(pg::now(), Ordering::Relaxed);
     }
 }
 
@@ -60,16 +59,20 @@ pub fn exit_process(code: i32) -> ! {
 
 /// The refused row as the `row_data` document (valid jsonb, at most
 /// [`sanitize::ROW_DATA_MAX`] bytes), if `pg_lease.audit_row` asks for it.
-pub fn row_json(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> Option<String> {
+pub fn row_json(row: Row) -> Option<String> {
     if !gucs::AUDIT_ROW.get() {
         return None;
     }
+    let size = row_size(row);
+    if size > sanitize::ROW_SERIALIZE_MAX {
+        return Some(sanitize::truncated(size));
+    }
+    // SAFETY: `row` is a valid tuple with its descriptor (Row's contract);
+    // heap_copy_tuple_as_datum makes a composite datum of it in the current
+    // memory context, row_to_json(record) returns a text datum, and
+    // text_to_cstring a palloc'd copy, read before this returns.
     unsafe {
-        let size = row_size(tuple, desc);
-        if size > sanitize::ROW_SERIALIZE_MAX {
-            return Some(sanitize::truncated(size));
-        }
-        let record = pg_sys::heap_copy_tuple_as_datum(tuple, desc);
+        let record = pg_sys::heap_copy_tuple_as_datum(row.tuple(), row.desc());
         let json =
             pg_sys::OidFunctionCall1Coll(pg_sys::Oid::from(pg_sys::F_ROW_TO_JSON_RECORD), pg_sys::InvalidOid, record);
         Some(sanitize::row_data(&owned(pg_sys::text_to_cstring(json.cast_mut_ptr()))))
@@ -78,22 +81,29 @@ pub fn row_json(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> Option<Str
 
 /// The size of a row's data, values counted uncompressed and detoasted
 /// (without detoasting them).
-unsafe fn row_size(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> usize {
-    let natts = (*desc).natts as usize;
+fn row_size(row: Row) -> usize {
+    let desc = row.desc();
+    // SAFETY: Row's contract: `desc` is the tuple's valid descriptor.
+    let natts = unsafe { (*desc).natts } as usize;
     let mut size = 0usize;
     for i in 0..natts {
-        let att = attribute(desc, i);
-        if att.attisdropped {
+        // SAFETY: i < natts.
+        let (dropped, attlen) = unsafe {
+            let att = attribute(desc, i);
+            (att.attisdropped, att.attlen)
+        };
+        if dropped {
             continue;
         }
-        let mut isnull = false;
-        let datum = pg_sys::heap_getattr(tuple, i as i32 + 1, desc, &mut isnull);
-        if isnull {
+        let Some(datum) = row.attr(i as i16 + 1) else {
             continue;
-        }
-        size += match att.attlen {
-            -1 => pg_sys::toast_raw_datum_size(datum),
-            -2 => std::ffi::CStr::from_ptr(datum.cast_mut_ptr()).to_bytes().len(),
+        };
+        size += match attlen {
+            // SAFETY: a non-NULL varlena value of the row. Its data, without
+            // the 4-byte header toast_raw_datum_size counts.
+            -1 => unsafe { pg_sys::toast_raw_datum_size(datum) }.saturating_sub(pg_sys::VARHDRSZ),
+            // SAFETY: a non-NULL cstring value of the row.
+            -2 => unsafe { std::ffi::CStr::from_ptr(datum.cast_mut_ptr()).to_bytes().len() },
             n => n.max(0) as usize,
         };
     }
@@ -102,14 +112,19 @@ unsafe fn row_size(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> usize {
 
 /// The `i`th (0-based) attribute of a tuple descriptor. PostgreSQL 18 moved
 /// the attribute array behind `compact_attrs` (TupleDescAttr is then a function).
+///
+/// # Safety
+/// `desc` is a valid tuple descriptor and `i` < its `natts`.
 unsafe fn attribute<'a>(desc: pg_sys::TupleDesc, i: usize) -> &'a pg_sys::FormData_pg_attribute {
     #[cfg(feature = "pg18")]
     {
-        &*pg_sys::TupleDescAttr(desc, i as i32)
+        // SAFETY: the caller's contract.
+        unsafe { &*pg_sys::TupleDescAttr(desc, i as i32) }
     }
     #[cfg(not(feature = "pg18"))]
     {
-        &(*desc).attrs.as_slice((*desc).natts as usize)[i]
+        // SAFETY: the caller's contract: `attrs` holds `natts` attributes.
+        unsafe { &(*desc).attrs.as_slice((*desc).natts as usize)[i] }
     }
 }
 
@@ -129,7 +144,7 @@ thread_local! {
 fn session() -> Session {
     let (database, client_addr) = CONNECTION.with(|c| {
         c.get_or_init(|| {
-            let database = unsafe { owned(pg_sys::get_database_name(pg_sys::MyDatabaseId)) };
+            let database = pg::database_name(pg::my_database()).unwrap_or_default();
             // pgrx does not expose Port's fields; ask once per backend.
             let client =
                 pgrx::spi::Spi::get_one::<String>("SELECT coalesce(pg_catalog.inet_client_addr()::text, '[local]')")
@@ -140,15 +155,11 @@ fn session() -> Session {
         })
         .clone()
     });
-    unsafe {
-        Session {
-            database,
-            role: owned(pg_sys::GetUserNameFromId(pg_sys::GetUserId(), true)),
-            application_name: owned(pg_sys::application_name),
-            client_addr,
-            pid: pg_sys::MyProcPid,
-        }
-    }
+    // SAFETY: GetUserNameFromId(.., noerr) returns NULL or a palloc'd name;
+    // application_name is the GUC's current string (NULL or valid).
+    let (role, application_name) =
+        unsafe { (owned(pg_sys::GetUserNameFromId(pg_sys::GetUserId(), true)), owned(pg_sys::application_name)) };
+    Session { database, role, application_name, client_addr, pid: pg::my_pid() }
 }
 
 fn json_token(t: Option<i64>) -> String {
@@ -165,7 +176,7 @@ pub fn on_refusal(refusal: &Refusal) {
     let Some(facts) = refusal.audit.as_deref() else {
         return;
     };
-    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    let now = pg::now();
     let who = session();
     if gucs::LOG_REJECTIONS.get() {
         pgrx::log!(
@@ -190,7 +201,7 @@ pub fn on_refusal(refusal: &Refusal) {
     }
     let mut record = Box::new(AuditRecord::EMPTY);
     record.rejected_at = now;
-    record.database_oid = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    record.database_oid = pg::my_database().to_u32();
     record.database.set(&who.database);
     if !gucs::AUDIT.get() {
         // Counted (as dropped) for its database all the same.
@@ -211,6 +222,8 @@ pub fn on_refusal(refusal: &Refusal) {
     record.target_table.set(&facts.table);
     record.resource_key.set(&facts.resource);
     if gucs::AUDIT_STATEMENT.get() {
+        // SAFETY: debug_query_string is NULL or the statement being run (a
+        // process global, valid while it runs).
         record.statement.set(&unsafe { owned(pg_sys::debug_query_string) });
     }
     if let Some(json) = &facts.row_json {
@@ -231,11 +244,49 @@ fn warn_once_without_preload() {
 
 /// The stats slot for a protected table of the current database.
 pub fn stat_slot(protected_relid: pg_sys::Oid, display: &str) -> Option<&'static StatSlot> {
-    shmem::stat_slot(unsafe { pg_sys::MyDatabaseId }, protected_relid, display)
+    shmem::stat_slot(pg::my_database(), protected_relid, display)
 }
 
 /// Registers shared memory and the launcher; from `_PG_init` during preload.
 pub fn init_preloaded() {
+    // SAFETY: called from _PG_init while shared_preload_libraries loads.
     unsafe { shmem::install_hooks() };
     launcher::register();
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use crate::pg::Row;
+    use pgrx::prelude::*;
+
+    /// `row_json` of the one row `select` returns, with pg_lease.audit_row set.
+    fn row_json_of(select: &std::ffi::CStr, audit_row: bool) -> Option<String> {
+        Spi::run(&format!("SET LOCAL pg_lease.audit_row = {audit_row}")).unwrap();
+        // SAFETY: an SPI connection of our own; the row and its descriptor
+        // live in SPI's memory until SPI_finish, after row_json returned.
+        unsafe {
+            pg_sys::SPI_connect();
+            assert_eq!(pg_sys::SPI_execute(select.as_ptr(), true, 1), pg_sys::SPI_OK_SELECT as i32);
+            let table = &*pg_sys::SPI_tuptable;
+            // A trigger's row has its table's type; a query's anonymous record
+            // type must be registered (blessed) before row_to_json reads it.
+            let desc = pg_sys::BlessTupleDesc(table.tupdesc);
+            let json = super::row_json(Row::new(*table.vals, desc));
+            pg_sys::SPI_finish();
+            json
+        }
+    }
+
+    #[pg_test]
+    fn refused_rows_reach_the_audit_as_valid_jsonb_only_when_asked() {
+        let select = c"SELECT 1 AS table_id, 'a\"b' AS note, 1e300::numeric AS big";
+        assert_eq!(row_json_of(select, false), None);
+        let doc = row_json_of(select, true).expect("a document");
+        let back = Spi::get_one_with_args::<String>("SELECT ($1::jsonb ->> 'note')", &[doc.as_str().into()]).unwrap();
+        assert_eq!(back.as_deref(), Some("a\"b"));
+        // Too large to serialize: a marker with the row's size, not a cut document.
+        let doc = row_json_of(c"SELECT repeat('x', 70000) AS note", true).expect("a marker");
+        assert_eq!(doc, super::sanitize::truncated(70000));
+    }
 }

@@ -15,6 +15,7 @@ use crate::gucs;
 use pgrx::pg_sys;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 /// A string truncated to fit, at a character boundary.
 #[repr(C)]
@@ -261,10 +262,13 @@ pub struct Shared {
     // `capacity` nodes follow.
 }
 
-static mut SHARED: *mut Shared = std::ptr::null_mut();
-static mut LOCK: *mut pg_sys::LWLock = std::ptr::null_mut();
-static mut PREV_REQUEST: pg_sys::shmem_request_hook_type = None;
-static mut PREV_STARTUP: pg_sys::shmem_startup_hook_type = None;
+/// The shared state and its lock, set once by `startup` in the postmaster
+/// (inherited by every process it forks) or in a backend attaching to it.
+static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+static LOCK: AtomicPtr<pg_sys::LWLock> = AtomicPtr::new(std::ptr::null_mut());
+/// The hooks installed before ours (called first).
+static PREV_REQUEST: OnceLock<pg_sys::shmem_request_hook_type> = OnceLock::new();
+static PREV_STARTUP: OnceLock<pg_sys::shmem_startup_hook_type> = OnceLock::new();
 
 const TRANCHE: &std::ffi::CStr = c"pg_lease";
 
@@ -272,62 +276,94 @@ fn size_for(capacity: usize) -> usize {
     std::mem::size_of::<Shared>() + capacity * std::mem::size_of::<Node>()
 }
 
-/// Installs the shared-memory hooks; only from `_PG_init` during preload.
+/// Installs the shared-memory hooks.
+///
+/// # Safety
+/// Only from `_PG_init` while shared_preload_libraries loads (the
+/// postmaster, single-threaded, before any hook runs).
 pub unsafe fn install_hooks() {
-    PREV_REQUEST = pg_sys::shmem_request_hook;
-    pg_sys::shmem_request_hook = Some(request);
-    PREV_STARTUP = pg_sys::shmem_startup_hook;
-    pg_sys::shmem_startup_hook = Some(startup);
-}
-
-unsafe extern "C-unwind" fn request() {
-    if let Some(prev) = PREV_REQUEST {
-        prev();
+    // SAFETY: the caller's contract: nothing reads the hooks concurrently.
+    unsafe {
+        PREV_REQUEST.get_or_init(|| pg_sys::shmem_request_hook);
+        pg_sys::shmem_request_hook = Some(request);
+        PREV_STARTUP.get_or_init(|| pg_sys::shmem_startup_hook);
+        pg_sys::shmem_startup_hook = Some(startup);
     }
-    pg_sys::RequestAddinShmemSpace(size_for(gucs::AUDIT_QUEUE_SIZE.get() as usize));
-    pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1);
 }
 
-unsafe extern "C-unwind" fn startup() {
-    if let Some(prev) = PREV_STARTUP {
-        prev();
+/// `shmem_request_hook`: the space and the lock pg_lease needs.
+extern "C-unwind" fn request() {
+    if let Some(prev) = PREV_REQUEST.get().copied().flatten() {
+        // SAFETY: the hook installed before ours, called where it expects.
+        unsafe { prev() };
+    }
+    // SAFETY: called in the postmaster's shared-memory request phase, the
+    // only time these may be called.
+    unsafe {
+        pg_sys::RequestAddinShmemSpace(size_for(gucs::AUDIT_QUEUE_SIZE.get() as usize));
+        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1);
+    }
+}
+
+/// `shmem_startup_hook`: creates (or finds) the shared state.
+extern "C-unwind" fn startup() {
+    if let Some(prev) = PREV_STARTUP.get().copied().flatten() {
+        // SAFETY: the hook installed before ours, called where it expects.
+        unsafe { prev() };
     }
     let capacity = gucs::AUDIT_QUEUE_SIZE.get() as usize;
-    // AddinShmemInitLock, as lwlock.h defines it.
-    let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
-    pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-    let mut found = false;
-    let shared = pg_sys::ShmemInitStruct(c"pg_lease".as_ptr(), size_for(capacity), &mut found) as *mut Shared;
-    if !found {
-        // All zero is a valid state for every field (no destination in use,
-        // Phase::Unknown, WorkerState::None), except the free list.
-        std::ptr::write_bytes(shared as *mut u8, 0, size_for(capacity));
-        let queue = &mut *(*shared).queue.get();
-        queue.capacity = capacity as u64;
-        let nodes = nodes(shared);
-        for i in 0..capacity {
-            (*nodes.add(i)).next = if i + 1 < capacity { (i + 1) as u32 } else { NIL };
+    // SAFETY: the protocol of every extension's startup hook: under
+    // AddinShmemInitLock (index 21 of MainLWLockArray, as lwlock.h defines
+    // it), ShmemInitStruct returns `size_for(capacity)` bytes of shared
+    // memory (the size requested in `request`), zeroed and initialized here
+    // once (`found` false) before anyone else can see them; the named tranche
+    // exists (requested in `request`).
+    unsafe {
+        let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
+        pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let mut found = false;
+        let shared = pg_sys::ShmemInitStruct(c"pg_lease".as_ptr(), size_for(capacity), &mut found) as *mut Shared;
+        if !found {
+            // All zero is a valid state for every field (no destination in use,
+            // Phase::Unknown, WorkerState::None), except the free list.
+            std::ptr::write_bytes(shared as *mut u8, 0, size_for(capacity));
+            let queue = &mut *(*shared).queue.get();
+            queue.capacity = capacity as u64;
+            let nodes = nodes(shared);
+            for i in 0..capacity {
+                (*nodes.add(i)).next = if i + 1 < capacity { (i + 1) as u32 } else { NIL };
+            }
+            queue.free = if capacity > 0 { 0 } else { NIL };
         }
-        queue.free = if capacity > 0 { 0 } else { NIL };
+        LOCK.store(&raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock, Ordering::Release);
+        SHARED.store(shared, Ordering::Release);
+        pg_sys::LWLockRelease(init_lock);
     }
-    LOCK = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
-    SHARED = shared;
-    pg_sys::LWLockRelease(init_lock);
 }
 
 /// The shared state, if pg_lease was preloaded.
 pub fn shared() -> Option<&'static Shared> {
-    unsafe { (!SHARED.is_null()).then(|| &*SHARED) }
+    let p = SHARED.load(Ordering::Acquire);
+    // SAFETY: null, or the shared memory `startup` initialized, which lives
+    // as long as the server; `Shared`'s locked part is only reached through
+    // its UnsafeCell under the lock, the rest is atomics.
+    (!p.is_null()).then(|| unsafe { &*p })
 }
 
 /// The lock, held until dropped; gives the locked state.
 struct Locked;
 
 impl Locked {
-    /// Precondition: shared memory exists (callers check [`shared`]) and this
-    /// process does not hold the lock already (LWLocks are not re-entrant).
+    /// Precondition: this process does not hold the lock already (LWLocks
+    /// are not re-entrant: it would wait for itself). Panics without shared
+    /// memory (callers check [`shared`] first).
     fn acquire() -> Locked {
-        unsafe { pg_sys::LWLockAcquire(LOCK, pg_sys::LWLockMode::LW_EXCLUSIVE) };
+        let lock = LOCK.load(Ordering::Acquire);
+        assert!(!lock.is_null(), "pg_lease: the audit's shared memory is not set up");
+        // SAFETY: the tranche's LWLock in shared memory (set by `startup`),
+        // released by Drop, or by Postgres' error recovery (LWLockReleaseAll)
+        // when an ERROR longjmps past the guard.
+        unsafe { pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };
         Locked
     }
 
@@ -337,18 +373,24 @@ impl Locked {
         // SAFETY: SHARED is set (the guard exists only with shared memory);
         // this process holds the lock, which every access to `queue` takes,
         // and the `&mut self` borrow keeps this the only reference to it.
-        unsafe { &mut *(*SHARED).queue.get() }
+        unsafe { &mut *(*SHARED.load(Ordering::Acquire)).queue.get() }
     }
 }
 
 impl Drop for Locked {
     fn drop(&mut self) {
-        unsafe { pg_sys::LWLockRelease(LOCK) };
+        // SAFETY: the lock `acquire` took (a guard exists only then).
+        unsafe { pg_sys::LWLockRelease(LOCK.load(Ordering::Acquire)) };
     }
 }
 
+/// The pool of nodes that follows the shared struct.
+///
+/// # Safety
+/// `shared` points to the whole `size_for(capacity)` allocation.
 unsafe fn nodes(shared: *mut Shared) -> *mut Node {
-    (shared as *mut u8).add(std::mem::size_of::<Shared>()) as *mut Node
+    // SAFETY: the caller's contract: the nodes start right after the struct.
+    unsafe { (shared as *mut u8).add(std::mem::size_of::<Shared>()) as *mut Node }
 }
 
 /// Node `i` of the pool, borrowed from the locked queue.
@@ -356,7 +398,7 @@ fn node(s: &mut Queue, i: u32) -> &mut Node {
     assert!((i as u64) < s.capacity, "audit pool index {i} out of range");
     // SAFETY: SHARED spans the struct and `capacity` nodes (size_for); `s`
     // proves the lock is held, and borrowing it keeps the node unique.
-    unsafe { &mut *nodes(SHARED).add(i as usize) }
+    unsafe { &mut *nodes(SHARED.load(Ordering::Acquire)).add(i as usize) }
 }
 
 thread_local! {
@@ -390,6 +432,9 @@ fn find_or_claim(s: &mut Queue, key: u32, name: &str) -> Option<usize> {
     })?;
     let d = &mut s.dests[i];
     // Zero it whole: a reused destination starts with no counters or notes.
+    // SAFETY: all-zero bytes are a valid Dest (integers, false, a null
+    // latch, and enums whose 0 is a variant: Phase::Unknown, WorkerState::None),
+    // written through the unique borrow `d`.
     unsafe { std::ptr::write_bytes(d as *mut Dest as *mut u8, 0, std::mem::size_of::<Dest>()) };
     d.in_use = true;
     d.key = key;
@@ -472,6 +517,9 @@ pub fn enqueue(record: &AuditRecord, keep: bool) {
         }
     };
     if !wake.is_null() {
+        // SAFETY: a PGPROC latch (shared memory, lives as long as the
+        // server) registered by a running writer or the launcher; setting the
+        // latch of a process that has just exited is harmless.
         unsafe { pg_sys::SetLatch(wake) };
     }
 }
@@ -692,7 +740,8 @@ pub fn set_last_error(i: usize, error: Option<&str>, now: i64) -> bool {
 /// is already this process's (an error raised while holding it), rather than
 /// self-deadlocking.
 pub fn note_failure(i: usize, error: &str, now: i64) {
-    if shared().is_none() || unsafe { pg_sys::LWLockHeldByMe(LOCK) } {
+    // SAFETY: asks whether this process holds the (set) lock.
+    if shared().is_none() || unsafe { pg_sys::LWLockHeldByMe(LOCK.load(Ordering::Acquire)) } {
         return;
     }
     let mut lock = Locked::acquire();

@@ -7,6 +7,7 @@ use pgrx::prelude::*;
 use std::sync::atomic::Ordering;
 
 fn timestamp(t: i64) -> Option<TimestampWithTimeZone> {
+    // SAFETY: a timestamptz datum is an i64 by value.
     (t != 0).then(|| unsafe { TimestampWithTimeZone::from_datum(pg_sys::Datum::from(t), false) }).flatten()
 }
 
@@ -70,9 +71,9 @@ pub fn audit_status() -> TableIterator<
 > {
     let audit = gucs::AUDIT.get();
     let central = gucs::central_database();
-    let here = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let here = crate::pg::my_database().to_u32();
     let database =
-        central.clone().unwrap_or_else(|| unsafe { crate::pg::owned(pg_sys::get_database_name(pg_sys::MyDatabaseId)) });
+        central.clone().unwrap_or_else(|| crate::pg::database_name(crate::pg::my_database()).unwrap_or_default());
     let row = match (shmem::shared(), shmem::counters()) {
         (Some(s), Some(c)) => {
             let launcher = shmem::launcher_pid();
@@ -145,11 +146,10 @@ pub fn audit_databases() -> TableIterator<
             let oid = if central {
                 database_oid(&d.name)
             } else {
-                let alive = unsafe { !pg_sys::get_database_name(pg_sys::Oid::from(d.key)).is_null() };
-                alive.then(|| pg_sys::Oid::from(d.key))
+                crate::pg::database_name(pg_sys::Oid::from(d.key)).map(|_| pg_sys::Oid::from(d.key))
             };
             let name = match oid.filter(|_| !central) {
-                Some(oid) => unsafe { crate::pg::owned(pg_sys::get_database_name(oid)) },
+                Some(oid) => crate::pg::database_name(oid).unwrap_or_default(),
                 None => d.name.clone(),
             };
             let (state, status) = if !central && oid.is_none() {
@@ -182,12 +182,13 @@ pub fn audit_databases() -> TableIterator<
 
 fn database_oid(name: &str) -> Option<pg_sys::Oid> {
     let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: a catalog lookup by a NUL-terminated name; missing_ok.
     let oid = unsafe { pg_sys::get_database_oid(name.as_ptr(), true) };
     (oid != pg_sys::InvalidOid).then_some(oid)
 }
 
 fn when(t: i64) -> String {
-    unsafe { crate::pg::owned(pg_sys::timestamptz_to_str(t)) }
+    crate::pg::timestamp_text(t)
 }
 
 /// What a destination's audit is doing: `lease.audit_databases().state`, and
@@ -323,7 +324,7 @@ impl Destination<'_> {
             return (State::Failing, format!("failing since {}: {error}; {retry}; {queue}", when(at)));
         }
         if launcher == 0 {
-            return if unsafe { pg_sys::RecoveryInProgress() } {
+            return if crate::pg::in_recovery() {
                 (
                     State::NotRunning,
                     "not running: this server is a standby, which refuses no writes; the audit launcher starts once it is promoted"

@@ -52,35 +52,43 @@ const LOCK_TIMEOUT: &CStr = c"5s";
 /// retention to the database, then exit.
 pub const RETENTION_ONLY: u64 = 1 << 32;
 
-static mut PREV_EMIT_LOG_HOOK: pg_sys::emit_log_hook_type = None;
-/// The destination this process writes (for its hooks).
-static mut DEST: Option<usize> = None;
+thread_local! {
+    /// The emit_log_hook installed before ours (called after it).
+    static PREV_EMIT_LOG_HOOK: std::cell::Cell<pg_sys::emit_log_hook_type> = const { std::cell::Cell::new(None) };
+    /// The destination this process writes (for its hooks).
+    static DEST: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
 
 /// In a writer only: an error that ends it (it cannot connect, or something
 /// escaped) is what `lease.audit_status()` shows until a later write succeeds.
+///
+/// # Safety
+/// Called by elog.c as `emit_log_hook` with a valid ErrorData (or null).
 unsafe extern "C-unwind" fn on_writer_log(edata: *mut pg_sys::ErrorData) {
     // A missing database is not kept: the launcher and audit_status see it
     // for themselves.
     let missing_database = PgSqlErrorCode::ERRCODE_INVALID_CATALOG_NAME as isize as i32;
-    if let Some(dest) = DEST {
-        if !edata.is_null()
-            && (*edata).elevel >= pg_sys::PGERROR as i32
-            && (*edata).sqlerrcode != missing_database
-            && !(*edata).message.is_null()
-        {
-            let message = CStr::from_ptr((*edata).message).to_string_lossy();
-            shmem::note_failure(dest, &message, pg_sys::GetCurrentTimestamp());
-        }
+    // SAFETY: elog.c passes the ErrorData being reported, valid for the
+    // call; `message` is NUL-terminated when not null.
+    let message = unsafe {
+        edata
+            .as_ref()
+            .filter(|e| e.elevel >= pg_sys::PGERROR as i32 && e.sqlerrcode != missing_database && !e.message.is_null())
+            .map(|e| CStr::from_ptr(e.message).to_string_lossy().into_owned())
+    };
+    if let (Some(dest), Some(message)) = (DEST.with(|d| d.get()), message) {
+        shmem::note_failure(dest, &message, crate::pg::now());
     }
-    if let Some(prev) = PREV_EMIT_LOG_HOOK {
-        prev(edata);
+    if let Some(prev) = PREV_EMIT_LOG_HOOK.with(|p| p.get()) {
+        // SAFETY: the previous hook, called with what we were given.
+        unsafe { prev(edata) };
     }
 }
 
 /// However the writer exits, it no longer serves its destination.
-unsafe extern "C-unwind" fn on_writer_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
-    if let Some(dest) = DEST {
-        shmem::detach(dest, pg_sys::MyProcPid, false);
+extern "C-unwind" fn on_writer_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    if let Some(dest) = DEST.with(|d| d.get()) {
+        shmem::detach(dest, crate::pg::my_pid(), false);
     }
 }
 
@@ -94,6 +102,8 @@ fn set_worker_gucs() {
         (c"default_transaction_read_only", c"off"),
         (c"statement_timeout", c"0"),
     ] {
+        // SAFETY: two static NUL-terminated strings naming a setting and a
+        // valid value; SetConfigOption raises on anything else.
         unsafe {
             pg_sys::SetConfigOption(
                 name.as_ptr(),
@@ -120,17 +130,20 @@ pub extern "C-unwind" fn pg_lease_audit_writer_main(arg: pg_sys::Datum) {
         apply_retention();
         super::exit_process(0)
     }
-    let me = unsafe { pg_sys::MyProcPid };
-    let Some(dest) =
-        shmem::attach(key, central.as_deref().unwrap_or_default(), unsafe { &raw mut (*pg_sys::MyProc).procLatch }, me)
-    else {
+    let me = crate::pg::my_pid();
+    // SAFETY: MyProc is this process's PGPROC (a background worker with
+    // shared memory access has one); its latch lives as long as the process.
+    let latch = unsafe { &raw mut (*pg_sys::MyProc).procLatch };
+    let Some(dest) = shmem::attach(key, central.as_deref().unwrap_or_default(), latch, me) else {
         // Another writer serves it, or no destination is free.
         super::exit_process(0)
     };
+    DEST.with(|d| d.set(Some(dest)));
+    // SAFETY: registers a static callback, and chains our log hook in front
+    // of the one installed before (this process's only thread).
     unsafe {
-        DEST = Some(dest);
         pg_sys::before_shmem_exit(Some(on_writer_exit), pg_sys::Datum::from(0));
-        PREV_EMIT_LOG_HOOK = pg_sys::emit_log_hook;
+        PREV_EMIT_LOG_HOOK.with(|p| p.set(pg_sys::emit_log_hook));
         pg_sys::emit_log_hook = Some(on_writer_log);
     }
     if matches!(shmem::phase(dest), Phase::Unknown | Phase::Dropped) {
@@ -144,7 +157,7 @@ pub extern "C-unwind" fn pg_lease_audit_writer_main(arg: pg_sys::Datum) {
         None => {
             BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(key)), None);
             // The catalog is read in a transaction only.
-            let name = in_transaction(|| unsafe { crate::pg::owned(pg_sys::get_database_name(pg_sys::MyDatabaseId)) })
+            let name = in_transaction(|| crate::pg::database_name(crate::pg::my_database()).unwrap_or_default())
                 .unwrap_or_else(|_| format!("OID {key}"));
             shmem::set_name(dest, &name);
             name
@@ -169,6 +182,7 @@ pub extern "C-unwind" fn pg_lease_audit_writer_main(arg: pg_sys::Datum) {
         // queue or the end of the process brings the flush forward.
         let alive = BackgroundWorker::wait_latch(Some(due.saturating_duration_since(Instant::now())));
         if BackgroundWorker::sighup_received() {
+            // SAFETY: rereads the configuration files, as every process does on SIGHUP.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
             due = due.min(Instant::now() + flush());
         }
@@ -268,12 +282,16 @@ fn catch<R>(f: impl FnOnce() -> R) -> Result<R, Failure> {
 /// Runs `f` in a transaction of its own: committed if `f` returns, rolled
 /// back (and the error returned) if it or the commit fails.
 pub(super) fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, Failure> {
+    // SAFETY: a background worker between transactions starts one as
+    // postgres.c does (statement time, transaction, snapshot); it is ended
+    // below on every path.
     unsafe {
         pg_sys::SetCurrentStatementStartTimestamp();
         pg_sys::StartTransactionCommand();
         pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
     }
     let result = catch(f).and_then(|r| {
+        // SAFETY: pops the snapshot pushed above and commits the transaction.
         catch(|| unsafe {
             pg_sys::PopActiveSnapshot();
             pg_sys::CommitTransactionCommand();
@@ -281,6 +299,8 @@ pub(super) fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, Failure> {
         .map(|()| r)
     });
     if result.is_err() {
+        // SAFETY: after an error (caught) or a failed commit the transaction
+        // is aborted, as postgres.c's error recovery does.
         unsafe { pg_sys::AbortCurrentTransaction() };
     }
     result
@@ -290,6 +310,10 @@ pub(super) fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, Failure> {
 /// `f` returns and `keep` is true, rolled back otherwise. An error inside it
 /// rolls back only what `f` did.
 fn in_subtransaction<R>(keep: bool, f: impl FnOnce() -> R) -> Result<R, Failure> {
+    // SAFETY: PL/pgSQL's exception-block protocol (pl_exec.c): begin an
+    // internal subtransaction, run, release or roll it back, then restore the
+    // caller's memory context and resource owner, which the subtransaction
+    // calls change. Called inside a transaction (in_transaction).
     unsafe {
         let context = pg_sys::CurrentMemoryContext;
         let owner = pg_sys::CurrentResourceOwner;
@@ -318,7 +342,7 @@ fn audit_table_exists() -> bool {
 /// a subtransaction that is always rolled back.
 fn probe(database: &str) -> Result<(), Failure> {
     let mut record = AuditRecord::EMPTY;
-    record.rejected_at = unsafe { pg_sys::GetCurrentTimestamp() };
+    record.rejected_at = crate::pg::now();
     record.sqlstate.copy_from_slice(LeaseError::StaleOwnerBoundaryWrite.sqlstate().as_bytes());
     record.database.set(database);
     record.target_table.set("lease.rejected_writes");
@@ -392,7 +416,7 @@ impl Writer {
             }
             match write(&self.batch, &self.database) {
                 Written::Done { n, dropped } => {
-                    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+                    let now = crate::pg::now();
                     shmem::commit_recorded(self.dest, n, dropped.len(), now);
                     for (i, why) in &dropped {
                         self.report_drop(&self.batch[*i], why, now);
@@ -465,7 +489,7 @@ impl Writer {
     }
 
     fn failing(&mut self, error: Failure) {
-        let now = unsafe { pg_sys::GetCurrentTimestamp() };
+        let now = crate::pg::now();
         shmem::set_phase(self.dest, Phase::Failing);
         let note = format!("cannot write to \"{}\".lease.rejected_writes: {error}", self.database);
         if shmem::set_last_error(self.dest, Some(&note), now) {
@@ -477,7 +501,7 @@ impl Writer {
     }
 
     fn report_drop(&self, record: &AuditRecord, why: &Failure, now: i64) {
-        let at = unsafe { crate::pg::owned(pg_sys::timestamptz_to_str(record.rejected_at)) };
+        let at = crate::pg::timestamp_text(record.rejected_at);
         let what = format!(
             "the refusal ({}) of {} in database \"{}\" at {at} by pid {}",
             String::from_utf8_lossy(&record.sqlstate),

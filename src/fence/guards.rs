@@ -140,3 +140,32 @@ pub fn truncate_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     let facts = refusal::facts(relid, &table, TriggerOp::Truncate, String::new(), None, None, None);
     Err(refusal::on_relation(error, relid, summary, detail, facts))
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use crate::fence::tests::sqlstate_of;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn owner_tokens_only_rise_and_stay_with_their_key() {
+        Spi::run(
+            "CREATE TABLE tables (id numeric PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE payouts (table_id numeric, fencing_token bigint);
+             SELECT lease.protect('payouts', '{table_id}', 'fencing_token');
+             INSERT INTO tables VALUES (1, 5), (2, NULL);",
+        )
+        .unwrap();
+        assert_eq!(sqlstate_of("UPDATE tables SET owner_fencing_token = 4 WHERE id = 1"), "LF004");
+        assert_eq!(sqlstate_of("UPDATE tables SET owner_fencing_token = NULL WHERE id = 1"), "LF004");
+        assert_eq!(sqlstate_of("UPDATE tables SET id = 3 WHERE id = 1"), "LF004");
+        assert_eq!(sqlstate_of("DELETE FROM tables WHERE id = 1"), "LF004");
+        assert_eq!(sqlstate_of("TRUNCATE tables CASCADE"), "LF004");
+        // Equal by the key type's equality is the same key: 1.00 = 1.
+        assert_eq!(sqlstate_of("UPDATE tables SET id = 1.00 WHERE id = 1"), "ok");
+        assert_eq!(sqlstate_of("UPDATE tables SET owner_fencing_token = 6 WHERE id = 1"), "ok");
+        // A row without a token may move and go.
+        assert_eq!(sqlstate_of("UPDATE tables SET id = 4 WHERE id = 2"), "ok");
+        assert_eq!(sqlstate_of("DELETE FROM tables WHERE id = 4"), "ok");
+    }
+}

@@ -201,6 +201,14 @@ pub fn key_identity_problem(typ: pg_sys::Oid, collation: default!(pg_sys::Oid, 0
     Canon::of(typ, collation).err()
 }
 
+/// `lease._is_token_type(typ)`: whether a column of `typ` can hold a fencing
+/// token ([`crate::pg::is_token_type`], the one list of them), for the fence
+/// checks in SQL.
+#[pg_extern(name = "_is_token_type", immutable, parallel_safe)]
+pub fn is_token_type(typ: pg_sys::Oid) -> bool {
+    crate::pg::is_token_type(typ)
+}
+
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]
 mod tests {

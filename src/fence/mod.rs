@@ -46,3 +46,20 @@ pub fn init() {
         pg_sys::RegisterSubXactCallback(Some(verified::on_subxact_event), std::ptr::null_mut());
     }
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+pub(crate) mod tests {
+    use pgrx::prelude::*;
+
+    /// Runs `sql` in a PL/pgSQL block and returns its error's SQLSTATE
+    /// (caught there, where LF codes survive), or "ok".
+    pub fn sqlstate_of(sql: &str) -> String {
+        Spi::get_one::<String>(&format!(
+            "DO $$ BEGIN {sql}; PERFORM set_config('t.code', 'ok', true);
+                 EXCEPTION WHEN OTHERS THEN PERFORM set_config('t.code', SQLSTATE, true); END $$;
+             SELECT current_setting('t.code')"
+        ))
+        .unwrap()
+        .unwrap()
+    }
+}

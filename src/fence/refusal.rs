@@ -31,7 +31,7 @@ pub fn facts(
         resource,
         presented,
         current,
-        row_json: row.and_then(|r| audit::row_json(r.tuple(), r.desc())),
+        row_json: row.and_then(audit::row_json),
     }
 }
 

@@ -134,3 +134,48 @@ fn check(cfg: &FenceConfig, row: Row, token: Option<i64>, op: TriggerOp) -> Resu
         },
     }
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use crate::fence::tests::sqlstate_of;
+    use pgrx::prelude::*;
+
+    fn poker() {
+        Spi::run(
+            "CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE payouts (table_id int, fencing_token bigint);
+             SELECT lease.protect('payouts', '{table_id}', 'fencing_token');
+             INSERT INTO tables VALUES (1, 5), (2, NULL);",
+        )
+        .unwrap();
+    }
+
+    #[pg_test]
+    fn the_verdict_on_each_kind_of_row() {
+        poker();
+        assert_eq!(sqlstate_of("INSERT INTO payouts VALUES (1, 5)"), "ok");
+        assert_eq!(sqlstate_of("INSERT INTO payouts VALUES (1, 4)"), "LF001");
+        assert_eq!(sqlstate_of("INSERT INTO payouts VALUES (1, 6)"), "LF002");
+        assert_eq!(sqlstate_of("INSERT INTO payouts VALUES (1, NULL)"), "LF003");
+        assert_eq!(sqlstate_of("INSERT INTO payouts VALUES (3, 5)"), "LF007");
+        assert_eq!(sqlstate_of("INSERT INTO payouts VALUES (NULL, 5)"), "LF007");
+        // An owner row without a token yet: nothing can be current.
+        assert_eq!(sqlstate_of("INSERT INTO payouts VALUES (2, 1)"), "LF002");
+        // Moving a row to another resource needs the right to write both.
+        assert_eq!(sqlstate_of("UPDATE payouts SET table_id = 2 WHERE table_id = 1"), "LF002");
+        // DELETE takes the bound token.
+        assert_eq!(sqlstate_of("DELETE FROM payouts"), "LF003");
+        assert_eq!(sqlstate_of("PERFORM lease.bind_token(5); DELETE FROM payouts"), "ok");
+    }
+
+    #[pg_test]
+    fn a_bump_in_this_transaction_is_judged_again() {
+        poker();
+        // Verified (and cached) at 5, then this transaction bumps the owner
+        // row: the cache is dropped, so 5 is now stale.
+        Spi::run("INSERT INTO payouts VALUES (1, 5); UPDATE tables SET owner_fencing_token = 7 WHERE id = 1").unwrap();
+        assert_eq!(sqlstate_of("INSERT INTO payouts VALUES (1, 5)"), "LF001");
+        assert_eq!(sqlstate_of("INSERT INTO payouts VALUES (1, 7)"), "ok");
+    }
+}

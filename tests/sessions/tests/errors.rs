@@ -207,6 +207,7 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         "lease._fail(text,text,text,text)",
         "lease._fence_problems(oid[])",
         "lease._install_owner_guards(regclass,text)",
+        "lease._is_token_type(oid)",
         "lease._install_owner_truncate_guard(regclass)",
         "lease._install_target_triggers(regclass)",
         "lease._install_truncate_guard(regclass)",

@@ -175,6 +175,10 @@ unsafe fn fail(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Invali
         unsafe { text_arg(fcinfo, i) }
     };
     let sqlstate = arg(0).unwrap_or_default();
+    if sqlstate.starts_with("LF") {
+        // pg_lease's own codes come only from the fence and lease._raise.
+        pgrx::error!("lease._fail: {sqlstate} is one of pg_lease's LF codes, which lease._fail does not raise");
+    }
     let mut invalid =
         Invalid::new(&sqlstate, arg(1).unwrap_or_default()).unwrap_or_else(|why| pgrx::error!("lease._fail: {why}"));
     invalid.detail = arg(2);

@@ -112,6 +112,9 @@ fn bad_input_errors_carry_no_internal_context() {
     // lease._fail itself refuses what is not an error SQLSTATE.
     let e = db_error(&mut c, "SELECT lease._fail('00000', 'fine')");
     assert!(e.message().contains("is not an error SQLSTATE"), "{}", e.message());
+    let e = db_error(&mut c, "SELECT lease._fail('LF001', 'forged')");
+    assert_eq!(e.code().code(), "XX000");
+    assert!(e.message().contains("does not raise"), "{}", e.message());
 }
 
 #[test]

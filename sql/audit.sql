@@ -41,11 +41,12 @@ SELECT coalesce(d.datname::text, '(dropped)') AS database,
        s.last_refusal_at,
        a.queued AS queue_depth,
        a.dropped,
-       a.last_flush_at
-  FROM lease._stats() s
+       a.last_flush_at,
+       s.replicated
+  FROM lease._table_stats() s
   LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.database_oid
  CROSS JOIN lease.audit_status() a;
-COMMENT ON VIEW lease.stats IS 'Accepted and refused fenced writes per protected table since start (or lease.stats_reset()), with the audit queue''s depth, drops and last flush.';
+COMMENT ON VIEW lease.stats IS 'Accepted and refused fenced writes per protected table since start (or lease.stats_reset()), with the audit queue''s depth, drops and last flush, and rows applied by trusted logical replication (replicated).';
 
 CREATE FUNCTION lease.purge_rejected_writes(older_than interval) RETURNS bigint
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -64,7 +65,7 @@ COMMENT ON FUNCTION lease.purge_rejected_writes(interval) IS 'Deletes audit rows
 -- Audit data and stats are for the roles the DBA grants, not PUBLIC; nobody
 -- but the worker (and superusers) writes audit rows.
 REVOKE ALL ON lease.rejected_writes, lease.stats FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION lease._stats(), lease.audit_status(), lease.audit_databases(), lease.stats_reset(),
+REVOKE EXECUTE ON FUNCTION lease._table_stats(), lease._stats(), lease.audit_status(), lease.audit_databases(), lease.stats_reset(),
     lease.purge_rejected_writes(interval) FROM PUBLIC;
 
 DO $$

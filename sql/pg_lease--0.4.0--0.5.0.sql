@@ -5,7 +5,12 @@
 -- same way, lease.protect's comparability and ownership errors in its own
 -- words, and the trigger list shared by the fence check and the drop guard
 -- (lease._expected_triggers), the token types in one place (lease._is_token_type),
--- and one naming convention for the lease functions' locals. No table changes.
+-- and one naming convention for the lease functions' locals. Logical
+-- replication: changes applied by a superuser-owned subscription's workers are
+-- let through (judged at their origin) and counted in lease.stats.replicated
+-- (lease._table_stats; lease._stats stays as it was). Schema-only restores: protect
+-- takes existing pg_lease triggers over (lease._create_trigger), unprotect
+-- removes leftover ones. No table changes.
 \echo Use "ALTER EXTENSION pg_lease UPDATE TO '0.5.0'" to load this file. \quit
 
 CREATE  FUNCTION "_is_token_type"(
@@ -14,6 +19,19 @@ CREATE  FUNCTION "_is_token_type"(
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'is_token_type_wrapper';
+
+CREATE  FUNCTION "_table_stats"() RETURNS TABLE (
+	"database_oid" oid,  /* pg_sys :: Oid */
+	"table_oid" oid,  /* pg_sys :: Oid */
+	"table_name" TEXT,  /* String */
+	"accepted" bigint,  /* i64 */
+	"refused" bigint,  /* i64 */
+	"last_refusal_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"replicated" bigint  /* i64 */
+)
+STRICT VOLATILE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'table_stats_wrapper';
 
 CREATE FUNCTION lease._fail(sqlstate text, message text, detail text DEFAULT NULL, hint text DEFAULT NULL)
 RETURNS void LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_fail';
@@ -280,6 +298,22 @@ BEGIN
     END IF;
 END $$;
 
+CREATE FUNCTION lease._create_trigger(rel regclass, tgname name, func regproc, timing text, body text) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    existing regproc;
+BEGIN
+    SELECT t.tgfoid INTO existing FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = _create_trigger.tgname;
+    IF existing IS NOT NULL AND existing <> func THEN
+        PERFORM lease._fail('42710',
+            format('pg_lease: %s already has a trigger %I that is not pg_lease''s (it runs %s)', rel, tgname, existing),
+            NULL, 'Rename or drop that trigger: the pg_lease_* trigger names are pg_lease''s.');
+    END IF;
+    EXECUTE format('CREATE %sTRIGGER %I %s ON %s %s',
+                   CASE WHEN existing IS NULL THEN '' ELSE 'OR REPLACE ' END, tgname, timing, rel, body);
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', rel, tgname);
+END $$;
+
 CREATE OR REPLACE FUNCTION lease._guard_ddl() RETURNS event_trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
@@ -482,20 +516,27 @@ BEGIN
             format('%s would drop owner table %s of fenced table %s', tg_tag, orphan.owner_table, orphan.relid),
             format('Table %s is fenced against the owner rows of %s.', orphan.relid, orphan.owner_table));
     END IF;
-    -- A partition of an owner table dropped by name (not with its owner
-    -- table) takes owner rows and their tokens.
+    -- A partition of an owner table dropped without its owner table takes
+    -- owner rows and their tokens, whether the command names it or reaches
+    -- it by cascade (DROP SCHEMA, DROP OWNED, DROP TYPE ... CASCADE). Its
+    -- owner table cannot be told any more (the catalog no longer links
+    -- them), so such a drop is refused while any owner table stays in use
+    -- and is not dropped by this same command: drop or unprotect the fenced
+    -- tables first (their owner guards then go), then the owner tables.
     SELECT tb.object_identity INTO victim
       FROM pg_event_trigger_dropped_objects() tg
       JOIN pg_event_trigger_dropped_objects() tb
-        ON tb.object_type = 'table' AND tb.original
+        ON tb.object_type = 'table'
        AND tb.address_names[1] = tg.address_names[1] AND tb.address_names[2] = tg.address_names[2]
      WHERE tg.object_type = 'trigger' AND tg.address_names[3] = 'pg_lease_owner_truncate'
        AND NOT (tb.objid = ANY (owner_roots))
+       AND EXISTS (SELECT 1 FROM lease.protected p
+                    WHERE p.owner_table IS NOT NULL AND NOT (p.owner_table::oid = ANY (dropped_tables)))
      LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FencingTokenRegression',
             format('%s would drop a partition of an owner table (%s)', tg_tag, victim.object_identity),
-            'Owner rows hold the current fencing tokens; dropping them would let tokens start over.');
+            'Owner rows hold the current fencing tokens; dropping them would let tokens start over. To retire an owner table, drop or lease.unprotect the tables fenced against it first, in a separate command.');
     END IF;
     -- Triggers, columns, constraints: address_names is {schema, table, name}.
     SELECT d.object_type, d.object_identity, f.relid INTO victim
@@ -525,6 +566,41 @@ BEGIN
                 format('Table %s: %s.', victim.relid, victim.problem));
         END IF;
     END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION lease._install_owner_guards(owner regclass, args text) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    part regclass;
+BEGIN
+    PERFORM lease._create_trigger(owner, 'pg_lease_owner_guard', 'lease.owner_guard'::regproc,
+        'BEFORE INSERT OR UPDATE OR DELETE', format('FOR EACH ROW EXECUTE FUNCTION lease.owner_guard(%s)', args));
+    FOR part IN SELECT t.relid FROM pg_partition_tree(owner) t UNION SELECT owner LOOP
+        PERFORM lease._install_owner_truncate_guard(part);
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION lease._install_owner_truncate_guard(rel regclass) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM lease._create_trigger(rel, 'pg_lease_owner_truncate', 'lease.truncate_guard'::regproc,
+        'BEFORE TRUNCATE', 'FOR EACH STATEMENT EXECUTE FUNCTION lease.truncate_guard(''owner'')');
+END $$;
+
+CREATE OR REPLACE FUNCTION lease._install_target_triggers(target regclass) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM lease._create_trigger(target, 'pg_lease_fence', 'lease.fence_trigger'::regproc,
+        'BEFORE INSERT OR UPDATE OR DELETE', 'FOR EACH ROW EXECUTE FUNCTION lease.fence_trigger()');
+    PERFORM lease._install_truncate_guard(t.relid) FROM pg_partition_tree(target) t WHERE t.relid <> target;
+    PERFORM lease._install_truncate_guard(target);
+END $$;
+
+CREATE OR REPLACE FUNCTION lease._install_truncate_guard(rel regclass) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM lease._create_trigger(rel, 'pg_lease_truncate', 'lease.truncate_guard'::regproc,
+        'BEFORE TRUNCATE', 'FOR EACH STATEMENT EXECUTE FUNCTION lease.truncate_guard(''target'')');
 END $$;
 
 CREATE OR REPLACE FUNCTION lease.acquire(name text, owner text, ttl_ms integer, owner_table regclass DEFAULT NULL,
@@ -1054,6 +1130,8 @@ CREATE OR REPLACE FUNCTION lease.unprotect(target regclass) RETURNS void
 DECLARE
     p lease.protected;
     part regclass;
+    leftover record;
+    dropped integer := 0;
 BEGIN
     IF target IS NULL THEN
         PERFORM lease._fail('22004', 'lease.unprotect: target must not be NULL');
@@ -1061,6 +1139,28 @@ BEGIN
     -- Forget the config first: the DDL guard then no longer expects the triggers.
     SELECT * INTO p FROM lease.protected x WHERE x.relid = target;
     IF NOT FOUND THEN
+        -- pg_lease's triggers without their config (a schema-only dump and
+        -- restore carries the triggers, not lease.protected): removing them
+        -- is what unprotect means here. On an owner table still named by a
+        -- protected table's config they stay.
+        IF EXISTS (SELECT 1 FROM lease.protected o WHERE o.owner_table = target) THEN
+            PERFORM lease._fail('42704', format('pg_lease: %s is not protected (it is the owner table of a protected table: unprotect that one)', target));
+        END IF;
+        FOR leftover IN
+            SELECT g.tgrelid::regclass AS rel, g.tgname
+              FROM pg_trigger g
+             WHERE g.tgrelid IN (SELECT t.relid FROM pg_partition_tree(target) t UNION SELECT target)
+               AND g.tgparentid = 0
+               AND g.tgname IN ('pg_lease_fence', 'pg_lease_truncate', 'pg_lease_owner_guard', 'pg_lease_owner_truncate')
+               AND g.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.truncate_guard'::regproc, 'lease.owner_guard'::regproc)
+        LOOP
+            EXECUTE format('DROP TRIGGER %I ON %s', leftover.tgname, leftover.rel);
+            dropped := dropped + 1;
+        END LOOP;
+        IF dropped > 0 THEN
+            RAISE NOTICE 'pg_lease: % had % of pg_lease''s triggers but no protection config (a schema-only restore?): removed them', target, dropped;
+            RETURN;
+        END IF;
         PERFORM lease._fail('42704', format('pg_lease: %s is not protected', target));
     END IF;
     PERFORM lease._unregister(target);
@@ -1076,3 +1176,32 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION lease.unprotect(regclass) IS 'Removes pg_lease''s fence from target (high-water marks are kept).';
+
+-- lease.stats gains `replicated`: rows applied by trusted logical replication.
+REVOKE EXECUTE ON FUNCTION lease._table_stats() FROM PUBLIC;
+DO $$
+DECLARE
+    grantee regrole;
+BEGIN
+    FOR grantee IN
+        SELECT a.grantee::regrole FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+         WHERE p.oid = 'lease._stats()'::regprocedure AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0
+           AND a.grantee <> p.proowner
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION lease._table_stats() TO %s', grantee);
+    END LOOP;
+END $$;
+CREATE OR REPLACE VIEW lease.stats AS
+SELECT coalesce(d.datname::text, '(dropped)') AS database,
+       s.table_name,
+       s.accepted,
+       s.refused,
+       s.last_refusal_at,
+       a.queued AS queue_depth,
+       a.dropped,
+       a.last_flush_at,
+       s.replicated
+  FROM lease._table_stats() s
+  LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.database_oid
+ CROSS JOIN lease.audit_status() a;
+COMMENT ON VIEW lease.stats IS 'Accepted and refused fenced writes per protected table since start (or lease.stats_reset()), with the audit queue''s depth, drops and last flush, and rows applied by trusted logical replication (replicated).';

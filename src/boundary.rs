@@ -29,12 +29,12 @@ use pgrx::pg_sys;
 #[inline(always)]
 unsafe fn run(work: impl FnOnce() -> Outcome) -> pg_sys::Datum {
     let judged = || {
-        let Outcome { stats, result } = work();
-        audit::count(stats, result.is_ok());
-        if let Err(refusal) = &result {
+        let outcome = work();
+        audit::count(&outcome);
+        if let Err(refusal) = &outcome.result {
             audit::on_refusal(refusal);
         }
-        result
+        outcome.result
     };
     // SAFETY: the guard catches Rust panics and Postgres errors raised in
     // `judged` and reports them normally; called from a C entry point.
@@ -164,6 +164,29 @@ unsafe fn text_arg(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> Option<String>
     }
 }
 
+/// Argument `i` (text) converted from the database's encoding to UTF-8, so
+/// that characters are judged as the characters they are (in a LATIN1
+/// database byte 0x85 is U+0085). In a SQL_ASCII database bytes are taken
+/// as they are (invalid UTF-8 becoming U+FFFD).
+///
+/// # Safety
+/// As for [`text_arg`].
+unsafe fn utf8_text_arg(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> Option<String> {
+    // SAFETY: the caller's contract; text_to_cstring returns a palloc'd,
+    // NUL-terminated copy of the value in the server encoding, and
+    // pg_server_to_any a NUL-terminated string in UTF-8 (the same pointer
+    // when no conversion is needed), both read before returning.
+    unsafe {
+        let a = &*(*fcinfo).args.as_ptr().add(i);
+        if a.isnull {
+            return None;
+        }
+        let server = pg_sys::text_to_cstring(a.value.cast_mut_ptr());
+        let len = std::ffi::CStr::from_ptr(server).to_bytes().len();
+        Some(owned(pg_sys::pg_server_to_any(server, len as i32, pg_sys::pg_enc::PG_UTF8 as i32)))
+    }
+}
+
 /// `lease._fail(sqlstate, message, detail, hint)`: how pg_lease's PL/pgSQL
 /// reports bad input (see sql/fence.sql).
 ///
@@ -193,7 +216,7 @@ c_function!(pg_lease_fail, pg_finfo_pg_lease_fail, fail, run_checked);
 /// `fcinfo` carries two text-or-NULL arguments.
 unsafe fn check_label(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Invalid> {
     // SAFETY: the caller's contract.
-    let (what, value) = unsafe { (text_arg(fcinfo, 0).unwrap_or_default(), text_arg(fcinfo, 1)) };
+    let (what, value) = unsafe { (text_arg(fcinfo, 0).unwrap_or_default(), utf8_text_arg(fcinfo, 1)) };
     lease::check_label(&what, value.as_deref()).map(|()| pg_sys::Datum::from(0))
 }
 c_function!(pg_lease_check_label, pg_finfo_pg_lease_check_label, check_label, run_checked);

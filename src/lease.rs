@@ -52,14 +52,22 @@ pub const MAX_LABEL_CHARS: usize = 256;
 /// [`MAX_LABEL_CHARS`] characters. `lease._check_label(what, value)`.
 pub fn check_label(what: &str, value: Option<&str>) -> Result<(), Invalid> {
     let invalid = |code, message: String| Err(Invalid::new(code, message).expect("a valid SQLSTATE"));
+    // `what` is "name" or "owner" from pg_lease's own SQL; bounded anyway.
+    let what: String = what.chars().take(32).collect();
     let Some(value) = value else {
         return invalid("22004", format!("pg_lease: lease {what} must not be NULL"));
     };
     if value.trim().is_empty() {
         return invalid("22023", format!("pg_lease: lease {what} must not be blank"));
     }
-    if value.chars().any(char::is_control) {
-        return invalid("22023", format!("pg_lease: lease {what} {value:?} contains a control character"));
+    // Control characters, and the line and paragraph separators, which break
+    // a name across lines in logs as a newline does. The value is not echoed.
+    let breaks = |c: char| c.is_control() || c == '\u{2028}' || c == '\u{2029}';
+    if let Some((at, c)) = value.chars().enumerate().find(|&(_, c)| breaks(c)) {
+        return invalid(
+            "22023",
+            format!("pg_lease: lease {what} contains a control character (U+{:04X} at character {})", c as u32, at + 1),
+        );
     }
     let chars = value.chars().count();
     if chars > MAX_LABEL_CHARS {
@@ -104,7 +112,17 @@ mod tests {
         assert!(check_label("name", Some("room:1")).is_ok());
         assert!(check_label("name", Some(&"x".repeat(256))).is_ok());
         assert!(check_label("name", Some(&"é".repeat(256))).is_ok());
-        for bad in [None, Some(""), Some("   "), Some("\t"), Some("\u{a0}"), Some("a\nb"), Some(&*"x".repeat(257))] {
+        for bad in [
+            None,
+            Some(""),
+            Some("   "),
+            Some("\t"),
+            Some("\u{a0}"),
+            Some("a\nb"),
+            Some("a\u{85}b"),
+            Some("a\u{2028}b"),
+            Some(&*"x".repeat(257)),
+        ] {
             assert!(check_label("owner", bad).is_err(), "{bad:?} accepted");
         }
     }

@@ -39,6 +39,7 @@ pgrx::extension_sql_file!(
     requires = [
         "schema",
         "lease",
+        audit::status::table_stats,
         audit::status::stats,
         audit::status::audit_status,
         audit::status::audit_databases,

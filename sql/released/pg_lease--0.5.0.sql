@@ -79,7 +79,7 @@ AS 'MODULE_PATHNAME', 'exists_as_owner_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/identity.rs:207
+-- src/fence/identity.rs:211
 -- pg_lease::fence::identity::_is_token_type
 CREATE  FUNCTION "_is_token_type"(
 	"typ" oid /* pg_sys :: Oid */
@@ -90,7 +90,7 @@ AS 'MODULE_PATHNAME', 'is_token_type_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/identity.rs:199
+-- src/fence/identity.rs:203
 -- pg_lease::fence::identity::_key_identity_problem
 CREATE  FUNCTION "_key_identity_problem"(
 	"typ" oid, /* pg_sys :: Oid */
@@ -144,7 +144,7 @@ AS 'MODULE_PATHNAME', 'set_owner_token_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:15
+-- src/audit/status.rs:57
 -- pg_lease::audit::status::_stats
 CREATE  FUNCTION "_stats"() RETURNS TABLE (
 	"database_oid" oid,  /* pg_sys :: Oid */
@@ -157,6 +157,23 @@ CREATE  FUNCTION "_stats"() RETURNS TABLE (
 STRICT VOLATILE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'stats_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/audit/status.rs:18
+-- pg_lease::audit::status::_table_stats
+CREATE  FUNCTION "_table_stats"() RETURNS TABLE (
+	"database_oid" oid,  /* pg_sys :: Oid */
+	"table_oid" oid,  /* pg_sys :: Oid */
+	"table_name" TEXT,  /* String */
+	"accepted" bigint,  /* i64 */
+	"refused" bigint,  /* i64 */
+	"last_refusal_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"replicated" bigint  /* i64 */
+)
+STRICT VOLATILE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'table_stats_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -313,46 +330,55 @@ END $$;
 -- Row triggers on a partitioned table are cloned to its partitions by
 -- Postgres; statement-level TRUNCATE triggers are not, so each partition gets
 -- its own (new partitions get theirs from the DDL guard below).
+-- Creates one of pg_lease's triggers, ENABLE ALWAYS. A trigger of that name
+-- that runs the same function is taken over (CREATE OR REPLACE): what a
+-- schema-only dump and restore leaves, since the protection config is data.
+-- One of that name running anything else is refused.
+CREATE FUNCTION lease._create_trigger(rel regclass, tgname name, func regproc, timing text, body text) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    existing regproc;
+BEGIN
+    SELECT t.tgfoid INTO existing FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = _create_trigger.tgname;
+    IF existing IS NOT NULL AND existing <> func THEN
+        PERFORM lease._fail('42710',
+            format('pg_lease: %s already has a trigger %I that is not pg_lease''s (it runs %s)', rel, tgname, existing),
+            NULL, 'Rename or drop that trigger: the pg_lease_* trigger names are pg_lease''s.');
+    END IF;
+    EXECUTE format('CREATE %sTRIGGER %I %s ON %s %s',
+                   CASE WHEN existing IS NULL THEN '' ELSE 'OR REPLACE ' END, tgname, timing, rel, body);
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', rel, tgname);
+END $$;
 CREATE FUNCTION lease._install_target_triggers(target regclass) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    EXECUTE format('CREATE TRIGGER pg_lease_fence BEFORE INSERT OR UPDATE OR DELETE ON %s
-                    FOR EACH ROW EXECUTE FUNCTION lease.fence_trigger()', target);
-    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pg_lease_fence', target);
+    PERFORM lease._create_trigger(target, 'pg_lease_fence', 'lease.fence_trigger'::regproc,
+        'BEFORE INSERT OR UPDATE OR DELETE', 'FOR EACH ROW EXECUTE FUNCTION lease.fence_trigger()');
     PERFORM lease._install_truncate_guard(t.relid) FROM pg_partition_tree(target) t WHERE t.relid <> target;
     PERFORM lease._install_truncate_guard(target);
 END $$;
-
 CREATE FUNCTION lease._install_truncate_guard(rel regclass) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    EXECUTE format('CREATE TRIGGER pg_lease_truncate BEFORE TRUNCATE ON %s
-                    FOR EACH STATEMENT EXECUTE FUNCTION lease.truncate_guard(''target'')', rel);
-    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pg_lease_truncate', rel);
+    PERFORM lease._create_trigger(rel, 'pg_lease_truncate', 'lease.truncate_guard'::regproc,
+        'BEFORE TRUNCATE', 'FOR EACH STATEMENT EXECUTE FUNCTION lease.truncate_guard(''target'')');
 END $$;
-
--- The owner guard (row trigger, cloned to partitions by Postgres) and the
--- owner TRUNCATE guard on the owner table and each of its partitions (new
--- partitions get theirs from the DDL guard). args: token column, key columns.
 CREATE FUNCTION lease._install_owner_guards(owner regclass, args text) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     part regclass;
 BEGIN
-    EXECUTE format('CREATE TRIGGER pg_lease_owner_guard BEFORE INSERT OR UPDATE OR DELETE ON %s
-                    FOR EACH ROW EXECUTE FUNCTION lease.owner_guard(%s)', owner, args);
-    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pg_lease_owner_guard', owner);
+    PERFORM lease._create_trigger(owner, 'pg_lease_owner_guard', 'lease.owner_guard'::regproc,
+        'BEFORE INSERT OR UPDATE OR DELETE', format('FOR EACH ROW EXECUTE FUNCTION lease.owner_guard(%s)', args));
     FOR part IN SELECT t.relid FROM pg_partition_tree(owner) t UNION SELECT owner LOOP
         PERFORM lease._install_owner_truncate_guard(part);
     END LOOP;
 END $$;
-
 CREATE FUNCTION lease._install_owner_truncate_guard(rel regclass) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    EXECUTE format('CREATE TRIGGER pg_lease_owner_truncate BEFORE TRUNCATE ON %s
-                    FOR EACH STATEMENT EXECUTE FUNCTION lease.truncate_guard(''owner'')', rel);
-    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pg_lease_owner_truncate', rel);
+    PERFORM lease._create_trigger(rel, 'pg_lease_owner_truncate', 'lease.truncate_guard'::regproc,
+        'BEFORE TRUNCATE', 'FOR EACH STATEMENT EXECUTE FUNCTION lease.truncate_guard(''owner'')');
 END $$;
 
 CREATE FUNCTION lease.protect(
@@ -467,6 +493,8 @@ CREATE FUNCTION lease.unprotect(target regclass) RETURNS void
 DECLARE
     p lease.protected;
     part regclass;
+    leftover record;
+    dropped integer := 0;
 BEGIN
     IF target IS NULL THEN
         PERFORM lease._fail('22004', 'lease.unprotect: target must not be NULL');
@@ -474,6 +502,28 @@ BEGIN
     -- Forget the config first: the DDL guard then no longer expects the triggers.
     SELECT * INTO p FROM lease.protected x WHERE x.relid = target;
     IF NOT FOUND THEN
+        -- pg_lease's triggers without their config (a schema-only dump and
+        -- restore carries the triggers, not lease.protected): removing them
+        -- is what unprotect means here. On an owner table still named by a
+        -- protected table's config they stay.
+        IF EXISTS (SELECT 1 FROM lease.protected o WHERE o.owner_table = target) THEN
+            PERFORM lease._fail('42704', format('pg_lease: %s is not protected (it is the owner table of a protected table: unprotect that one)', target));
+        END IF;
+        FOR leftover IN
+            SELECT g.tgrelid::regclass AS rel, g.tgname
+              FROM pg_trigger g
+             WHERE g.tgrelid IN (SELECT t.relid FROM pg_partition_tree(target) t UNION SELECT target)
+               AND g.tgparentid = 0
+               AND g.tgname IN ('pg_lease_fence', 'pg_lease_truncate', 'pg_lease_owner_guard', 'pg_lease_owner_truncate')
+               AND g.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.truncate_guard'::regproc, 'lease.owner_guard'::regproc)
+        LOOP
+            EXECUTE format('DROP TRIGGER %I ON %s', leftover.tgname, leftover.rel);
+            dropped := dropped + 1;
+        END LOOP;
+        IF dropped > 0 THEN
+            RAISE NOTICE 'pg_lease: % had % of pg_lease''s triggers but no protection config (a schema-only restore?): removed them', target, dropped;
+            RETURN;
+        END IF;
         PERFORM lease._fail('42704', format('pg_lease: %s is not protected', target));
     END IF;
     PERFORM lease._unregister(target);
@@ -942,20 +992,27 @@ BEGIN
             format('%s would drop owner table %s of fenced table %s', tg_tag, orphan.owner_table, orphan.relid),
             format('Table %s is fenced against the owner rows of %s.', orphan.relid, orphan.owner_table));
     END IF;
-    -- A partition of an owner table dropped by name (not with its owner
-    -- table) takes owner rows and their tokens.
+    -- A partition of an owner table dropped without its owner table takes
+    -- owner rows and their tokens, whether the command names it or reaches
+    -- it by cascade (DROP SCHEMA, DROP OWNED, DROP TYPE ... CASCADE). Its
+    -- owner table cannot be told any more (the catalog no longer links
+    -- them), so such a drop is refused while any owner table stays in use
+    -- and is not dropped by this same command: drop or unprotect the fenced
+    -- tables first (their owner guards then go), then the owner tables.
     SELECT tb.object_identity INTO victim
       FROM pg_event_trigger_dropped_objects() tg
       JOIN pg_event_trigger_dropped_objects() tb
-        ON tb.object_type = 'table' AND tb.original
+        ON tb.object_type = 'table'
        AND tb.address_names[1] = tg.address_names[1] AND tb.address_names[2] = tg.address_names[2]
      WHERE tg.object_type = 'trigger' AND tg.address_names[3] = 'pg_lease_owner_truncate'
        AND NOT (tb.objid = ANY (owner_roots))
+       AND EXISTS (SELECT 1 FROM lease.protected p
+                    WHERE p.owner_table IS NOT NULL AND NOT (p.owner_table::oid = ANY (dropped_tables)))
      LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FencingTokenRegression',
             format('%s would drop a partition of an owner table (%s)', tg_tag, victim.object_identity),
-            'Owner rows hold the current fencing tokens; dropping them would let tokens start over.');
+            'Owner rows hold the current fencing tokens; dropping them would let tokens start over. To retire an owner table, drop or lease.unprotect the tables fenced against it first, in a separate command.');
     END IF;
     -- Triggers, columns, constraints: address_names is {schema, table, name}.
     SELECT d.object_type, d.object_identity, f.relid INTO victim
@@ -1144,7 +1201,7 @@ REVOKE EXECUTE ON FUNCTION lease.protect(regclass, text[], name, regclass, text[
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:48
+-- src/lib.rs:49
 -- requires:
 --   fence
 --   lease::token_floor
@@ -1664,7 +1721,7 @@ REVOKE EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]),
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:120
+-- src/audit/status.rs:144
 -- pg_lease::audit::status::audit_databases
 CREATE  FUNCTION "audit_databases"() RETURNS TABLE (
 	"database" TEXT,  /* String */
@@ -1687,7 +1744,7 @@ AS 'MODULE_PATHNAME', 'audit_databases_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:55
+-- src/audit/status.rs:79
 -- pg_lease::audit::status::audit_status
 CREATE  FUNCTION "audit_status"() RETURNS TABLE (
 	"preloaded" bool,  /* bool */
@@ -1708,7 +1765,7 @@ AS 'MODULE_PATHNAME', 'audit_status_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:395
+-- src/audit/status.rs:419
 -- pg_lease::audit::status::stats_reset
 CREATE  FUNCTION "stats_reset"() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE
@@ -1721,6 +1778,7 @@ AS 'MODULE_PATHNAME', 'stats_reset_wrapper';
 -- requires:
 --   schema
 --   lease
+--   audit::status::table_stats
 --   audit::status::stats
 --   audit::status::audit_status
 --   audit::status::audit_databases
@@ -1769,11 +1827,12 @@ SELECT coalesce(d.datname::text, '(dropped)') AS database,
        s.last_refusal_at,
        a.queued AS queue_depth,
        a.dropped,
-       a.last_flush_at
-  FROM lease._stats() s
+       a.last_flush_at,
+       s.replicated
+  FROM lease._table_stats() s
   LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.database_oid
  CROSS JOIN lease.audit_status() a;
-COMMENT ON VIEW lease.stats IS 'Accepted and refused fenced writes per protected table since start (or lease.stats_reset()), with the audit queue''s depth, drops and last flush.';
+COMMENT ON VIEW lease.stats IS 'Accepted and refused fenced writes per protected table since start (or lease.stats_reset()), with the audit queue''s depth, drops and last flush, and rows applied by trusted logical replication (replicated).';
 
 CREATE FUNCTION lease.purge_rejected_writes(older_than interval) RETURNS bigint
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -1792,7 +1851,7 @@ COMMENT ON FUNCTION lease.purge_rejected_writes(interval) IS 'Deletes audit rows
 -- Audit data and stats are for the roles the DBA grants, not PUBLIC; nobody
 -- but the worker (and superusers) writes audit rows.
 REVOKE ALL ON lease.rejected_writes, lease.stats FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION lease._stats(), lease.audit_status(), lease.audit_databases(), lease.stats_reset(),
+REVOKE EXECUTE ON FUNCTION lease._table_stats(), lease._stats(), lease.audit_status(), lease.audit_databases(), lease.stats_reset(),
     lease.purge_rejected_writes(interval) FROM PUBLIC;
 
 DO $$

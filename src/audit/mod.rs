@@ -25,26 +25,31 @@ use std::sync::atomic::Ordering;
 pub struct Outcome {
     pub stats: Option<&'static StatSlot>,
     pub result: Result<pg_sys::Datum, Refusal>,
+    /// The row was let through unjudged: applied by a trusted logical
+    /// replication worker (judged where it was written).
+    pub replicated: bool,
 }
 
 impl From<Result<pg_sys::Datum, Refusal>> for Outcome {
     fn from(result: Result<pg_sys::Datum, Refusal>) -> Outcome {
-        Outcome { stats: None, result }
+        Outcome { stats: None, result, replicated: false }
     }
 }
 
-/// Counts one judged row of a protected table as accepted or refused: the
-/// one place `lease.stats` counters move (from `crate::boundary`).
-pub fn count(stats: Option<&'static StatSlot>, accepted: bool) {
-    let Some(slot) = stats else {
+/// Counts one row of a protected table as accepted, refused or replicated:
+/// the one place `lease.stats` counters move (from `crate::boundary`).
+pub fn count(outcome: &Outcome) {
+    let Some(slot) = outcome.stats else {
         return;
     };
-    if accepted {
-        slot.accepted.fetch_add(1, Ordering::Relaxed);
-    } else {
-        slot.refused.fetch_add(1, Ordering::Relaxed);
-        slot.last_refusal.store(pg::now(), Ordering::Relaxed);
-    }
+    match &outcome.result {
+        Ok(_) if outcome.replicated => slot.replicated.fetch_add(1, Ordering::Relaxed),
+        Ok(_) => slot.accepted.fetch_add(1, Ordering::Relaxed),
+        Err(_) => {
+            slot.last_refusal.store(pg::now(), Ordering::Relaxed);
+            slot.refused.fetch_add(1, Ordering::Relaxed)
+        }
+    };
 }
 
 /// Ends this background worker's process: `proc_exit` runs the exit

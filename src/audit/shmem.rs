@@ -104,6 +104,9 @@ pub struct StatSlot {
     pub relid: AtomicU32,
     pub accepted: AtomicU64,
     pub refused: AtomicU64,
+    /// Rows applied by a trusted logical replication worker, accepted as
+    /// judged at their origin.
+    pub replicated: AtomicU64,
     pub last_refusal: AtomicI64,
     /// Written once, under the lock, when the slot is claimed (before
     /// `relid` is published with Release ordering); read through
@@ -945,6 +948,7 @@ pub fn reset() {
     for slot in &shared.stats {
         slot.accepted.store(0, Ordering::Relaxed);
         slot.refused.store(0, Ordering::Relaxed);
+        slot.replicated.store(0, Ordering::Relaxed);
         slot.last_refusal.store(0, Ordering::Relaxed);
     }
 }

@@ -11,9 +11,12 @@ fn timestamp(t: i64) -> Option<TimestampWithTimeZone> {
     (t != 0).then(|| unsafe { TimestampWithTimeZone::from_datum(pg_sys::Datum::from(t), false) }).flatten()
 }
 
-/// Per protected table counters of every database (for the `lease.stats` view).
-#[pg_extern(name = "_stats", volatile, parallel_safe)]
-pub fn stats() -> TableIterator<
+/// Per protected table counters of every database (for the `lease.stats`
+/// view; `lease._stats()` until 0.4.0, without `replicated`).
+// pgrx reads the column names from `name!` in the signature itself.
+#[allow(clippy::type_complexity)]
+#[pg_extern(name = "_table_stats", volatile, parallel_safe)]
+pub fn table_stats() -> TableIterator<
     'static,
     (
         name!(database_oid, pg_sys::Oid),
@@ -22,6 +25,7 @@ pub fn stats() -> TableIterator<
         name!(accepted, i64),
         name!(refused, i64),
         name!(last_refusal_at, Option<TimestampWithTimeZone>),
+        name!(replicated, i64),
     ),
 > {
     let rows: Vec<_> = shmem::shared()
@@ -37,12 +41,32 @@ pub fn stats() -> TableIterator<
                         slot.accepted.load(Ordering::Relaxed) as i64,
                         slot.refused.load(Ordering::Relaxed) as i64,
                         timestamp(slot.last_refusal.load(Ordering::Relaxed)),
+                        slot.replicated.load(Ordering::Relaxed) as i64,
                     )
                 })
                 .collect()
         })
         .unwrap_or_default();
     TableIterator::new(rows)
+}
+
+/// `lease._stats()`: what `lease.stats` read until 0.4.0 (the counters
+/// without `replicated`). Kept for the releases whose scripts declare it
+/// (their `CREATE EXTENSION ... VERSION` needs the symbol) and for grants
+/// made on it; `lease._table_stats()` is the one the view reads.
+#[pg_extern(name = "_stats", volatile, parallel_safe)]
+pub fn stats() -> TableIterator<
+    'static,
+    (
+        name!(database_oid, pg_sys::Oid),
+        name!(table_oid, pg_sys::Oid),
+        name!(table_name, String),
+        name!(accepted, i64),
+        name!(refused, i64),
+        name!(last_refusal_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    TableIterator::new(table_stats().map(|(d, t, n, a, r, l, _)| (d, t, n, a, r, l)))
 }
 
 /// Whether the refusals of the calling database reach `lease.rejected_writes`

@@ -245,7 +245,10 @@ fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
         return Err(misconfigured(
             &display,
             format!("{display} carries pg_lease's fence trigger but lease.protected has no entry for it"),
-        ));
+        )
+        .with_hint(format!(
+            "A schema-only dump and restore carries pg_lease's triggers but not its protection config (data): run lease.protect for {display} again (it takes the triggers over), or lease.unprotect('{display}') to remove them. Until then every write is refused."
+        )));
     };
 
     let high_water = row.mode == "high_water";

@@ -41,6 +41,10 @@ pub enum Canon {
 impl Canon {
     /// The canonical kind of a key column, or why it has none.
     pub fn of(typid: pg_sys::Oid, collation: pg_sys::Oid) -> Result<Canon, String> {
+        // SAFETY: a syscache lookup; '\0' when no such type exists.
+        if unsafe { pg_sys::get_typtype(typid) } == 0 {
+            return Err(format!("type {} does not exist", typid.to_u32()));
+        }
         // SAFETY: a syscache walk down a domain chain; any OID is accepted
         // (a non-domain or unknown type is returned as is).
         let base = unsafe { pg_sys::getBaseType(typid) };

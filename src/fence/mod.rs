@@ -5,8 +5,8 @@
 //! guards around them (guards.rs, ddl.rs, register.rs).
 //!
 //! Inside fence, modules depend one way too: identity ← config ← key ←
-//! verified ← refusal ← owner ← high_water ← trigger; guards, ddl and register
-//! use the lower ones. The C entry points live in `crate::boundary`.
+//! verified ← replication ← refusal ← owner ← high_water ← trigger; guards, ddl
+//! and register use the lower ones. The C entry points live in `crate::boundary`.
 
 mod config;
 pub(crate) mod ddl;
@@ -17,6 +17,7 @@ mod key;
 mod owner;
 mod refusal;
 pub(crate) mod register;
+mod replication;
 pub(crate) mod trigger;
 mod verified;
 

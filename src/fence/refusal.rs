@@ -4,7 +4,7 @@
 use crate::audit;
 use crate::errors::{Facts, LeaseError, Refusal};
 use crate::fence::config::{FenceConfig, Mode, TokenSource};
-use crate::fence::key;
+use crate::fence::{key, replication};
 use crate::pg::{owned, quote_ident, relation_names, Row, TriggerOp};
 use pgrx::pg_sys;
 
@@ -94,6 +94,23 @@ pub fn of_row(
 /// A hint for this table and case where the error's general one would
 /// mislead: which way this table takes tokens, or that a resource never had one.
 fn hint(error: LeaseError, cfg: &FenceConfig, op: TriggerOp, current: Option<i64>) -> Option<String> {
+    if let Some((subscription, owner, superuser)) = replication::subscription() {
+        // Nothing may get stuck silently: say whose change this is, why it
+        // was judged here, and the way out.
+        let why = match (&cfg.mode, superuser) {
+            (Mode::HighWater, _) => {
+                format!("{} is a high-water table, which judges replicated changes too", cfg.display)
+            }
+            (_, false) => format!(
+                "subscription \"{subscription}\" is owned by {}, not a superuser, so its changes are judged here",
+                quote_ident(&owner)
+            ),
+            _ => "it was judged here".to_owned(),
+        };
+        return Some(format!(
+            "Applied by logical replication subscription \"{subscription}\": {why}. The worker retries the change until it is let through: give the subscription a superuser owner (ALTER SUBSCRIPTION ... OWNER TO), skip it (ALTER SUBSCRIPTION ... SKIP), or lease.unprotect the table while it syncs."
+        ));
+    }
     match (error, &cfg.token) {
         (LeaseError::MissingFencingToken, TokenSource::Column { attnum, .. }) if op != TriggerOp::Delete => {
             // SAFETY: a syscache lookup of a column of an open relation;

@@ -230,7 +230,7 @@ fn audit_rows_and_stats_are_for_granted_roles_only() {
     );
     c.batch_execute(&format!(
         "GRANT SELECT ON lease.rejected_writes, lease.stats TO {role};
-         GRANT EXECUTE ON FUNCTION lease._stats(), lease.audit_status(), lease.audit_databases() TO {role};"
+         GRANT EXECUTE ON FUNCTION lease._table_stats(), lease.audit_status(), lease.audit_databases() TO {role};"
     ))
     .unwrap();
     app.batch_execute(

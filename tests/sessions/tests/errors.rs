@@ -205,6 +205,7 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         "lease._check_ttl(integer)",
         "lease._column_type(regclass,text)",
         "lease._concerned(oid[])",
+        "lease._create_trigger(regclass,name,regproc,text,text)",
         "lease._expected_triggers(oid[])",
         "lease._expiry(timestamp with time zone,timestamp with time zone,timestamp with time zone)",
         "lease._fail(text,text,text,text)",

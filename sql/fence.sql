@@ -140,6 +140,21 @@ BEGIN
                    CASE WHEN existing IS NULL THEN '' ELSE 'OR REPLACE ' END, tgname, timing, rel, body);
     EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', rel, tgname);
 END $$;
+-- The last step of protect: the fence it set up is whole (a trigger of
+-- pg_lease's name that was there before and is not what pg_lease installs,
+-- for example with a WHEN clause, fails it: LF008, and protect rolls back).
+CREATE FUNCTION lease._check_enforced(target regclass) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+DECLARE
+    gap record;
+BEGIN
+    SELECT f.relid, f.problem INTO gap FROM lease._fence_problems(ARRAY[target::oid]) f LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('protecting %s would leave its fence incomplete', target),
+            format('Table %s: %s.', gap.relid, gap.problem));
+    END IF;
+END $$;
 CREATE FUNCTION lease._install_target_triggers(target regclass) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -240,18 +255,26 @@ BEGIN
     -- One owner guard per owner table, shared by every table fenced against it.
     SELECT pg_catalog.encode(t.tgargs, 'escape') INTO existing_guard FROM pg_catalog.pg_trigger t
      WHERE t.tgrelid OPERATOR(pg_catalog.=) owner AND t.tgname OPERATOR(pg_catalog.=) 'pg_lease_owner_guard' AND NOT t.tgisinternal;
-    IF existing_guard IS NULL THEN
-        guard_args := pg_catalog.quote_literal(owner_token_column);
-        FOR i IN 1 .. pg_catalog.cardinality(owner_key_columns) LOOP
-            guard_args := guard_args OPERATOR(pg_catalog.||) ', ' OPERATOR(pg_catalog.||) pg_catalog.quote_literal(owner_key_columns[i]);
-        END LOOP;
-        PERFORM lease._install_owner_guards(owner, guard_args);
-    ELSIF pg_catalog.split_part(existing_guard, E'\\000', 1) OPERATOR(pg_catalog.<>) owner_token_column THEN
+    guard_args := pg_catalog.quote_literal(owner_token_column);
+    FOR i IN 1 .. pg_catalog.cardinality(owner_key_columns) LOOP
+        guard_args := guard_args OPERATOR(pg_catalog.||) ', ' OPERATOR(pg_catalog.||) pg_catalog.quote_literal(owner_key_columns[i]);
+    END LOOP;
+    IF existing_guard IS NOT NULL
+       AND pg_catalog.split_part(existing_guard, E'\\000', 1) OPERATOR(pg_catalog.<>) owner_token_column THEN
         PERFORM lease._fail('0A000', format('pg_lease: owner table %s already guards token column "%s"', owner, pg_catalog.split_part(existing_guard, E'\\000', 1)), 'All tables fenced against one owner table must use the same owner token column.');
+    END IF;
+    -- A new guard, or the same guard again (what a schema-only restore left,
+    -- made whole: every event, ENABLE ALWAYS, truncate guards on every
+    -- partition). A guard with other key columns, shared with another
+    -- fenced table, stays as it is.
+    IF existing_guard IS NULL OR (existing_guard OPERATOR(pg_catalog.=) (pg_catalog.array_to_string(
+           ARRAY[owner_token_column::text] OPERATOR(pg_catalog.||) owner_key_columns, E'\\000') OPERATOR(pg_catalog.||) E'\\000')) THEN
+        PERFORM lease._install_owner_guards(owner, guard_args);
     END IF;
 
     PERFORM lease._install_target_triggers(target);
     PERFORM lease._register(target, 'owner', key_columns, token_column, owner, owner_key_columns, owner_token_column);
+    PERFORM lease._check_enforced(target);
 END $$;
 COMMENT ON FUNCTION lease.protect(regclass, text[], name, regclass, text[], name) IS
     'Fences writes to target: each row''s token must equal its owner row''s current token.';
@@ -275,6 +298,7 @@ BEGIN
     PERFORM lease._check_not_protected(target);
     PERFORM lease._install_target_triggers(target);
     PERFORM lease._register(target, 'high_water', key_columns, token_column, NULL, NULL, NULL);
+    PERFORM lease._check_enforced(target);
 END $$;
 COMMENT ON FUNCTION lease.protect_high_water(regclass, text[], name) IS
     'Fences writes to target against the highest token ever accepted per resource.';

@@ -117,3 +117,43 @@ fn public_helpers_answer_bad_input_clearly() {
     let e = c.batch_execute("SELECT lease._check_label(repeat('w', 100000), NULL)").unwrap_err();
     assert!(e.as_db_error().unwrap().message().len() < 200);
 }
+
+/// A trigger that already bears one of pg_lease's names is taken over by
+/// `lease.protect` when it runs pg_lease's function, made whole (every event,
+/// no WHEN clause, ENABLE ALWAYS); protect never ends with a fence that is
+/// not enforced.
+#[test]
+fn protect_never_keeps_a_neutered_trigger_of_its_name() {
+    let db = TestDb::new("atk5_neutered");
+    let mut c = db.connect();
+    c.batch_execute(
+        "CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint);
+         CREATE TABLE payouts (table_id int, fencing_token bigint);
+         CREATE TRIGGER pg_lease_owner_guard BEFORE INSERT ON tables FOR EACH ROW WHEN (false)
+             EXECUTE FUNCTION lease.owner_guard('owner_fencing_token', 'id');
+         CREATE TRIGGER pg_lease_fence AFTER INSERT ON payouts FOR EACH ROW EXECUTE FUNCTION lease.fence_trigger();
+         SELECT lease.protect('payouts', '{table_id}', 'fencing_token');",
+    )
+    .unwrap();
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected_tables WHERE enforced"), 1);
+    c.batch_execute("INSERT INTO tables VALUES (1, 5)").unwrap();
+    expect_error(&mut c, "UPDATE tables SET owner_fencing_token = 1", "LF004");
+    expect_error(&mut c, "INSERT INTO payouts VALUES (1, 4)", "LF001");
+    // Other key columns on the same owner table: the shared guard stays as
+    // it is, and a neutered one makes protect fail whole.
+    let db = TestDb::new("atk5_neutered_keys");
+    let mut c = db.connect();
+    c.batch_execute(
+        "CREATE TABLE tables (id int PRIMARY KEY, code int UNIQUE, owner_fencing_token bigint);
+         CREATE TABLE payouts (table_code int, fencing_token bigint);
+         CREATE TRIGGER pg_lease_owner_guard BEFORE INSERT ON tables FOR EACH ROW WHEN (false)
+             EXECUTE FUNCTION lease.owner_guard('owner_fencing_token', 'id');",
+    )
+    .unwrap();
+    expect_error(
+        &mut c,
+        "SELECT lease.protect('payouts', '{table_code}', 'fencing_token', 'tables', '{code}')",
+        "LF008",
+    );
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected"), 0);
+}

@@ -200,6 +200,7 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         "lease._boundary_problem(regclass,jsonb,text,text)",
         "lease._bound_token()",
         "lease._check_columns(regclass,text,text[],text)",
+        "lease._check_enforced(regclass)",
         "lease._check_label(text,text)",
         "lease._check_not_protected(regclass)",
         "lease._check_ttl(integer)",

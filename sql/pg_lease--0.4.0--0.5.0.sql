@@ -1034,6 +1034,7 @@ COMMENT ON FUNCTION lease.purge_rejected_writes(interval) IS 'Deletes audit rows
 
 CREATE OR REPLACE FUNCTION lease.release(name text, owner text, token bigint) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
     now_ts timestamptz := clock_timestamp();
     p_name text COLLATE "default" := name;     -- see the convention at the top
@@ -1059,6 +1060,7 @@ COMMENT ON FUNCTION lease.release(text, text, bigint) IS
 
 CREATE OR REPLACE FUNCTION lease.release_all(owner text) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
     now_ts timestamptz := clock_timestamp();
     p_owner text COLLATE "default" := owner;   -- see the convention at the top
@@ -1085,6 +1087,7 @@ COMMENT ON FUNCTION lease.release_all(text) IS 'Releases every lease of owner (t
 
 CREATE OR REPLACE FUNCTION lease.renew(name text, owner text, token bigint, ttl_ms integer) RETURNS timestamptz
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
     ttl integer := lease._check_ttl(ttl_ms);
     p_name text COLLATE "default" := name;     -- see the convention at the top

@@ -1235,14 +1235,17 @@ REVOKE EXECUTE ON FUNCTION lease.protect(regclass, text[], name, regclass, text[
 -- The lease service: acquire / renew / renew_all / release with durable,
 -- failover-safe fencing tokens, judged on the database clock.
 --
--- One convention in every function here: a name or owner parameter is
--- copied into a `p_<parameter>` local declared COLLATE "default", and only
--- that local is used, so names and owners compare as the stored rows do
--- whatever collation the caller's argument carries (a nondeterministic one
--- would alias them); every column is qualified by its table's alias; any
--- other parameter whose name a column shares is written `function.parameter`
--- (functions that only pass their arguments on, like try_acquire and
--- heartbeat, pass them as they came).
+-- One convention in every function here that runs SQL:
+-- - `#variable_conflict use_column`: a bare name in a statement is the
+--   column (ON CONFLICT (name) needs it);
+-- - a name or owner parameter is copied into a `p_<parameter>` local
+--   declared COLLATE "default", and only that local is used, so names and
+--   owners compare as the stored rows do whatever collation the caller's
+--   argument carries (a nondeterministic one would alias them);
+-- - every column is qualified by its table's alias, and any other parameter
+--   whose name a column shares is written `function.parameter`.
+-- Functions that only pass their arguments on (try_acquire, heartbeat) pass
+-- them as they came.
 
 -- One row per lease name, forever: release and expiry only mark the row, so a
 -- name's token counter can never start over.
@@ -1548,6 +1551,7 @@ COMMENT ON FUNCTION lease.try_acquire(text, text, integer, regclass, text[]) IS
 
 CREATE FUNCTION lease.renew(name text, owner text, token bigint, ttl_ms integer) RETURNS timestamptz
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
     ttl integer := lease._check_ttl(ttl_ms);
     p_name text COLLATE "default" := name;     -- see the convention at the top
@@ -1685,6 +1689,7 @@ COMMENT ON FUNCTION lease.renew_all(text, integer) IS
 
 CREATE FUNCTION lease.release(name text, owner text, token bigint) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
     now_ts timestamptz := clock_timestamp();
     p_name text COLLATE "default" := name;     -- see the convention at the top
@@ -1710,6 +1715,7 @@ COMMENT ON FUNCTION lease.release(text, text, bigint) IS
 
 CREATE FUNCTION lease.release_all(owner text) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
     now_ts timestamptz := clock_timestamp();
     p_owner text COLLATE "default" := owner;   -- see the convention at the top

@@ -10,7 +10,8 @@
 -- let through (judged at their origin) and counted in lease.stats.replicated
 -- (lease._table_stats; lease._stats stays as it was). Schema-only restores: protect
 -- takes existing pg_lease triggers over (lease._create_trigger), unprotect
--- removes leftover ones. No table changes.
+-- removes leftover ones; owner guards watch every fenced table's key columns;
+-- UNLOGGED or TEMPORARY owner tables are reported (and refused). No table changes.
 \echo Use "ALTER EXTENSION pg_lease UPDATE TO '0.5.0'" to load this file. \quit
 
 CREATE  FUNCTION "_is_token_type"(
@@ -46,6 +47,13 @@ COMMENT ON FUNCTION lease._check_label(text, text) IS
 CREATE OR REPLACE FUNCTION lease._check_ttl(ttl_ms integer) RETURNS integer
     LANGUAGE C STABLE PARALLEL SAFE AS 'MODULE_PATHNAME', 'pg_lease_check_ttl';
 
+CREATE FUNCTION lease._owner_guard_keys(owner regclass, extra text[] DEFAULT NULL) RETURNS text[]
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT array_agg(k ORDER BY k COLLATE "C")
+      FROM (SELECT unnest(p.owner_key_columns) AS k FROM lease.protected p WHERE p.owner_table = owner
+            UNION SELECT unnest(extra)) x
+$$;
+
 CREATE FUNCTION lease._expected_triggers(among oid[] DEFAULT NULL)
 RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype integer, args text)
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
@@ -69,7 +77,7 @@ RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype intege
       FROM p JOIN tree t ON t.root = p.relid::oid
     UNION ALL
     SELECT p.relid, t.rel, 'pg_lease_owner_guard'::name, 'lease.owner_guard'::regproc, 31,
-           array_to_string(p.owner_token_column || p.owner_key_columns, E'\\000')
+           array_to_string(ARRAY[p.owner_token_column::text] || lease._owner_guard_keys(p.owner_table), E'\\000')
       FROM p JOIN tree t ON t.root = p.owner_table::oid
     UNION ALL
     SELECT p.relid, t.rel, 'pg_lease_owner_truncate'::name, 'lease.truncate_guard'::regproc, 34, 'owner'
@@ -136,7 +144,13 @@ BEGIN
       CROSS JOIN LATERAL (SELECT x.* FROM pg_trigger x
                            WHERE x.tgrelid = e.rel AND x.tgname = e.tgname AND x.tgfoid = e.func OFFSET 0) t
      WHERE t.tgtype <> e.tgtype OR t.tgqual IS NOT NULL OR cardinality(t.tgattr::int2[]) > 0
-        OR left(encode(t.tgargs, 'escape'), -4) IS DISTINCT FROM e.args AND NOT (e.args = '' AND t.tgnargs = 0)
+        OR CASE WHEN e.tgname = 'pg_lease_owner_guard' THEN
+                -- The token column, and at least every key column expected
+                -- (more while a protect extends the guard).
+                NOT coalesce((string_to_array(left(encode(t.tgargs, 'escape'), -4), E'\\000'))[1] = (string_to_array(e.args, E'\\000'))[1]
+                    AND (string_to_array(left(encode(t.tgargs, 'escape'), -4), E'\\000'))[2:]
+                        @> (string_to_array(e.args, E'\\000'))[2:], false)
+           ELSE left(encode(t.tgargs, 'escape'), -4) IS DISTINCT FROM e.args AND NOT (e.args = '' AND t.tgnargs = 0) END
     UNION ALL
     -- Row triggers fire in name order: a BEFORE INSERT/UPDATE row trigger
     -- named after ours runs after the fence or owner guard has judged the
@@ -193,7 +207,16 @@ BEGIN
     UNION ALL
     SELECT p.relid, c.oid::regclass, 'relation', format('%s is no longer a table', c.oid::regclass)
       FROM p JOIN pg_class c ON c.oid IN (p.relid::oid, p.owner_table::oid)
-     WHERE c.relkind NOT IN ('r', 'p');
+     WHERE c.relkind NOT IN ('r', 'p')
+    UNION ALL
+    -- Owner rows hold the current tokens: a crash (or a promoted standby)
+    -- empties an UNLOGGED table, and tokens would start over.
+    SELECT DISTINCT x.relid, c.oid::regclass, 'relation',
+           format('owner table %s is %s: a crash or failover empties it, and its fencing tokens with it',
+                  c.oid::regclass, CASE c.relpersistence WHEN 'u' THEN 'UNLOGGED' ELSE 'TEMPORARY' END)
+      FROM (SELECT p.relid, t.rel FROM p JOIN tree t ON t.root = p.owner_table::oid) x
+      JOIN pg_class c ON c.oid = x.rel
+     WHERE c.relpersistence <> 'p';
 END $$;
 
 CREATE OR REPLACE FUNCTION lease._beat(owner_id text, ttl_ms integer)
@@ -581,6 +604,14 @@ BEGIN
     END IF;
 END $$;
 
+CREATE FUNCTION lease._guard_owner(owner regclass, token_column text, extra text[] DEFAULT NULL) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM lease._install_owner_guards(owner,
+        (SELECT string_agg(quote_literal(a), ', ' ORDER BY n)
+           FROM unnest(ARRAY[token_column] || lease._owner_guard_keys(owner, extra)) WITH ORDINALITY u(a, n)));
+END $$;
+
 CREATE OR REPLACE FUNCTION lease._install_owner_guards(owner regclass, args text) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -916,7 +947,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     owner regclass := owner_table;
     i int;
-    guard_args text;
     existing_guard text;
 BEGIN
     PERFORM lease._check_columns(target, 'target table', key_columns, token_column);
@@ -970,22 +1000,14 @@ BEGIN
     -- One owner guard per owner table, shared by every table fenced against it.
     SELECT pg_catalog.encode(t.tgargs, 'escape') INTO existing_guard FROM pg_catalog.pg_trigger t
      WHERE t.tgrelid OPERATOR(pg_catalog.=) owner AND t.tgname OPERATOR(pg_catalog.=) 'pg_lease_owner_guard' AND NOT t.tgisinternal;
-    guard_args := pg_catalog.quote_literal(owner_token_column);
-    FOR i IN 1 .. pg_catalog.cardinality(owner_key_columns) LOOP
-        guard_args := guard_args OPERATOR(pg_catalog.||) ', ' OPERATOR(pg_catalog.||) pg_catalog.quote_literal(owner_key_columns[i]);
-    END LOOP;
     IF existing_guard IS NOT NULL
        AND pg_catalog.split_part(existing_guard, E'\\000', 1) OPERATOR(pg_catalog.<>) owner_token_column THEN
         PERFORM lease._fail('0A000', format('pg_lease: owner table %s already guards token column "%s"', owner, pg_catalog.split_part(existing_guard, E'\\000', 1)), 'All tables fenced against one owner table must use the same owner token column.');
     END IF;
-    -- A new guard, or the same guard again (what a schema-only restore left,
-    -- made whole: every event, ENABLE ALWAYS, truncate guards on every
-    -- partition). A guard with other key columns, shared with another
-    -- fenced table, stays as it is.
-    IF existing_guard IS NULL OR (existing_guard OPERATOR(pg_catalog.=) (pg_catalog.array_to_string(
-           ARRAY[owner_token_column::text] OPERATOR(pg_catalog.||) owner_key_columns, E'\\000') OPERATOR(pg_catalog.||) E'\\000')) THEN
-        PERFORM lease._install_owner_guards(owner, guard_args);
-    END IF;
+    -- One guard per owner table, watching the key columns of every table
+    -- fenced against it: installed, extended by this table's key columns, or
+    -- (what a schema-only restore left) made whole.
+    PERFORM lease._guard_owner(owner, owner_token_column, owner_key_columns);
 
     PERFORM lease._install_target_triggers(target);
     PERFORM lease._register(target, 'owner', key_columns, token_column, owner, owner_key_columns, owner_token_column);
@@ -1198,6 +1220,9 @@ BEGIN
         FOR part IN SELECT t.relid FROM pg_partition_tree(p.owner_table) t UNION SELECT p.owner_table LOOP
             EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_owner_truncate ON %s', part);
         END LOOP;
+    ELSIF p.owner_table IS NOT NULL THEN
+        -- Still guarding other fenced tables: watch only their key columns.
+        PERFORM lease._guard_owner(p.owner_table, p.owner_token_column);
     END IF;
 END $$;
 COMMENT ON FUNCTION lease.unprotect(regclass) IS 'Removes pg_lease''s fence from target (high-water marks are kept).';
@@ -1230,3 +1255,20 @@ SELECT coalesce(d.datname::text, '(dropped)') AS database,
   LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.database_oid
  CROSS JOIN lease.audit_status() a;
 COMMENT ON VIEW lease.stats IS 'Accepted and refused fenced writes per protected table since start (or lease.stats_reset()), with the audit queue''s depth, drops and last flush, and rows applied by trusted logical replication (replicated).';
+
+-- Owner guards now watch the key columns of every table fenced against their
+-- owner table (0.4.0 watched the first protect's only): re-guard each.
+DO $$
+DECLARE
+    o record;
+BEGIN
+    FOR o IN SELECT DISTINCT p.owner_table, p.owner_token_column::text AS token
+               FROM lease.protected p WHERE p.owner_table IS NOT NULL LOOP
+        BEGIN
+            PERFORM lease._guard_owner(o.owner_table, o.token);
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'pg_lease: the guard of owner table % was left as it was: %', o.owner_table, SQLERRM
+                USING HINT = 'lease.protected_tables.problems says what to fix; then lease.unprotect and lease.protect again.';
+        END;
+    END LOOP;
+END $$;

@@ -46,6 +46,7 @@ pub fn init() {
         pg_sys::RegisterXactCallback(Some(verified::on_xact_event), std::ptr::null_mut());
         pg_sys::RegisterSubXactCallback(Some(verified::on_subxact_event), std::ptr::null_mut());
     }
+    replication::init();
 }
 
 #[cfg(any(test, feature = "pg_test"))]

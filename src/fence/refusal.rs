@@ -97,18 +97,25 @@ fn hint(error: LeaseError, cfg: &FenceConfig, op: TriggerOp, current: Option<i64
     if let Some((subscription, owner, superuser)) = replication::subscription() {
         // Nothing may get stuck silently: say whose change this is, why it
         // was judged here, and the way out.
-        let why = match (&cfg.mode, superuser) {
-            (Mode::HighWater, _) => {
-                format!("{} is a high-water table, which judges replicated changes too", cfg.display)
-            }
-            (_, false) => format!(
-                "subscription \"{subscription}\" is owned by {}, not a superuser, so its changes are judged here",
-                quote_ident(&owner)
+        let (why, way_out) = match (&cfg.mode, superuser) {
+            (Mode::HighWater, _) => (
+                format!("{} is a high-water table, which judges replicated changes too", cfg.display),
+                "skip the change (ALTER SUBSCRIPTION ... SKIP) or lease.unprotect the table while it syncs",
             ),
-            _ => "it was judged here".to_owned(),
+            (_, false) => (
+                format!(
+                    "subscription \"{subscription}\" is owned by {}, not a superuser, so its changes are judged here",
+                    quote_ident(&owner)
+                ),
+                "give the subscription a superuser owner (ALTER SUBSCRIPTION ... OWNER TO), skip the change (ALTER SUBSCRIPTION ... SKIP), or lease.unprotect the table while it syncs",
+            ),
+            _ => (
+                "this write was made by code running inside the worker (a trigger or a default of a replicated table), not by a replicated change, so it is judged".to_owned(),
+                "remove or fix that code on the subscriber",
+            ),
         };
         return Some(format!(
-            "Applied by logical replication subscription \"{subscription}\": {why}. The worker retries the change until it is let through: give the subscription a superuser owner (ALTER SUBSCRIPTION ... OWNER TO), skip it (ALTER SUBSCRIPTION ... SKIP), or lease.unprotect the table while it syncs."
+            "Applied by logical replication subscription \"{subscription}\": {why}. The worker retries until the write goes through: {way_out}."
         ));
     }
     match (error, &cfg.token) {

@@ -139,21 +139,20 @@ fn protect_never_keeps_a_neutered_trigger_of_its_name() {
     c.batch_execute("INSERT INTO tables VALUES (1, 5)").unwrap();
     expect_error(&mut c, "UPDATE tables SET owner_fencing_token = 1", "LF004");
     expect_error(&mut c, "INSERT INTO payouts VALUES (1, 4)", "LF001");
-    // Other key columns on the same owner table: the shared guard stays as
-    // it is, and a neutered one makes protect fail whole.
+    // A neutered guard with other key columns is replaced too: the guard
+    // then watches the key columns of every table fenced against the owner.
     let db = TestDb::new("atk5_neutered_keys");
     let mut c = db.connect();
     c.batch_execute(
         "CREATE TABLE tables (id int PRIMARY KEY, code int UNIQUE, owner_fencing_token bigint);
          CREATE TABLE payouts (table_code int, fencing_token bigint);
          CREATE TRIGGER pg_lease_owner_guard BEFORE INSERT ON tables FOR EACH ROW WHEN (false)
-             EXECUTE FUNCTION lease.owner_guard('owner_fencing_token', 'id');",
+             EXECUTE FUNCTION lease.owner_guard('owner_fencing_token', 'id');
+         SELECT lease.protect('payouts', '{table_code}', 'fencing_token', 'tables', '{code}');
+         INSERT INTO tables VALUES (1, 10, 5);",
     )
     .unwrap();
-    expect_error(
-        &mut c,
-        "SELECT lease.protect('payouts', '{table_code}', 'fencing_token', 'tables', '{code}')",
-        "LF008",
-    );
-    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected"), 0);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected_tables WHERE enforced"), 1);
+    expect_error(&mut c, "UPDATE tables SET code = 11 WHERE id = 1", "LF004");
+    expect_error(&mut c, "UPDATE tables SET owner_fencing_token = 4 WHERE id = 1", "LF004");
 }

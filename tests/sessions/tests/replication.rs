@@ -116,8 +116,36 @@ fn a_subscriber_copies_the_history_and_applies_every_change_without_getting_stuc
     );
     s.batch_execute("ROLLBACK").unwrap();
 
+    // Only the worker's own changes are trusted: a write that user code
+    // makes while the worker applies (here an ENABLE ALWAYS trigger on a
+    // replicated table of the subscriber) is judged, and refused when stale;
+    // the worker then retries (the change is held back, the error names the
+    // subscription) until the trigger is gone.
+    s.batch_execute(
+        "CREATE FUNCTION sneak() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO public.payouts (table_id, amount, fencing_token) VALUES (1, 666, 5);
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER a_sneak AFTER UPDATE ON tables FOR EACH ROW EXECUTE FUNCTION sneak();
+         ALTER TABLE tables ENABLE ALWAYS TRIGGER a_sneak;",
+    )
+    .unwrap();
+    p.batch_execute("UPDATE tables SET owner_fencing_token = 8 WHERE id = 1").unwrap();
+    wait_for("the apply worker to refuse the sneaked write", Duration::from_secs(30), || {
+        subscriber.server_log().contains("Applied by logical replication subscription \"game\"")
+    });
+    assert!(subscriber.server_log().contains("LF001"), "{}", subscriber.server_log());
+    assert_eq!(one_i64(&mut s, "SELECT count(*) FROM payouts WHERE amount = 666"), 0);
+    assert_eq!(one_i64(&mut s, "SELECT owner_fencing_token FROM tables WHERE id = 1"), 7);
+    s.batch_execute("DROP TRIGGER a_sneak ON tables").unwrap();
+    wait_for("the apply worker to catch up", Duration::from_secs(60), || {
+        content(&mut s, "tables") == content(&mut p, "tables")
+    });
+    assert_eq!(content(&mut s, "payouts"), content(&mut p, "payouts"));
+
     // Cut over: the first acquire on the new side beats every token the old
-    // side issued for the resource (the owner row carried 7 over).
+    // side issued for the resource (the owner row carried 8 over).
     s.batch_execute("DROP SUBSCRIPTION game").unwrap();
     // Sequences are not replicated: move the subscriber's past the publisher's.
     s.batch_execute("SELECT setval('payouts_id_seq', (SELECT max(id) FROM payouts))").unwrap();
@@ -125,9 +153,9 @@ fn a_subscriber_copies_the_history_and_applies_every_change_without_getting_stuc
         .query_one("SELECT token FROM lease.acquire('table:1', 'host-new', 60000, 'tables', '{1}')", &[])
         .unwrap()
         .get(0);
-    assert!(token > 7, "token {token}");
+    assert!(token > 8, "token {token}");
     assert_eq!(one_i64(&mut s, "SELECT owner_fencing_token FROM tables WHERE id = 1"), token);
-    expect_error(&mut s, "INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 1, 7)", "LF001");
+    expect_error(&mut s, "INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 1, 8)", "LF001");
     s.batch_execute(&format!("INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 1, {token})")).unwrap();
 }
 

@@ -572,3 +572,29 @@ fn leases_fenced_writes_and_error_fields_through_a_transaction_pooler() {
         assert_eq!(one(h, &format!("SELECT lease.release_all('host-{}')", i + 1)), "1");
     }
 }
+
+/// An owner table shared by tables fenced through different owner key
+/// columns: its guard watches every one of them (a token row may move under
+/// none), shrinks back when one table is unprotected, and the fences stay
+/// enforced throughout.
+#[test]
+fn an_owner_guard_watches_the_key_columns_of_every_fenced_table() {
+    let db = TestDb::new("guard_key_union");
+    let mut c = db.connect();
+    c.batch_execute(
+        "CREATE TABLE own (id int PRIMARY KEY, alt int UNIQUE, owner_fencing_token bigint);
+         INSERT INTO own VALUES (1, 2, 10), (2, 1, 20);
+         CREATE TABLE by_id (k int, token bigint); SELECT lease.protect('by_id', '{k}', 'token', 'own', '{id}');
+         CREATE TABLE by_alt (k int, token bigint); SELECT lease.protect('by_alt', '{k}', 'token', 'own', '{alt}');",
+    )
+    .unwrap();
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected_tables WHERE enforced"), 2);
+    // Swapping alt values would hand row 2's token 20 to alt 2 and row 1's 10 to alt 1.
+    expect_error(&mut c, "UPDATE own SET alt = alt + 10", "LF004");
+    expect_error(&mut c, "UPDATE own SET id = id + 10", "LF004");
+    c.batch_execute("SELECT lease.unprotect('by_alt')").unwrap();
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected_tables WHERE enforced"), 1);
+    // Only id is watched now: alt is free to change, and to be dropped.
+    c.batch_execute("UPDATE own SET alt = alt + 10; ALTER TABLE own DROP COLUMN alt").unwrap();
+    expect_error(&mut c, "UPDATE own SET id = id + 10", "LF004");
+}

@@ -58,14 +58,20 @@ fn a_subscriber_copies_the_history_and_applies_every_change_without_getting_stuc
         "INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 10, 5), (1, 20, 5), (2, 30, 5);
          UPDATE tables SET owner_fencing_token = 7 WHERE id = 1;
          INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 40, 7);
-         CREATE PUBLICATION game FOR TABLE tables, payouts;",
+         CREATE TABLE ledger (k int, token bigint);
+         SELECT lease.protect_high_water('ledger', '{k}', 'token');
+         CREATE PUBLICATION game FOR TABLE tables, payouts, ledger;",
     )
     .unwrap();
 
     // The subscriber's schema from a schema-only dump, the fence taken over.
     schema_only_copy(publisher.port, "postgres", subscriber.port, "postgres");
     let mut s = subscriber.connect();
-    s.batch_execute("SELECT lease.protect('payouts', '{table_id}', 'fencing_token')").unwrap();
+    s.batch_execute(
+        "SELECT lease.protect('payouts', '{table_id}', 'fencing_token');
+         SELECT lease.protect_high_water('ledger', '{k}', 'token');",
+    )
+    .unwrap();
     s.batch_execute(&format!(
         "CREATE SUBSCRIPTION game CONNECTION 'host=127.0.0.1 port={} user=postgres dbname=postgres' PUBLICATION game",
         publisher.port
@@ -143,6 +149,21 @@ fn a_subscriber_copies_the_history_and_applies_every_change_without_getting_stuc
         content(&mut s, "tables") == content(&mut p, "tables")
     });
     assert_eq!(content(&mut s, "payouts"), content(&mut p, "payouts"));
+
+    // High-water tables judge replicated rows too: a mark the subscriber's
+    // own writer raised to 9 refuses the publisher's token 5 (the worker
+    // retries, its HINT naming the subscription) until the table is
+    // unprotected on the subscriber.
+    s.batch_execute("INSERT INTO ledger VALUES (1, 9)").unwrap();
+    p.batch_execute("INSERT INTO ledger VALUES (1, 5)").unwrap();
+    wait_for("the apply worker to refuse the replicated ledger row", Duration::from_secs(30), || {
+        subscriber.server_log().contains("is a high-water table, which judges replicated changes too")
+    });
+    assert_eq!(one_i64(&mut s, "SELECT count(*) FROM ledger WHERE token = 5"), 0);
+    s.batch_execute("SELECT lease.unprotect('ledger')").unwrap();
+    wait_for("the ledger row to apply", Duration::from_secs(60), || {
+        one_i64(&mut s, "SELECT count(*) FROM ledger WHERE token = 5") == 1
+    });
 
     // Cut over: the first acquire on the new side beats every token the old
     // side issued for the resource (the owner row carried 8 over).

@@ -72,7 +72,9 @@ fn one_heartbeat_row_keeps_every_lease_alive() {
     assert!(released, "a lease carried by the session was live when released");
     acquire(&mut c, "t:3", "h2", 1000);
     // One heartbeat is one row write: the same WAL for 2,000 leases as for none.
-    let many = wal_bytes_of(&mut c, "SELECT * FROM lease.heartbeat('h1', 60000)");
+    // (The smaller of two: the first change of a page after a checkpoint,
+    // which another test may cause at any moment, also logs the whole page.)
+    let many = (0..2).map(|_| wal_bytes_of(&mut c, "SELECT * FROM lease.heartbeat('h1', 60000)")).min().unwrap();
     let none = wal_bytes_of(&mut c, "SELECT * FROM lease.heartbeat('nobody-holds-anything', 60000)");
     let none_again = wal_bytes_of(&mut c, "SELECT * FROM lease.heartbeat('nobody-holds-anything', 60000)");
     assert!(many < 1024, "a heartbeat of 2,000 leases wrote {many} bytes of WAL");
@@ -80,7 +82,7 @@ fn one_heartbeat_row_keeps_every_lease_alive() {
     // renew_all keeps listing what it renewed (and writes no more).
     let listed = one_i64(&mut c, "SELECT count(*) FROM lease.renew_all('h1', 60000) WHERE renewed");
     assert_eq!(listed, 1999);
-    let all = wal_bytes_of(&mut c, "SELECT * FROM lease.renew_all('h1', 60000)");
+    let all = (0..2).map(|_| wal_bytes_of(&mut c, "SELECT * FROM lease.renew_all('h1', 60000)")).min().unwrap();
     assert!(all < 1024, "renew_all of 1,999 leases wrote {all} bytes of WAL");
     let sessions = one_i64(&mut c, "SELECT count(*) FROM lease.sessions WHERE owner = 'h1' AND live");
     assert_eq!(sessions, 1);

@@ -136,14 +136,7 @@ c_function!(pg_lease_raise, pg_finfo_pg_lease_raise, raise_by_name);
 unsafe fn raise_by_name(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Refusal> {
     let arg = |i: usize| -> String {
         // SAFETY: the caller's contract: argument i exists and is text or NULL.
-        unsafe {
-            let a = &*(*fcinfo).args.as_ptr().add(i);
-            if a.isnull {
-                String::new()
-            } else {
-                owned(pg_sys::text_to_cstring(a.value.cast_mut_ptr()))
-            }
-        }
+        unsafe { text_arg(fcinfo, i) }.unwrap_or_default()
     };
     let name = arg(0);
     let Some(error) = LeaseError::from_name(&name) else {
@@ -152,16 +145,27 @@ unsafe fn raise_by_name(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datu
     Err(Refusal::new(error, arg(1), arg(2)))
 }
 
-/// Argument `i` of a function called with text arguments, None when NULL.
+/// Argument `i` (text) as a palloc'd C string in the server encoding, None
+/// when NULL.
 ///
 /// # Safety
 /// `fcinfo` is the call's and argument `i` exists and is of type text.
-unsafe fn text_arg(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> Option<String> {
-    // SAFETY: the caller's contract: a non-NULL text datum is a varlena.
+unsafe fn text_arg_cstr(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> Option<*mut std::ffi::c_char> {
+    // SAFETY: the caller's contract: a non-NULL text datum is a varlena, and
+    // text_to_cstring returns a palloc'd, NUL-terminated copy of it.
     unsafe {
         let a = &*(*fcinfo).args.as_ptr().add(i);
-        (!a.isnull).then(|| owned(pg_sys::text_to_cstring(a.value.cast_mut_ptr())))
+        (!a.isnull).then(|| pg_sys::text_to_cstring(a.value.cast_mut_ptr()))
     }
+}
+
+/// Argument `i` of a function called with text arguments, None when NULL.
+///
+/// # Safety
+/// As for [`text_arg_cstr`].
+unsafe fn text_arg(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> Option<String> {
+    // SAFETY: the caller's contract; the C string is read before returning.
+    unsafe { text_arg_cstr(fcinfo, i).map(|c| owned(c)) }
 }
 
 /// Argument `i` (text) converted from the database's encoding to UTF-8, so
@@ -170,20 +174,16 @@ unsafe fn text_arg(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> Option<String>
 /// as they are (invalid UTF-8 becoming U+FFFD).
 ///
 /// # Safety
-/// As for [`text_arg`].
+/// As for [`text_arg_cstr`].
 unsafe fn utf8_text_arg(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> Option<String> {
-    // SAFETY: the caller's contract; text_to_cstring returns a palloc'd,
-    // NUL-terminated copy of the value in the server encoding, and
-    // pg_server_to_any a NUL-terminated string in UTF-8 (the same pointer
-    // when no conversion is needed), both read before returning.
+    // SAFETY: the caller's contract; pg_server_to_any returns a
+    // NUL-terminated string in UTF-8 (the same pointer when no conversion is
+    // needed), read before returning.
     unsafe {
-        let a = &*(*fcinfo).args.as_ptr().add(i);
-        if a.isnull {
-            return None;
-        }
-        let server = pg_sys::text_to_cstring(a.value.cast_mut_ptr());
-        let len = std::ffi::CStr::from_ptr(server).to_bytes().len();
-        Some(owned(pg_sys::pg_server_to_any(server, len as i32, pg_sys::pg_enc::PG_UTF8 as i32)))
+        text_arg_cstr(fcinfo, i).map(|server| {
+            let len = std::ffi::CStr::from_ptr(server).to_bytes().len();
+            owned(pg_sys::pg_server_to_any(server, len as i32, pg_sys::pg_enc::PG_UTF8 as i32))
+        })
     }
 }
 

@@ -518,3 +518,17 @@ pub fn in_recovery() -> bool {
     // SAFETY: reads shared recovery state; no precondition.
     unsafe { pg_sys::RecoveryInProgress() }
 }
+
+/// The name of role `role` (empty when it no longer exists).
+pub fn role_name(role: pg_sys::Oid) -> String {
+    // SAFETY: GetUserNameFromId(.., noerr = true) returns NULL or a palloc'd
+    // name, copied at once.
+    unsafe { owned(pg_sys::GetUserNameFromId(role, true)) }
+}
+
+/// Rereads the configuration files, as every process does on SIGHUP.
+pub fn reload_config() {
+    // SAFETY: called between transactions of a background worker's loop, as
+    // postgres.c does for a backend.
+    unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+}

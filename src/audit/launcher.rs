@@ -92,8 +92,7 @@ pub extern "C-unwind" fn pg_lease_audit_launcher_main(_arg: pg_sys::Datum) {
         launcher.sweep_retention();
         let alive = BackgroundWorker::wait_latch(Some(TICK));
         if BackgroundWorker::sighup_received() {
-            // SAFETY: rereads the configuration files, as every process does on SIGHUP.
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            crate::pg::reload_config();
         }
         if !alive {
             break;

@@ -160,10 +160,9 @@ fn session() -> Session {
         })
         .clone()
     });
-    // SAFETY: GetUserNameFromId(.., noerr) returns NULL or a palloc'd name;
-    // application_name is the GUC's current string (NULL or valid).
-    let (role, application_name) =
-        unsafe { (owned(pg_sys::GetUserNameFromId(pg_sys::GetUserId(), true)), owned(pg_sys::application_name)) };
+    // SAFETY: GetUserId reads this backend's current role; application_name
+    // is the GUC's current string (NULL or valid).
+    let (role, application_name) = unsafe { (pg::role_name(pg_sys::GetUserId()), owned(pg_sys::application_name)) };
     Session { database, role, application_name, client_addr, pid: pg::my_pid() }
 }
 

@@ -182,8 +182,7 @@ pub extern "C-unwind" fn pg_lease_audit_writer_main(arg: pg_sys::Datum) {
         // queue or the end of the process brings the flush forward.
         let alive = BackgroundWorker::wait_latch(Some(due.saturating_duration_since(Instant::now())));
         if BackgroundWorker::sighup_received() {
-            // SAFETY: rereads the configuration files, as every process does on SIGHUP.
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            crate::pg::reload_config();
             due = due.min(Instant::now() + flush());
         }
         if alive && Instant::now() < due && !shmem::half_full() {

@@ -20,7 +20,7 @@
 //! outside them. High-water tables, fenced for sinks of
 //! untrusted logs, judge replicated changes like any other.
 
-use crate::pg::owned;
+use crate::pg::role_name;
 use pgrx::pg_sys;
 use std::cell::Cell;
 use std::sync::OnceLock;
@@ -202,12 +202,10 @@ pub fn subscription() -> Option<(String, String, bool)> {
     if !unsafe { pg_sys::IsLogicalWorker() } {
         return None;
     }
-    // SAFETY: the worker's authenticated role; GetUserNameFromId(.., true)
-    // returns NULL or a palloc'd name.
-    let (owner, superuser) = unsafe {
-        let role = pg_sys::GetAuthenticatedUserId();
-        (owned(pg_sys::GetUserNameFromId(role, true)), pg_sys::superuser_arg(role))
-    };
+    // SAFETY: the role the worker connected as (see `trusted_apply`).
+    let role = unsafe { pg_sys::GetAuthenticatedUserId() };
+    // SAFETY: a syscache lookup of that role.
+    let (owner, superuser) = (role_name(role), unsafe { pg_sys::superuser_arg(role) });
     let name = pgrx::spi::Spi::get_one::<String>(
         "SELECT s.subname::pg_catalog.text FROM pg_catalog.pg_stat_subscription w
            JOIN pg_catalog.pg_subscription s ON s.oid OPERATOR(pg_catalog.=) w.subid

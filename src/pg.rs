@@ -532,3 +532,318 @@ pub fn reload_config() {
     // postgres.c does for a backend.
     unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
 }
+
+/// One key column of a unique btree index, matched to a lookup argument.
+pub struct IndexKey {
+    /// Position of the argument this index column is compared with.
+    pub arg: usize,
+    /// The table column the index column is.
+    pub attnum: i16,
+    /// The function of `pg_catalog.=` for (column type, argument type): the
+    /// operator a query `column OPERATOR(pg_catalog.=) $n` resolves to.
+    pub eq_proc: pg_sys::RegProcedure,
+    /// The argument's type when it differs from the column's (else InvalidOid).
+    pub subtype: pg_sys::Oid,
+    /// The index column's collation, which is the table column's.
+    pub collation: pg_sys::Oid,
+}
+
+/// A unique btree index through which a row is found by its key without SPI:
+/// the same row, the same lock and the same errors as
+/// `SELECT ... FROM ONLY t WHERE k1 OPERATOR(pg_catalog.=) $1 AND ... FOR SHARE`.
+pub struct UniqueIndex {
+    pub heap: pg_sys::Oid,
+    pub index: pg_sys::Oid,
+    /// In index column order.
+    pub keys: Vec<IndexKey>,
+}
+
+/// What [`UniqueIndex::lock_share`] found.
+pub enum Probe {
+    /// The row, locked `FOR SHARE`: its token column (None when NULL).
+    Found(Option<i64>),
+    /// No such row (or it went away while waiting for its lock).
+    Missing,
+    /// The caller's view of the table changed while its lock was taken
+    /// (an invalidation arrived): nothing was read; ask again another way.
+    Stale,
+}
+
+/// The operator `left OPERATOR(pg_catalog.=) right` resolves to, the way the
+/// parser resolves it (exact match, binary coercion, polymorphism, domains),
+/// or InvalidOid when none or no single one does.
+fn resolve_eq(left: pg_sys::Oid, right: pg_sys::Oid) -> pg_sys::Oid {
+    // SAFETY: makeString keeps the palloc'd names, lappend builds a palloc'd
+    // List of them (NIL = null to start); oper() with noError returns NULL
+    // or a syscache entry of pg_operator, released here after oprid reads it.
+    unsafe {
+        let mut names =
+            pg_sys::lappend(std::ptr::null_mut(), pg_sys::makeString(pg_sys::pstrdup(c"pg_catalog".as_ptr())).cast());
+        names = pg_sys::lappend(names, pg_sys::makeString(pg_sys::pstrdup(c"=".as_ptr())).cast());
+        let tuple = pg_sys::oper(std::ptr::null_mut(), names, left, right, true, -1);
+        if tuple.is_null() {
+            return pg_sys::InvalidOid;
+        }
+        let op = pg_sys::oprid(tuple);
+        pg_sys::ReleaseSysCache(tuple);
+        op
+    }
+}
+
+/// The scan key for index column `c` of `irel` compared with an argument of
+/// `argtype`: the operator `column OPERATOR(pg_catalog.=) $n` resolves to
+/// must be the `=` of the index's operator family for the index's input
+/// type, reached from both sides without a conversion function, in the
+/// column's collation. None otherwise.
+///
+/// # Safety
+/// `irel` is an open index of `heap` with more than `c` key columns.
+unsafe fn index_key(
+    heap: pg_sys::Oid,
+    irel: pg_sys::Relation,
+    c: usize,
+    arg: usize,
+    (attnum, coltype, argtype): (i16, pg_sys::Oid, pg_sys::Oid),
+) -> Option<IndexKey> {
+    // SAFETY: the caller's contract: rd_opfamily, rd_opcintype and
+    // rd_indcollation hold an entry per key column; the lookups below are
+    // syscache reads accepting any OIDs.
+    unsafe {
+        let opfamily = *(*irel).rd_opfamily.add(c);
+        let opcintype = *(*irel).rd_opcintype.add(c);
+        let collation = *(*irel).rd_indcollation.add(c);
+        if collation != attcollation(heap, attnum) {
+            return None;
+        }
+        let op = resolve_eq(coltype, argtype);
+        if op == pg_sys::InvalidOid
+            || pg_sys::get_op_opfamily_strategy(op, opfamily) != pg_sys::BTEqualStrategyNumber as i32
+        {
+            return None;
+        }
+        let (mut left, mut right) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
+        pg_sys::op_input_types(op, &mut left, &mut right);
+        if left != opcintype || !pg_sys::IsBinaryCoercible(coltype, left) || !pg_sys::IsBinaryCoercible(argtype, right)
+        {
+            return None;
+        }
+        let subtype = if right == opcintype { pg_sys::InvalidOid } else { right };
+        Some(IndexKey { arg, attnum, eq_proc: pg_sys::get_opcode(op), subtype, collation })
+    }
+}
+
+impl UniqueIndex {
+    /// A unique, immediate, valid, non-partial btree index of `heap` on plain
+    /// columns whose key is exactly `columns` (table attnum, column type,
+    /// argument type; any order), each compared by the operator the SPI
+    /// lookup would use ([`index_key`]). None when there is no such index:
+    /// callers then use SPI.
+    pub fn find(heap: pg_sys::Oid, columns: &[(i16, pg_sys::Oid, pg_sys::Oid)]) -> Option<UniqueIndex> {
+        // SAFETY: table_open/index_open take the locks a query reading the
+        // table takes (AccessShareLock, kept to transaction end: NoLock at
+        // close) and raise if a relation is gone; rd_index, rd_rel and the
+        // per-column arrays (rd_opfamily, rd_opcintype, rd_indcollation,
+        // indkey.values) of an open index hold indnkeyatts entries at least;
+        // RelationGetIndexList/Predicate/Expressions return palloc'd copies
+        // (NIL = null when empty); the syscache lookups accept any OIDs.
+        unsafe {
+            let rel = pg_sys::table_open(heap, pg_sys::AccessShareLock as _);
+            let list = pg_sys::RelationGetIndexList(rel);
+            let len = if list.is_null() { 0 } else { (*list).length as usize };
+            let mut found = None;
+            for i in 0..len {
+                let index = (*(*list).elements.add(i)).oid_value;
+                let irel = pg_sys::index_open(index, pg_sys::AccessShareLock as _);
+                let ind = &*(*irel).rd_index;
+                let nkeys = ind.indnkeyatts as usize;
+                let usable = ind.indisunique
+                    && ind.indimmediate
+                    && ind.indisvalid
+                    && ind.indisready
+                    && ind.indislive
+                    && (*(*irel).rd_rel).relam == pg_sys::BTREE_AM_OID
+                    && nkeys == columns.len()
+                    && pg_sys::RelationGetIndexPredicate(irel).is_null()
+                    && pg_sys::RelationGetIndexExpressions(irel).is_null();
+                let keys: Option<Vec<IndexKey>> = usable
+                    .then(|| {
+                        let attnums = ind.indkey.values.as_slice(nkeys);
+                        (0..nkeys)
+                            .map(|c| {
+                                let arg = columns.iter().position(|&(a, _, _)| a == attnums[c])?;
+                                index_key(heap, irel, c, arg, columns[arg])
+                            })
+                            .collect()
+                    })
+                    .flatten();
+                pg_sys::index_close(irel, pg_sys::NoLock as _);
+                if let Some(keys) = keys {
+                    found = Some(UniqueIndex { heap, index, keys });
+                    break;
+                }
+            }
+            pg_sys::table_close(rel, pg_sys::NoLock as _);
+            found
+        }
+    }
+
+    /// Locks `FOR SHARE` the row whose key equals `args` (in argument order)
+    /// and reads its token column `token` (attnum, integer type), exactly as
+    /// the SPI lookup with a fresh snapshot does: at READ COMMITTED a row
+    /// updated concurrently is waited for and its newest version locked (and
+    /// matched against the key again, as EvalPlanQual would); above it, a
+    /// row changed since the transaction's snapshot is a serialization
+    /// failure; a row deleted meanwhile, or changed by this transaction in a
+    /// later command, is not found. `still_current` runs once the table's
+    /// lock is held (which delivers pending invalidations): false ends the
+    /// probe with [`Probe::Stale`] before the index is touched.
+    ///
+    /// # Safety
+    /// `args` holds valid, non-NULL datums of the argument types this index
+    /// was found for, `token` is an integer column of the table, and the
+    /// caller runs inside a transaction as the role the lookup should run as.
+    pub unsafe fn lock_share(
+        &self,
+        args: &[pg_sys::Datum],
+        token: (i16, pg_sys::Oid),
+        still_current: impl FnOnce() -> bool,
+    ) -> Probe {
+        // SAFETY: the locks are those of SELECT ... FOR SHARE (RowShareLock on
+        // the table, AccessShareLock on the index, both kept to transaction
+        // end); the snapshot is pushed and the command counter advanced as
+        // SPI does for a non-read-only statement, and popped before return
+        // (an ERROR in between unwinds both at (sub)transaction abort, as do
+        // the scan, the slot and the relation references); the scan keys are
+        // copied by index_rescan; the slot is the table AM's own, dropped
+        // after its values are read; tuple_lock is the table AM's callback,
+        // called as table_tuple_lock (an inline function) calls it; `args`
+        // are valid datums of the types the operators take (the caller's
+        // contract).
+        unsafe {
+            let heap = pg_sys::table_open(self.heap, pg_sys::RowShareLock as _);
+            if !still_current() {
+                pg_sys::table_close(heap, pg_sys::NoLock as _);
+                return Probe::Stale;
+            }
+            let index = pg_sys::index_open(self.index, pg_sys::AccessShareLock as _);
+            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+            pg_sys::CommandCounterIncrement();
+            pg_sys::UpdateActiveSnapshotCommandId();
+            let snapshot = pg_sys::GetActiveSnapshot();
+
+            let mut scankeys: Vec<pg_sys::ScanKeyData> = Vec::with_capacity(self.keys.len());
+            for (c, key) in self.keys.iter().enumerate() {
+                let mut sk = pg_sys::ScanKeyData::default();
+                pg_sys::ScanKeyEntryInitialize(
+                    &mut sk,
+                    0,
+                    (c + 1) as pg_sys::AttrNumber,
+                    pg_sys::BTEqualStrategyNumber as _,
+                    key.subtype,
+                    key.collation,
+                    key.eq_proc,
+                    args[key.arg],
+                );
+                scankeys.push(sk);
+            }
+            let nkeys = scankeys.len() as i32;
+            #[cfg(not(feature = "pg18"))]
+            let scan = pg_sys::index_beginscan(heap, index, snapshot, nkeys, 0);
+            #[cfg(feature = "pg18")]
+            let scan = pg_sys::index_beginscan(heap, index, snapshot, std::ptr::null_mut(), nkeys, 0);
+            pg_sys::index_rescan(scan, scankeys.as_mut_ptr(), nkeys, std::ptr::null_mut(), 0);
+            let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
+            let visible = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
+            let mut tid = (*slot).tts_tid;
+            pg_sys::index_endscan(scan);
+
+            let probe = if !visible {
+                Probe::Missing
+            } else {
+                let xact_snapshot = pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32;
+                let mut flags = pg_sys::TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS;
+                if !xact_snapshot {
+                    flags |= pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
+                }
+                let mut tmfd = pg_sys::TM_FailureData::default();
+                let tuple_lock = (*(*heap).rd_tableam).tuple_lock.expect("a table AM locks tuples");
+                let result = tuple_lock(
+                    heap,
+                    &mut tid,
+                    snapshot,
+                    slot,
+                    pg_sys::GetCurrentCommandId(true),
+                    pg_sys::LockTupleMode::LockTupleShare,
+                    pg_sys::LockWaitPolicy::LockWaitBlock,
+                    flags as u8,
+                    &mut tmfd,
+                );
+                match result {
+                    pg_sys::TM_Result::TM_Ok if tmfd.traversed && !self.same_key(slot, args) => Probe::Missing,
+                    pg_sys::TM_Result::TM_Ok => Probe::Found(slot_int(slot, token)),
+                    pg_sys::TM_Result::TM_SelfModified | pg_sys::TM_Result::TM_WouldBlock => Probe::Missing,
+                    pg_sys::TM_Result::TM_Updated | pg_sys::TM_Result::TM_Deleted if xact_snapshot => {
+                        pgrx::ereport!(
+                            ERROR,
+                            pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+                            "could not serialize access due to concurrent update"
+                        );
+                    }
+                    pg_sys::TM_Result::TM_Deleted => Probe::Missing,
+                    other => pgrx::error!("unexpected table_tuple_lock status: {other}"),
+                }
+            };
+            pg_sys::ExecDropSingleTupleTableSlot(slot);
+            pg_sys::PopActiveSnapshot();
+            pg_sys::index_close(index, pg_sys::NoLock as _);
+            pg_sys::table_close(heap, pg_sys::NoLock as _);
+            probe
+        }
+    }
+
+    /// Whether the row in `slot` (a newer version than the one the index
+    /// scan matched) still has the key `args`.
+    ///
+    /// # Safety
+    /// `slot` holds a row of this index's table; `args` as for `lock_share`.
+    unsafe fn same_key(&self, slot: *mut pg_sys::TupleTableSlot, args: &[pg_sys::Datum]) -> bool {
+        self.keys.iter().all(|key| {
+            // SAFETY: the caller's contract; the operator function takes
+            // (column type, argument type) datums and returns a bool datum.
+            unsafe {
+                match slot_attr(slot, key.attnum) {
+                    None => false,
+                    Some(value) => {
+                        pg_sys::OidFunctionCall2Coll(key.eq_proc, key.collation, value, args[key.arg]).value() != 0
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// Column `attnum` of the row in `slot`, None when NULL.
+///
+/// # Safety
+/// `slot` holds a row with at least `attnum` columns (slot_getattr's contract).
+unsafe fn slot_attr(slot: *mut pg_sys::TupleTableSlot, attnum: i16) -> Option<pg_sys::Datum> {
+    // SAFETY: slot_getattr's body (an inline function in tuptable.h):
+    // deform up to `attnum`, then read the slot's value/null arrays, which
+    // hold tts_nvalid >= attnum entries afterwards.
+    unsafe {
+        if (*slot).tts_nvalid < attnum {
+            pg_sys::slot_getsomeattrs_int(slot, attnum as i32);
+        }
+        let i = attnum as usize - 1;
+        (!*(*slot).tts_isnull.add(i)).then(|| *(*slot).tts_values.add(i))
+    }
+}
+
+/// Integer column `(attnum, type)` of the row in `slot`.
+///
+/// # Safety
+/// As [`slot_attr`], with `typid` the column's int2, int4 or int8 type.
+unsafe fn slot_int(slot: *mut pg_sys::TupleTableSlot, (attnum, typid): (i16, pg_sys::Oid)) -> Option<i64> {
+    // SAFETY: the caller's contract.
+    unsafe { slot_attr(slot, attnum) }.map(|d| token_from_datum(d, typid))
+}

@@ -838,6 +838,33 @@ ALTER TABLE lease.deferred_checks ENABLE ALWAYS TRIGGER pg_lease_check_at_commit
 --   retyped, generated, inherited from, or no longer on a table.
 -- Dropped triggers, columns and constraints are the sql_drop guard's. Judging
 -- only what exists, never what is still absent, keeps pg_restore working.
+-- The join condition `o.<owner key> = t.<key> AND ...` that matches rows
+-- of rel (alias t) to owner rows (alias o) as the fence does: by the key
+-- type's own equality (1.0 = 1.00, 'a' = 'A' under a case-insensitive
+-- collation), in the owner column's collation. The DDL guard runs with
+-- pg_lease's rights, so only a built-in pg_catalog `=` of exactly the two
+-- column types is used; any other pair (a domain, a user type, whose
+-- operator or implicit cast could run a user's code) is compared by text,
+-- which can only refuse rows the fence would accept, never the reverse.
+CREATE FUNCTION lease._key_match(owner regclass, owner_columns text[], rel regclass, columns text[]) RETURNS text
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT string_agg(
+        CASE WHEN EXISTS (SELECT 1 FROM pg_operator op JOIN pg_proc f ON f.oid = op.oprcode
+                           WHERE op.oprname = '=' AND op.oprnamespace = 'pg_catalog'::regnamespace
+                             AND op.oprleft = oa.atttypid AND op.oprright = ra.atttypid
+                             AND f.prolang = (SELECT l.oid FROM pg_language l WHERE l.lanname = 'internal'))
+             THEN format('o.%I OPERATOR(pg_catalog.=) t.%I%s', owner_columns[n], columns[n],
+                         (SELECT format(' COLLATE %I.%I', cn.nspname, c.collname)
+                            FROM pg_collation c JOIN pg_namespace cn ON cn.oid = c.collnamespace
+                           WHERE c.oid = oa.attcollation))
+             ELSE format('o.%I::pg_catalog.text OPERATOR(pg_catalog.=) t.%I::pg_catalog.text', owner_columns[n], columns[n])
+        END, ' AND ' ORDER BY n)
+      FROM generate_series(1, cardinality(columns)) n
+      JOIN pg_attribute oa ON oa.attrelid = owner AND oa.attname = owner_columns[n]
+      JOIN pg_attribute ra ON ra.attrelid = rel AND ra.attname = columns[n]
+$$;
+REVOKE EXECUTE ON FUNCTION lease._key_match(regclass, text[], regclass, text[]) FROM PUBLIC;
+
 CREATE FUNCTION lease._guard_ddl() RETURNS event_trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
@@ -944,18 +971,15 @@ BEGIN
         -- Rows brought in by ATTACH PARTITION passed no fence: each must carry
         -- its owner row's current token (without a token column, or in
         -- high-water mode, no row can be checked: the table must be empty).
-        -- Keys are compared by their text (no user operator runs with this
-        -- function's rights; text equal means value equal, and a mismatch
-        -- only refuses), and the owner rows are locked FOR SHARE as the fence
-        -- locks them: a token bump then waits for this transaction, or (at
-        -- REPEATABLE READ and above) this one fails if a bump already committed.
+        -- Keys are compared as the fence compares them (lease._key_match),
+        -- and the owner rows are locked FOR SHARE as the fence locks them: a
+        -- token bump then waits for this transaction, or (at REPEATABLE READ
+        -- and above) this one fails if a bump already committed.
         IF part.mode = 'owner' AND part.token_column IS NOT NULL THEN
             EXECUTE format(
                 'SELECT (SELECT count(*) FROM ONLY %s) <> (SELECT count(*) FROM (SELECT 1 FROM ONLY %s t JOIN %s o ON %s AND o.%I = t.%I FOR SHARE OF o) s)',
                 part.child::regclass, part.child::regclass, part.owner_table,
-                (SELECT string_agg(format('o.%I::pg_catalog.text OPERATOR(pg_catalog.=) t.%I::pg_catalog.text',
-                                          part.owner_key_columns[n], part.key_columns[n]), ' AND ')
-                   FROM generate_series(1, cardinality(part.key_columns)) n),
+                lease._key_match(part.owner_table, part.owner_key_columns, part.child, part.key_columns),
                 part.owner_token_column, part.token_column)
                INTO bad;
         ELSE

@@ -11,7 +11,7 @@ use crate::fence::identity::Canon;
 use crate::fence::FastMap;
 use crate::pg::{
     attcollation, attribute, is_token_type, key_match, prepare_saved, qualified_name, quote_ident, rel_owner,
-    relation_names,
+    relation_names, UniqueIndex,
 };
 use pgrx::prelude::*;
 use pgrx::spi::Spi;
@@ -49,6 +49,12 @@ pub struct OwnerLookup {
     /// The same lookup without the lock, for what a refusal that needs no
     /// verdict (no token presented) reports as the current token.
     pub peek: pg_sys::SPIPlanPtr,
+    /// The owner key's unique index, through which `plan`'s lock is taken
+    /// without SPI (fence::owner); None when the owner table is partitioned
+    /// or no index compares exactly as `plan` does (then `plan` runs).
+    pub index: Option<UniqueIndex>,
+    /// The owner table's token column (attnum, integer type).
+    pub token: (i16, pg_sys::Oid),
     /// The owner table and its partitions: where an owner row may come from.
     pub tables: Vec<pg_sys::Oid>,
 }
@@ -98,6 +104,8 @@ thread_local! {
     static CONFIGS: RefCell<FastMap<pg_sys::Oid, Rc<FenceConfig>>> = RefCell::new(FastMap::default());
     static FLUSH_ALL: Cell<bool> = const { Cell::new(false) };
     static STALE_PLANS: RefCell<Vec<pg_sys::SPIPlanPtr>> = const { RefCell::new(Vec::new()) };
+    /// Bumped by every relcache invalidation (see [`relcache_generation`]).
+    static RELCACHE_GENERATION: Cell<u64> = const { Cell::new(0) };
     /// Relations the guards may run on: owner tables (and their partitions).
     static OWNER_TABLES: RefCell<FastMap<pg_sys::Oid, bool>> = RefCell::new(FastMap::default());
 }
@@ -123,13 +131,31 @@ pub fn for_relation(relid: pg_sys::Oid) -> Result<Rc<FenceConfig>, Refusal> {
     Ok(cfg)
 }
 
+/// Whether `cfg` is still the config this backend holds for its relation:
+/// false once an invalidation (or [`forget_all`]) has dropped it, even while
+/// a caller still holds it.
+pub fn is_current(cfg: &FenceConfig) -> bool {
+    !FLUSH_ALL.with(Cell::get)
+        && CONFIGS.with(|c| {
+            c.try_borrow().is_ok_and(|map| map.get(&cfg.relid).is_some_and(|held| std::ptr::eq(&**held, cfg)))
+        })
+}
+
 /// Forgets every config (the next row rebuilds it from the catalogs).
 pub fn forget_all() {
     FLUSH_ALL.with(|f| f.set(true));
 }
 
+/// A number that changes with every relcache invalidation this backend
+/// receives: what is derived from a relation outside a [`FenceConfig`] (the
+/// high-water store's index) is valid while it stays the same.
+pub fn relcache_generation() -> u64 {
+    RELCACHE_GENERATION.with(Cell::get)
+}
+
 /// Relcache invalidation: forget every config that depends on `relid`.
 pub unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    RELCACHE_GENERATION.with(|g| g.set(g.get().wrapping_add(1)));
     CONFIGS.with(|c| match c.try_borrow_mut() {
         Ok(mut map) if relid != pg_sys::InvalidOid => map.retain(|_, cfg| !cfg.depends_on(relid)),
         Ok(mut map) => map.clear(),
@@ -325,17 +351,18 @@ fn prepare_owner_lookup(
     let token_column = row.owner_token_column.clone().unwrap_or_default();
     let (owner_schema, owner_table) = relation_names(owner_relid);
     let owner_display = qualified_name(&owner_schema, &owner_table);
-    let (_, token_typid) = column(owner_relid, &owner_display, &token_column)?;
+    let (token_attnum, token_typid) = column(owner_relid, &owner_display, &token_column)?;
     if !is_token_type(token_typid) {
         return Err(misconfigured(
             display,
             format!("token column \"{token_column}\" of {owner_display} is no longer an integer"),
         ));
     }
-    let mut owner_attnums = Vec::with_capacity(row.owner_key_columns.len());
+    let mut owner_columns = Vec::with_capacity(row.owner_key_columns.len());
     for name in &row.owner_key_columns {
-        owner_attnums.push(column(owner_relid, &owner_display, name)?.0);
+        owner_columns.push(column(owner_relid, &owner_display, name)?);
     }
+    let owner_attnums: Vec<i16> = owner_columns.iter().map(|&(attnum, _)| attnum).collect();
     // A plain owner table is read ONLY: rows of inheritance children are not
     // owner rows (the DDL guard refuses such children anyway).
     // SAFETY: a syscache lookup accepting any OID (a missing relation gives
@@ -375,6 +402,15 @@ fn prepare_owner_lookup(
             prepare_saved(&peeking, &mut argtypes, &format!("the owner lookup for {display}")),
         )
     });
+    // Partitioned owner tables keep the SPI lookup: their rows live in the
+    // partitions' indexes, which the planner picks among.
+    let index = if partitioned {
+        None
+    } else {
+        let columns: Vec<(i16, pg_sys::Oid, pg_sys::Oid)> =
+            owner_columns.iter().zip(keys).map(|(&(attnum, coltype), key)| (attnum, coltype, key.typid)).collect();
+        UniqueIndex::find(owner_relid, &columns)
+    };
     Ok((
         OwnerLookup {
             relid: owner_relid,
@@ -382,6 +418,8 @@ fn prepare_owner_lookup(
             display: owner_display,
             plan,
             peek,
+            index,
+            token: (token_attnum, token_typid),
             tables,
         },
         owner_attnums,

@@ -7,11 +7,15 @@
 //! wait for this transaction and then compare against the raised mark.
 
 use crate::errors::{LeaseError, Refusal};
-use crate::fence::config::FenceConfig;
+use crate::fence::config::{self, FenceConfig};
 use crate::fence::{key, refusal, verified};
-use crate::pg::{own_relid, prepare_saved, rel_owner, run_token_plan, text_array, text_datum, Row, TriggerOp};
+use crate::pg::{
+    as_role, attribute, own_relid, prepare_saved, rel_owner, run_token_plan, text_array, text_datum, Probe, Row,
+    TriggerOp, UniqueIndex,
+};
 use pgrx::pg_sys;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 
 #[derive(Clone, Copy)]
 struct Plans {
@@ -25,6 +29,40 @@ struct Plans {
 
 thread_local! {
     static PLANS: Cell<Option<Plans>> = const { Cell::new(None) };
+    /// The primary key of `lease.high_water`, through which `select`'s lock
+    /// is taken without SPI, and the relcache generation it was found in.
+    static INDEX: RefCell<Option<StoreIndex>> = const { RefCell::new(None) };
+}
+
+#[derive(Clone)]
+struct StoreIndex {
+    index: Rc<UniqueIndex>,
+    /// The relcache generation it was found in.
+    generation: u64,
+    /// `token`'s attribute number.
+    token: i16,
+}
+
+/// `lease.high_water`'s (target, resource) index as of the current relcache
+/// generation; None if it has none the lookup can use (then `select` runs).
+fn index() -> Option<StoreIndex> {
+    if let Some(found) = INDEX.with(|i| i.borrow().clone()).filter(|i| i.generation == config::relcache_generation()) {
+        return Some(found);
+    }
+    let relid = own_relid("lease.high_water");
+    let column = |name| attribute(relid, name).unwrap_or_else(|| pgrx::error!("lease.high_water has no column {name}"));
+    let ((target, target_type), (resource, resource_type)) = (column("target"), column("resource"));
+    let columns = [(target, target_type, pg_sys::REGCLASSOID), (resource, resource_type, pg_sys::TEXTARRAYOID)];
+    let token = column("token").0;
+    // Finding it may itself deliver invalidations: the generation read after
+    // it is the one it holds for.
+    let found = UniqueIndex::find(relid, &columns).map(|index| StoreIndex {
+        index: Rc::new(index),
+        generation: config::relcache_generation(),
+        token,
+    });
+    INDEX.with(|i| *i.borrow_mut() = found.clone());
+    found
 }
 
 fn plans() -> Plans {
@@ -89,8 +127,26 @@ pub fn peek(cfg: &FenceConfig, row: Row) -> Option<i64> {
     read_mark(plans().peek, cfg, row)
 }
 
-/// The resource's mark, share-locked; None if it has none yet.
+/// The resource's mark, share-locked; None if it has none yet. Through
+/// `lease.high_water`'s primary key without SPI when it can be used (see
+/// `pg::UniqueIndex::lock_share`), else through the saved plan.
 pub fn read_and_lock(cfg: &FenceConfig, row: Row) -> Option<i64> {
+    if let Some(store) = index() {
+        let args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row)];
+        // SAFETY: (regclass, text[]) datums, the argument types the index was
+        // found for; `store.token` is lease.high_water's int8 token column;
+        // this runs as the table's owner, as the saved plan does.
+        let probe = as_role(plans().role, || unsafe {
+            store
+                .index
+                .lock_share(&args, (store.token, pg_sys::INT8OID), || config::relcache_generation() == store.generation)
+        });
+        match probe {
+            Probe::Found(mark) => return mark,
+            Probe::Missing => return None,
+            Probe::Stale => {}
+        }
+    }
     read_mark(plans().select, cfg, row)
 }
 

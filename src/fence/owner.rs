@@ -3,11 +3,32 @@
 
 use crate::fence::config::{self, FenceConfig, OwnerLookup};
 use crate::fence::key;
-use crate::pg::{run_token_plan, Row};
+use crate::pg::{as_role, run_token_plan, Probe, Row};
 
 /// `SELECT token ... FOR SHARE` on the owner row, as the owner table's owner.
 /// None: no owner row. Some(None): the owner row's token is NULL.
+///
+/// Through the owner key's unique index when there is one (no SPI, no
+/// planner, no executor: the same row, lock and errors, see
+/// `pg::UniqueIndex::lock_share`), else through the saved plan.
 pub fn lock(cfg: &FenceConfig, owner: &OwnerLookup, row: Row) -> Option<Option<i64>> {
+    if let Some(index) = &owner.index {
+        let args = key::args(cfg, row);
+        // SAFETY: `args` are the row's non-NULL key datums (the caller
+        // checked them), of the key columns' types, the argument types the
+        // index was found for (config::prepare_owner_lookup); owner.token is
+        // the owner table's integer token column; this runs as the owner
+        // table's owner, as the saved plan does.
+        let probe =
+            as_role(owner.rel_owner, || unsafe { index.lock_share(&args, owner.token, || config::is_current(cfg)) });
+        match probe {
+            Probe::Found(token) => return Some(token),
+            Probe::Missing => return None,
+            // An invalidation arrived with the lock: the saved plan
+            // revalidates itself (and the next row rebuilds the config).
+            Probe::Stale => {}
+        }
+    }
     // SAFETY: the saved plan takes the key columns' types, in key order,
     // which key::args gives (the row's key datums, valid while the row is),
     // and returns (token, tableoid) with the token column checked to be an

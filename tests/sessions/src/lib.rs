@@ -272,3 +272,22 @@ impl Drop for Cluster {
         let _ = cluster_sh_command(self.pg_config.as_deref(), &["stop", &self.name]).status();
     }
 }
+
+/// The backend process ID of `c`'s session.
+pub fn backend_pid(c: &mut Client) -> i32 {
+    c.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0)
+}
+
+/// Waits (up to 20 s) until backend `pid` is blocked on a lock, so that a
+/// race a test sets up is really a race.
+pub fn wait_until_blocked(observer: &mut Client, pid: i32) {
+    let start = std::time::Instant::now();
+    loop {
+        let row = observer.query_opt("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", &[&pid]).unwrap();
+        if row.is_some_and(|r| r.get::<_, Option<String>>(0).as_deref() == Some("Lock")) {
+            return;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(20), "backend {pid} never blocked");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}

@@ -5,7 +5,7 @@
 use pg_lease_sessions::postgres::Client;
 use pg_lease_sessions::*;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn poker(label: &str) -> (TestDb, Client) {
     let db = TestDb::new(label);
@@ -16,25 +16,6 @@ fn poker(label: &str) -> (TestDb, Client) {
 
 fn pay(table: i32, token: i64) -> String {
     format!("INSERT INTO payouts (table_id, player, amount, fencing_token) VALUES ({table}, 'ann', 10, {token})")
-}
-
-fn backend_pid(c: &mut Client) -> i32 {
-    c.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0)
-}
-
-/// Waits until backend `pid` is blocked on a lock (so a race is really a race).
-fn wait_until_blocked(observer: &mut Client, pid: i32) {
-    let start = Instant::now();
-    loop {
-        let row = observer.query_opt("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", &[&pid]).unwrap();
-        if let Some(r) = row {
-            if r.get::<_, Option<String>>(0).as_deref() == Some("Lock") {
-                return;
-            }
-        }
-        assert!(start.elapsed() < Duration::from_secs(20), "backend {pid} never blocked");
-        thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]

@@ -610,7 +610,52 @@ impl Family {
 #[derive(Clone, Debug)]
 struct Case {
     key: KeyType,
+    /// How the owner table's key is indexed (the fence looks owner rows up
+    /// through a unique index it finds itself).
+    index: OwnerIndex,
     steps: Vec<Step>,
+}
+
+/// The owner table's unique index on its key.
+#[derive(Clone, Copy, Debug)]
+enum OwnerIndex {
+    PrimaryKey,
+    /// The primary key's columns in reverse order (composite keys).
+    Reversed,
+    /// No primary key: a plain index on the key first, then a unique index
+    /// (with the token as an INCLUDE column) and a partial unique one.
+    UniqueIndexes,
+}
+
+impl OwnerIndex {
+    /// The owner table's constraint clause and the statements after CREATE TABLE.
+    fn sql(self, schema: &str, keys: &[&str]) -> (String, Vec<String>) {
+        let list = keys.join(", ");
+        match self {
+            OwnerIndex::PrimaryKey => (format!(", PRIMARY KEY ({list})"), vec![]),
+            OwnerIndex::Reversed => {
+                let rev: Vec<&str> = keys.iter().rev().copied().collect();
+                (format!(", PRIMARY KEY ({})", rev.join(", ")), vec![])
+            }
+            OwnerIndex::UniqueIndexes => (
+                String::new(),
+                vec![
+                    // NOT NULL as a primary key's columns are.
+                    format!(
+                        "ALTER TABLE {schema}.owners {}",
+                        keys.iter().map(|k| format!("ALTER COLUMN {k} SET NOT NULL")).collect::<Vec<_>>().join(", ")
+                    ),
+                    format!("CREATE INDEX owners_plain ON {schema}.owners ({list})"),
+                    format!("CREATE UNIQUE INDEX owners_key ON {schema}.owners ({list}) INCLUDE (tok)"),
+                    format!("CREATE UNIQUE INDEX owners_partial ON {schema}.owners ({list}) WHERE tok > 0"),
+                ],
+            ),
+        }
+    }
+}
+
+fn owner_index() -> impl Strategy<Value = OwnerIndex> {
+    prop_oneof![Just(OwnerIndex::PrimaryKey), Just(OwnerIndex::Reversed), Just(OwnerIndex::UniqueIndexes)]
 }
 
 fn session() -> impl Strategy<Value = usize> {
@@ -856,14 +901,16 @@ fn family_steps(family: Family) -> BoxedStrategy<Step> {
 }
 
 fn case_strategy(family: Family, max_steps: usize) -> impl Strategy<Value = Case> {
-    (key_type(), prop::collection::vec(family_steps(family), 1..=max_steps)).prop_map(|(key, mut steps)| {
-        // A nondeterministic collation has no canonical form: pg_lease refuses
-        // it as a high-water key (checked in setup), so those tables stay out.
-        if !key.high_water_capable() {
-            steps.retain(|s| !s.touches_high_water());
-        }
-        Case { key, steps }
-    })
+    (key_type(), owner_index(), prop::collection::vec(family_steps(family), 1..=max_steps)).prop_map(
+        |(key, index, mut steps)| {
+            // A nondeterministic collation has no canonical form: pg_lease refuses
+            // it as a high-water key (checked in setup), so those tables stay out.
+            if !key.high_water_capable() {
+                steps.retain(|s| !s.touches_high_water());
+            }
+            Case { key, index, steps }
+        },
+    )
 }
 
 impl Step {
@@ -2886,7 +2933,11 @@ impl Runner<'_> {
         let whos: Vec<Who> = self.lines.iter().map(|l| l.who).collect();
         let multi = whos.windows(2).any(|w| w[0] != w[1]) || whos.contains(&Who::Admin);
         let mut out = String::new();
-        let _ = writeln!(out, "-- pg_lease model test: family {family:?}, key type {:?}", case.key);
+        let _ = writeln!(
+            out,
+            "-- pg_lease model test: family {family:?}, key type {:?}, owner index {:?}",
+            case.key, case.index
+        );
         let _ = writeln!(out, "-- failure: {}", failure.replace('\n', "\n--          "));
         let _ = writeln!(out, "-- steps:");
         for step in &case.steps {
@@ -3001,7 +3052,7 @@ impl FamilyEnv {
         }
     }
 
-    fn setup_sql(&self, schema: &str, key: KeyType) -> Vec<String> {
+    fn setup_sql(&self, schema: &str, key: KeyType, index: OwnerIndex) -> Vec<String> {
         let cols = key.column_defs();
         let keys = key.column_names().join(", ");
         let arr = key.key_array();
@@ -3032,7 +3083,9 @@ impl FamilyEnv {
                 format!("CREATE TABLE {schema}.fenced_p0 PARTITION OF {schema}.fenced FOR VALUES IN (0) {opts}"),
             ]);
         } else {
-            sql.push(format!("CREATE TABLE {schema}.owners ({cols}, tok bigint, PRIMARY KEY ({keys})) {opts}"));
+            let (constraint, after) = index.sql(schema, &key.column_names());
+            sql.push(format!("CREATE TABLE {schema}.owners ({cols}, tok bigint{constraint}) {opts}"));
+            sql.extend(after);
         }
         for tab in ALL_TABS {
             if tamper && tab == Tab::Fenced {
@@ -3082,7 +3135,7 @@ impl FamilyEnv {
         let n = self.case_no.get() + 1;
         self.case_no.set(n);
         let schema = format!("mdl_{}_{n}", self.family.tag());
-        let setup = self.setup_sql(&schema, case.key);
+        let setup = self.setup_sql(&schema, case.key, case.index);
         let db = self.db.as_ref().expect("db");
         let mut admin = self.admin.borrow_mut();
         let mut stats = self.stats.borrow_mut();

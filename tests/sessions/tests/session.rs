@@ -47,11 +47,12 @@ fn wal_bytes_of(c: &mut Client, sql: &str) -> i64 {
 fn one_heartbeat_row_keeps_every_lease_alive() {
     let db = TestDb::new("session_carry");
     let mut c = db.connect();
-    c.batch_execute("SELECT lease.acquire('t:' || g, 'h1', 300) FROM generate_series(1, 2000) g").unwrap();
-    let token = acquire(&mut c, "t:1", "h1", 300);
+    c.batch_execute("SELECT lease.acquire('t:' || g, 'h1', 1500) FROM generate_series(1, 2000) g").unwrap();
+    let token = acquire(&mut c, "t:1", "h1", 1500);
+    // (1.5 s: acquiring 2,000 leases on a loaded machine must not outlast them.)
     assert!(heartbeat(&mut c, "h1", 60_000).is_empty(), "nothing lost yet");
-    // Far past every lease's own 300 ms: the session carries them all.
-    thread::sleep(Duration::from_millis(600));
+    // Far past every lease's own 1.5 s: the session carries them all.
+    thread::sleep(Duration::from_millis(2000));
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE owner = 'h1' AND live"), 2000);
     let detail = expect_error(&mut c, "SELECT lease.acquire('t:7', 'h2', 1000)", "LF005");
     assert!(detail.contains("held by h1"), "{detail}");

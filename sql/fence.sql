@@ -241,15 +241,12 @@ BEGIN
     IF pg_catalog.cardinality(owner_key_columns) OPERATOR(pg_catalog.<>) pg_catalog.cardinality(key_columns) THEN
         PERFORM lease._fail('22023', format('pg_lease: %s key columns %s do not pair with owner key columns %s', target, key_columns, owner_key_columns));
     END IF;
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_catalog.pg_index x
-         WHERE x.indrelid OPERATOR(pg_catalog.=) owner AND x.indisunique AND x.indpred IS NULL AND x.indexprs IS NULL
-           AND (SELECT pg_catalog.array_agg(k ORDER BY k) FROM pg_catalog.unnest((x.indkey::pg_catalog.int2[])[0:x.indnkeyatts - 1]) k)
-               OPERATOR(pg_catalog.=)
-               (SELECT pg_catalog.array_agg(a.attnum ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
-                 WHERE a.attrelid OPERATOR(pg_catalog.=) owner AND a.attname OPERATOR(pg_catalog.=) ANY (owner_key_columns)))
-    THEN
-        PERFORM lease._fail('42830', format('pg_lease: there is no unique constraint matching key columns %s of owner table %s', owner_key_columns, owner), 'Each fenced row must match exactly one owner row.');
+    -- The owner key is unique under its own type's equality and collation.
+    IF lease._owner_key_index(owner, owner_key_columns,
+                              ARRAY(SELECT lease._column_type(owner, u.c)::pg_catalog.oid
+                                      FROM pg_catalog.unnest(owner_key_columns) WITH ORDINALITY u(c, n) ORDER BY u.n)) IS NULL THEN
+        PERFORM lease._fail('42830', format('pg_lease: there is no unique constraint matching key columns %s of owner table %s', owner_key_columns, owner),
+            'Each fenced row must match exactly one owner row.');
     END IF;
     -- Each key pair must be comparable (raises undefined_function otherwise).
     BEGIN
@@ -270,6 +267,28 @@ BEGIN
             PERFORM lease._fail('42501', format('pg_lease: must be owner of table %s', owner),
                 'lease.protect needs ownership of the protected table and of its owner table.');
     END;
+    -- A key's identity must not depend on the session (date = timestamptz
+    -- reads TimeZone) nor on a conversion function.
+    IF EXISTS (SELECT 1 FROM pg_catalog.generate_series(1, pg_catalog.cardinality(key_columns)) n
+                WHERE lease._key_equality(lease._column_type(owner, owner_key_columns[n]),
+                                          lease._column_type(target, key_columns[n])) IS NULL) THEN
+        PERFORM lease._fail('42804',
+            format('pg_lease: key columns %s of %s compare with owner key columns %s of %s through an equality that is not immutable or needs a conversion',
+                   key_columns, target, owner_key_columns, owner),
+            format('The types of the key columns, in order: %s against %s.',
+                   (SELECT pg_catalog.string_agg(lease._column_type(target, c)::text, ', ') FROM pg_catalog.unnest(key_columns) c),
+                   (SELECT pg_catalog.string_agg(lease._column_type(owner, c)::text, ', ') FROM pg_catalog.unnest(owner_key_columns) c)),
+            'A resource must be the same whatever a writer''s settings: give each key column the type of its owner key column.');
+    END IF;
+    -- Each fenced row matches at most one owner row: the owner key is unique
+    -- under the very equality the fence compares a fenced key with.
+    IF lease._owner_key_index(owner, owner_key_columns,
+                              ARRAY(SELECT lease._column_type(target, u.c)::pg_catalog.oid
+                                      FROM pg_catalog.unnest(key_columns) WITH ORDINALITY u(c, n) ORDER BY u.n)) IS NULL THEN
+        PERFORM lease._fail('42830', format('pg_lease: the owner key %s of %s is not unique under the equality that compares it with key columns %s of %s', owner_key_columns, owner, key_columns, target),
+            'Each fenced row must match exactly one owner row.',
+            'The owner table needs a PRIMARY KEY or UNIQUE constraint on exactly these columns in the operator family of that equality.');
+    END IF;
 
     -- One owner guard per owner table, shared by every table fenced against it.
     SELECT pg_catalog.encode(t.tgargs, 'escape') INTO existing_guard FROM pg_catalog.pg_trigger t
@@ -522,12 +541,9 @@ BEGIN
     SELECT p.relid, p.owner_table, 'constraint',
            format('owner table %s has no unique constraint on %s', p.owner_table, p.owner_key_columns)
       FROM p
-     CROSS JOIN LATERAL (SELECT EXISTS (
-        SELECT 1 FROM pg_index x
-         WHERE x.indrelid = p.owner_table AND x.indisunique AND x.indisvalid AND x.indpred IS NULL AND x.indexprs IS NULL
-           AND (SELECT array_agg(k ORDER BY k) FROM unnest((x.indkey::int2[])[0:x.indnkeyatts - 1]) k)
-               = (SELECT array_agg(a.attnum ORDER BY a.attnum) FROM pg_attribute a
-                   WHERE a.attrelid = p.owner_table AND a.attname = ANY (p.owner_key_columns))) AS ok) u
+     CROSS JOIN LATERAL (SELECT lease._owner_key_index(p.owner_table, p.owner_key_columns,
+                                ARRAY(SELECT lease._column_type(p.relid, k.c)::oid
+                                        FROM unnest(p.key_columns) WITH ORDINALITY k(c, n) ORDER BY k.n)) IS NOT NULL AS ok) u
      WHERE p.owner_table IS NOT NULL AND NOT u.ok
     UNION ALL
     SELECT DISTINCT ON (x.relid, i.inhrelid) x.relid, i.inhrelid::regclass, 'inherits',
@@ -630,29 +646,25 @@ ALTER TABLE lease.deferred_checks ENABLE ALWAYS TRIGGER pg_lease_check_at_commit
 -- Dropped triggers, columns and constraints are the sql_drop guard's. Judging
 -- only what exists, never what is still absent, keeps pg_restore working.
 -- The join condition `o.<owner key> = t.<key> AND ...` that matches rows
--- of rel (alias t) to owner rows (alias o) as the fence does: by the key
--- type's own equality (1.0 = 1.00, 'a' = 'A' under a case-insensitive
--- collation), in the owner column's collation. The DDL guard runs with
--- pg_lease's rights, so only a built-in pg_catalog `=` of exactly the two
--- column types is used; any other pair (a domain, a user type, whose
--- operator or implicit cast could run a user's code) is compared by text,
--- which can only refuse rows the fence would accept, never the reverse.
+-- of rel (alias t) to owner rows (alias o) as the fence does: by the
+-- equality the fence uses (lease._key_equality: 1.0 = 1.00, 'a' = 'A' under
+-- a case-insensitive collation), in the owner column's collation. NULL when
+-- a pair's equality is not built in: the DDL guard runs with pg_lease's
+-- rights and never runs a user's operator, so such rows cannot be checked
+-- (and text would depend on the session's settings).
 CREATE FUNCTION lease._key_match(owner regclass, owner_columns text[], rel regclass, columns text[]) RETURNS text
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT string_agg(
-        CASE WHEN EXISTS (SELECT 1 FROM pg_operator op JOIN pg_proc f ON f.oid = op.oprcode
-                           WHERE op.oprname = '=' AND op.oprnamespace = 'pg_catalog'::regnamespace
-                             AND op.oprleft = oa.atttypid AND op.oprright = ra.atttypid
-                             AND f.prolang = (SELECT l.oid FROM pg_language l WHERE l.lanname = 'internal'))
-             THEN format('o.%I OPERATOR(pg_catalog.=) t.%I%s', owner_columns[n], columns[n],
-                         (SELECT format(' COLLATE %I.%I', cn.nspname, c.collname)
-                            FROM pg_collation c JOIN pg_namespace cn ON cn.oid = c.collnamespace
-                           WHERE c.oid = oa.attcollation))
-             ELSE format('o.%I::pg_catalog.text OPERATOR(pg_catalog.=) t.%I::pg_catalog.text', owner_columns[n], columns[n])
-        END, ' AND ' ORDER BY n)
+    SELECT CASE WHEN bool_and(f.prolang IS NOT DISTINCT FROM (SELECT l.oid FROM pg_language l WHERE l.lanname = 'internal'))
+                THEN string_agg(format('o.%I OPERATOR(pg_catalog.=) t.%I%s', owner_columns[n], columns[n],
+                                       (SELECT format(' COLLATE %I.%I', cn.nspname, c.collname)
+                                          FROM pg_collation c JOIN pg_namespace cn ON cn.oid = c.collnamespace
+                                         WHERE c.oid = oa.attcollation)), ' AND ' ORDER BY n)
+           END
       FROM generate_series(1, cardinality(columns)) n
       JOIN pg_attribute oa ON oa.attrelid = owner AND oa.attname = owner_columns[n]
       JOIN pg_attribute ra ON ra.attrelid = rel AND ra.attname = columns[n]
+      LEFT JOIN pg_operator op ON op.oid = lease._key_equality(oa.atttypid, ra.atttypid)
+      LEFT JOIN pg_proc f ON f.oid = op.oprcode
 $$;
 REVOKE EXECUTE ON FUNCTION lease._key_match(regclass, text[], regclass, text[]) FROM PUBLIC;
 
@@ -666,6 +678,7 @@ DECLARE
     part record;
     stray record;
     bad boolean;
+    match text;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
@@ -766,11 +779,12 @@ BEGIN
         -- and the owner rows are locked FOR SHARE as the fence locks them: a
         -- token bump then waits for this transaction, or (at REPEATABLE READ
         -- and above) this one fails if a bump already committed.
-        IF part.mode = 'owner' AND part.token_column IS NOT NULL THEN
+        match := CASE WHEN part.mode = 'owner' AND part.token_column IS NOT NULL
+                      THEN lease._key_match(part.owner_table, part.owner_key_columns, part.child, part.key_columns) END;
+        IF match IS NOT NULL THEN
             EXECUTE format(
                 'SELECT (SELECT count(*) FROM ONLY %s) <> (SELECT count(*) FROM (SELECT 1 FROM ONLY %s t JOIN %s o ON %s AND o.%I = t.%I FOR SHARE OF o) s)',
-                part.child::regclass, part.child::regclass, part.owner_table,
-                lease._key_match(part.owner_table, part.owner_key_columns, part.child, part.key_columns),
+                part.child::regclass, part.child::regclass, part.owner_table, match,
                 part.owner_token_column, part.token_column)
                INTO bad;
         ELSE
@@ -780,8 +794,10 @@ BEGIN
             PERFORM lease._raise('FenceTampering',
                 format('%s would bring rows into fenced table %s that the fence would refuse', tg_tag, part.relid),
                 format('Table %s holds rows %s. Attach it empty and insert its rows through the fence.', part.child::regclass,
-                       CASE WHEN part.mode = 'owner' AND part.token_column IS NOT NULL
+                       CASE WHEN match IS NOT NULL
                             THEN format('whose token is not their owner row''s current token in %s', part.owner_table)
+                            WHEN part.mode = 'owner' AND part.token_column IS NOT NULL
+                            THEN 'that cannot be checked (their keys compare through a type''s own operator, which pg_lease does not run with its rights)'
                             ELSE 'that cannot be checked (no token column, or high-water mode)' END));
         END IF;
     END LOOP;

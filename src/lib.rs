@@ -30,6 +30,8 @@ pgrx::extension_sql_file!(
         fence::register::register,
         fence::register::unregister,
         fence::ddl::exists_as_owner,
+        fence::ddl::owner_key_index,
+        fence::ddl::key_equality,
         lease::bound_token
     ]
 );

@@ -590,6 +590,38 @@ fn resolve_eq(left: pg_sys::Oid, right: pg_sys::Oid) -> pg_sys::Oid {
     }
 }
 
+/// The equality a key pair is compared with (see [`key_equality`]).
+pub struct KeyEquality {
+    pub op: pg_sys::Oid,
+    pub proc_: pg_sys::RegProcedure,
+    /// The operator's declared input types.
+    pub left: pg_sys::Oid,
+    pub right: pg_sys::Oid,
+}
+
+/// The equality of an owner key column of type `left` and a fenced key
+/// column of type `right`: the operator `left OPERATOR(pg_catalog.=) right`
+/// resolves to, provided both sides reach its input types without a
+/// conversion function and it is immutable (a key's identity must not depend
+/// on the session: `date = timestamptz` depends on TimeZone). None otherwise.
+pub fn key_equality(left: pg_sys::Oid, right: pg_sys::Oid) -> Option<KeyEquality> {
+    let op = resolve_eq(left, right);
+    if op == pg_sys::InvalidOid {
+        return None;
+    }
+    let (mut op_left, mut op_right) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
+    // SAFETY: syscache lookups of an existing operator and its function,
+    // writing into live locals.
+    unsafe {
+        pg_sys::op_input_types(op, &mut op_left, &mut op_right);
+        let proc_ = pg_sys::get_opcode(op);
+        let usable = pg_sys::IsBinaryCoercible(left, op_left)
+            && pg_sys::IsBinaryCoercible(right, op_right)
+            && pg_sys::func_volatile(proc_) as u8 == pg_sys::PROVOLATILE_IMMUTABLE;
+        usable.then_some(KeyEquality { op, proc_, left: op_left, right: op_right })
+    }
+}
+
 /// The scan key for index column `c` of `irel` compared with an argument of
 /// `argtype`: the operator `column OPERATOR(pg_catalog.=) $n` resolves to
 /// must be the `=` of the index's operator family for the index's input
@@ -615,20 +647,13 @@ unsafe fn index_key(
         if collation != attcollation(heap, attnum) {
             return None;
         }
-        let op = resolve_eq(coltype, argtype);
-        if op == pg_sys::InvalidOid
-            || pg_sys::get_op_opfamily_strategy(op, opfamily) != pg_sys::BTEqualStrategyNumber as i32
-        {
+        let eq = key_equality(coltype, argtype)?;
+        if pg_sys::get_op_opfamily_strategy(eq.op, opfamily) != pg_sys::BTEqualStrategyNumber as i32 || eq.left != opcintype {
             return None;
         }
-        let (mut left, mut right) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
-        pg_sys::op_input_types(op, &mut left, &mut right);
-        if left != opcintype || !pg_sys::IsBinaryCoercible(coltype, left) || !pg_sys::IsBinaryCoercible(argtype, right)
-        {
-            return None;
-        }
+        let right = eq.right;
         let subtype = if right == opcintype { pg_sys::InvalidOid } else { right };
-        Some(IndexKey { arg, attnum, eq_proc: pg_sys::get_opcode(op), subtype, collation })
+        Some(IndexKey { arg, attnum, eq_proc: eq.proc_, subtype, collation })
     }
 }
 

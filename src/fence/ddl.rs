@@ -134,3 +134,38 @@ pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
     }
     Ok(pg_sys::Datum::from(0))
 }
+
+/// `lease._owner_key_index(owner, owner_key_columns, key_types)`: the unique
+/// index that makes `owner`'s key unique under the equality the fence
+/// compares keys with (owner key column `=` a fenced key of the paired type
+/// in `key_types`, immutable, in the column's collation; a unique,
+/// non-deferrable, non-partial btree on exactly those columns:
+/// `pg::UniqueIndex::find`), or NULL when there is none, so that two owner
+/// rows could match one fenced row. Executable by PUBLIC (lease.protect runs
+/// with its caller's rights); it tells nothing the catalogs do not.
+#[pgrx::pg_extern(name = "_owner_key_index", stable, parallel_safe)]
+pub fn owner_key_index(
+    owner: pg_sys::Oid,
+    owner_key_columns: Vec<String>,
+    key_types: Vec<Option<pg_sys::Oid>>,
+) -> Option<pg_sys::Oid> {
+    if owner_key_columns.len() != key_types.len() {
+        return None;
+    }
+    let mut columns = Vec::with_capacity(key_types.len());
+    for (name, key_type) in owner_key_columns.iter().zip(key_types) {
+        let (attnum, typid) = crate::pg::attribute(owner, name)?;
+        columns.push((attnum, typid, key_type?));
+    }
+    crate::pg::UniqueIndex::find(owner, &columns).map(|index| index.index)
+}
+
+/// `lease._key_equality(left, right)`: the operator an owner key of type
+/// `left` and a fenced key of type `right` are compared with
+/// (`pg::key_equality`: what `OPERATOR(pg_catalog.=)` resolves to, immutable,
+/// reached without a conversion function), or NULL when there is none.
+/// Executable by PUBLIC, like `_owner_key_index`.
+#[pgrx::pg_extern(name = "_key_equality", stable, parallel_safe)]
+pub fn key_equality(left: pg_sys::Oid, right: pg_sys::Oid) -> Option<pg_sys::Oid> {
+    crate::pg::key_equality(left, right).map(|eq| eq.op)
+}

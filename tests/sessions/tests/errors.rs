@@ -218,7 +218,9 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         "lease._install_owner_truncate_guard(regclass)",
         "lease._install_target_triggers(regclass)",
         "lease._install_truncate_guard(regclass)",
+        "lease._key_equality(oid,oid)",
         "lease._key_identity_problem(oid,oid)",
+        "lease._owner_key_index(oid,text[],oid[])",
         // Check that the caller holds EXECUTE on protect/unprotect and owns the tables.
         "lease._register(oid,text,text[],text,oid,text[],text)",
         "lease._token_floor()",

@@ -379,6 +379,10 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
     let Some(relid) = arg(0).map(|d| pg_sys::Oid::from(d.value() as u32)) else {
         return Err(invalid("22004", format!("{FN}: target must not be NULL")));
     };
+    // SAFETY: paired with SPI_finish in `finish`; an ERROR (or bad input,
+    // raised as one) in between aborts the (sub)transaction, which cleans
+    // the connection up. Plans are prepared inside it.
+    unsafe { pg_sys::SPI_connect() };
     let target = target(relid)?;
     let token = arg(1).map(|d| d.value() as i64);
     if let Some(t) = token.filter(|t| *t < 0) {
@@ -456,9 +460,6 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
         groups[g].1.push(i);
     }
 
-    // SAFETY: paired with SPI_finish in `finish`; an ERROR in between aborts
-    // the (sub)transaction, which cleans the connection up.
-    unsafe { pg_sys::SPI_connect() };
     IN_USE.with(|u| u.borrow_mut().push(target.clone()));
 
     // Where each element's values go: (insert index) per element.

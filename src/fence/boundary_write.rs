@@ -57,8 +57,8 @@ struct Target {
     mcxt: pg_sys::MemoryContext,
     /// By name; None: no such live column.
     columns: RefCell<FastMap<String, Option<Rc<Column>>>>,
-    /// By column set (sorted names).
-    plans: RefCell<FastMap<Vec<String>, pg_sys::SPIPlanPtr>>,
+    /// By column set (sorted names) and row count.
+    plans: RefCell<FastMap<(Vec<String>, usize), pg_sys::SPIPlanPtr>>,
 }
 
 impl Drop for Target {
@@ -232,24 +232,49 @@ impl Target {
         Column { typid, typmod, ioparam, input: finfo, kind }
     }
 
-    /// The saved INSERT for rows with exactly the columns `names` (sorted).
-    fn plan(&self, names: &[String], columns: &[Rc<Column>]) -> pg_sys::SPIPlanPtr {
-        if let Some(&p) = self.plans.borrow().get(names) {
+    /// The saved INSERT of `rows` rows with exactly the columns `names` (sorted).
+    fn plan(&self, names: &[String], columns: &[Rc<Column>], rows: usize) -> pg_sys::SPIPlanPtr {
+        let key = (names.to_vec(), rows);
+        if let Some(&p) = self.plans.borrow().get(&key) {
             return p;
         }
         let sql = if names.is_empty() {
             format!("INSERT INTO {} DEFAULT VALUES", self.qualified)
         } else {
             let cols: Vec<_> = names.iter().map(|n| quote_ident(n)).collect();
-            let params: Vec<_> = (1..=names.len()).map(|i| format!("${i}")).collect();
-            format!("INSERT INTO {} ({}) VALUES ({})", self.qualified, cols.join(", "), params.join(", "))
+            let tuples: Vec<_> = (0..rows)
+                .map(|r| {
+                    let params: Vec<_> = (1..=names.len()).map(|i| format!("${}", r * names.len() + i)).collect();
+                    format!("({})", params.join(", "))
+                })
+                .collect();
+            format!("INSERT INTO {} ({}) VALUES {}", self.qualified, cols.join(", "), tuples.join(", "))
         };
         let sql = CString::new(sql).expect("no NUL in names");
-        let mut types: Vec<_> = columns.iter().map(|c| c.typid).collect();
+        let mut types: Vec<_> = (0..rows).flat_map(|_| columns.iter().map(|c| c.typid)).collect();
         let plan = crate::pg::prepare_saved(&sql, &mut types, "a boundary write");
-        self.plans.borrow_mut().insert(names.to_vec(), plan);
+        self.plans.borrow_mut().insert(key, plan);
         plan
     }
+}
+
+/// How many rows one INSERT takes at most (fewer when rows are wide: a
+/// statement has at most 65535 parameters).
+const MAX_ROWS_PER_INSERT: usize = 64;
+
+/// Row counts of the INSERTs for `n` rows of `width` columns: powers of two,
+/// largest first, so a few saved plans serve every count.
+fn chunks(n: usize, width: usize) -> impl Iterator<Item = usize> {
+    let most = if width == 0 { 1 } else { MAX_ROWS_PER_INSERT.min(65535 / width).max(1) };
+    let most = 1 << most.ilog2();
+    let mut left = n;
+    std::iter::from_fn(move || {
+        (left > 0).then(|| {
+            let size = most.min(1 << left.ilog2());
+            left -= size;
+            size
+        })
+    })
 }
 
 /// One row to insert: its plan and its parameters (palloc'd in the SPI
@@ -466,21 +491,26 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
     let n = rows.len();
     // SAFETY: palloc in the SPI procedure context (current after SPI_connect).
     let inserts = unsafe { pg_sys::palloc(std::mem::size_of::<Insert>() * n.max(1)) as *mut Insert };
-    let mut slot_of = vec![(0usize, Vec::new()); n];
+    // Where each element's values go: (INSERT, first parameter, columns).
+    let mut slot_of = vec![(0usize, 0usize, Vec::new()); n];
     let mut k = 0;
     for (names, members) in &groups {
         let columns: Vec<Rc<Column>> = names.iter().map(|c| target.column(c).expect("checked above")).collect();
-        let plan = target.plan(names, &columns);
-        for &i in members {
-            let width = names.len().max(1);
-            // SAFETY: palloc'd arrays of `width` entries in the SPI context;
-            // `k < n` slots of `inserts` are written exactly once.
+        let width = names.len();
+        let mut members = members.iter();
+        for rows_in_chunk in chunks(members.len(), width) {
+            let plan = target.plan(names, &columns, rows_in_chunk);
+            let params = (width * rows_in_chunk).max(1);
+            // SAFETY: palloc'd arrays of `params` entries in the SPI context;
+            // each of the `k < n` slots of `inserts` is written once.
             unsafe {
-                let values = pg_sys::palloc0(std::mem::size_of::<pg_sys::Datum>() * width) as *mut pg_sys::Datum;
-                let nulls = pg_sys::palloc0(width) as *mut c_char;
+                let values = pg_sys::palloc0(std::mem::size_of::<pg_sys::Datum>() * params) as *mut pg_sys::Datum;
+                let nulls = pg_sys::palloc0(params) as *mut c_char;
                 inserts.add(k).write(Insert { plan, values, nulls });
             }
-            slot_of[i] = (k, columns.clone());
+            for (row, &i) in members.by_ref().take(rows_in_chunk).enumerate() {
+                slot_of[i] = (k, row * width, columns.clone());
+            }
             k += 1;
         }
     }
@@ -491,7 +521,7 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
     let seen = std::panic::AssertUnwindSafe(&place);
     let converted = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
         for (i, r) in rows.iter().enumerate() {
-            let (k, columns) = &slot_of[i];
+            let (k, first, columns) = &slot_of[i];
             // SAFETY: slot k was written above.
             let ins = unsafe { inserts.add(*k).read() };
             let mut keys: Vec<(usize, &String)> = r.keys().enumerate().collect();
@@ -499,10 +529,11 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
             for (pos, key) in keys {
                 place.set((i, key as *const String));
                 let (datum, isnull) = convert(&columns[pos], key, &r[key]);
-                // SAFETY: `pos` < width of this row's arrays (its column count).
+                // SAFETY: `first + pos` < the INSERT's parameter count (this
+                // row's place in it times its width, plus a column of it).
                 unsafe {
-                    *ins.values.add(pos) = datum;
-                    *ins.nulls.add(pos) = if isnull { b'n' as c_char } else { b' ' as c_char };
+                    *ins.values.add(first + pos) = datum;
+                    *ins.nulls.add(first + pos) = if isnull { b'n' as c_char } else { b' ' as c_char };
                 }
             }
         }
@@ -525,7 +556,7 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
     // SAFETY: the previous call's rows are no longer read by anyone (the
     // callback runs only while `insert_all` runs, within one call).
     ROWS.with(|r| unsafe { *r.get() = rows });
-    Ok(Prepared { inserts, count: n, restore })
+    Ok(Prepared { inserts, count: k, restore })
 }
 
 /// Binds `token` (or nothing) for this transaction, as `set_config('pg_lease.token', ..., true)`.

@@ -18,7 +18,7 @@
 use crate::errors::Invalid;
 use crate::fence::FastMap;
 use crate::gucs;
-use crate::pg::{attribute, display, owned, qualified_name, quote_ident, relation_names};
+use crate::pg::{attribute, owned, qualified_name, quote_ident, relation_names};
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::PgTryBuilder;
@@ -143,6 +143,12 @@ fn collect_stale() {
     drop(free);
 }
 
+/// `relid` as regclass prints it (qualified unless visible on the pinned search_path).
+fn regclass_text(relid: pg_sys::Oid) -> String {
+    // SAFETY: an OID is a valid regclass datum; regclassout accepts any OID.
+    unsafe { crate::pg::datum_text(pg_sys::Datum::from(relid), pg_sys::REGCLASSOID) }
+}
+
 fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, Invalid> {
     collect_stale();
     if let Some(t) = TARGETS.with(|t| t.borrow().get(&relid).cloned()) {
@@ -160,7 +166,7 @@ fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, Invalid> {
         (!rows.is_empty()).then(|| rows.first().get::<String>(1).unwrap())
     });
     let Some(token_column) = row else {
-        let invalid = Invalid::new("55000", format!("{FN}: {} is not protected by pg_lease", display(relid)));
+        let invalid = Invalid::new("55000", format!("{FN}: {} is not protected by pg_lease", regclass_text(relid)));
         let mut invalid = invalid.expect("a valid SQLSTATE");
         invalid.hint = Some("Protect it first with lease.protect() or lease.protect_high_water().".into());
         return Err(invalid);
@@ -180,7 +186,7 @@ fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, Invalid> {
     let t = Rc::new(Target {
         relid,
         qualified: qualified_name(&schema, &table),
-        display: display(relid),
+        display: regclass_text(relid),
         token_column,
         mcxt,
         columns: RefCell::default(),
@@ -293,6 +299,8 @@ pub struct Prepared {
     count: usize,
     /// Bound-token tables: the transaction's own binding to restore.
     restore: Option<Option<i64>>,
+    /// The GUC nest level of the pinned search_path.
+    nest: i32,
 }
 
 fn invalid(sqlstate: &str, message: String) -> Invalid {
@@ -408,6 +416,12 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
     // raised as one) in between aborts the (sub)transaction, which cleans
     // the connection up. Plans are prepared inside it.
     unsafe { pg_sys::SPI_connect() };
+    // As the SQL function did (SET search_path = pg_catalog, pg_temp): the
+    // names in messages, the inserts, the input functions and the table's
+    // triggers see that path, whatever the caller's.
+    // SAFETY: opens a GUC nest level, closed in `finish` (or by abort).
+    let nest = unsafe { pg_sys::NewGUCNestLevel() };
+    set_guc(c"search_path", c"pg_catalog, pg_temp", pg_sys::GucAction::GUC_ACTION_SAVE);
     let target = target(relid)?;
     let token = arg(1).map(|d| d.value() as i64);
     if let Some(t) = token.filter(|t| *t < 0) {
@@ -556,22 +570,29 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
     // SAFETY: the previous call's rows are no longer read by anyone (the
     // callback runs only while `insert_all` runs, within one call).
     ROWS.with(|r| unsafe { *r.get() = rows });
-    Ok(Prepared { inserts, count: k, restore })
+    Ok(Prepared { inserts, count: k, restore, nest })
 }
 
 /// Binds `token` (or nothing) for this transaction, as `set_config('pg_lease.token', ..., true)`.
 fn bind_token(token: Option<i64>) {
     let value = CString::new(token.map(|t| t.to_string()).unwrap_or_default()).expect("digits");
+    set_guc(c"pg_lease.token", &value, pg_sys::GucAction::GUC_ACTION_LOCAL);
+}
+
+/// Sets a setting as SET LOCAL (GUC_ACTION_LOCAL) or as a function's SET
+/// clause does (GUC_ACTION_SAVE: undone when the current GUC nest level ends).
+fn set_guc(name: &std::ffi::CStr, value: &std::ffi::CStr, action: pg_sys::GucAction::Type) {
     // SAFETY: NUL-terminated name and value live across the call; a refused
     // value raises an ERROR.
     unsafe {
-        let context = if pg_sys::superuser() { pg_sys::GucContext::PGC_SUSET } else { pg_sys::GucContext::PGC_USERSET };
+        let context =
+            if pg_sys::superuser() { pg_sys::GucContext::PGC_SUSET } else { pg_sys::GucContext::PGC_USERSET };
         pg_sys::set_config_option(
-            c"pg_lease.token".as_ptr(),
+            name.as_ptr(),
             value.as_ptr(),
             context,
             pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_LOCAL,
+            action,
             true,
             0,
             false,
@@ -747,6 +768,9 @@ pub fn finish(p: &Prepared, total: i64) -> pg_sys::Datum {
     if let Some(previous) = p.restore {
         bind_token(previous);
     }
+    // SAFETY: the level `prepare` opened, still the innermost: the inserts
+    // returned normally, so every level they opened they also closed.
+    unsafe { pg_sys::AtEOXact_GUC(true, p.nest) };
     IN_USE.with(|u| {
         u.borrow_mut().pop();
     });

@@ -121,6 +121,12 @@ fn names_come_from_the_oid_not_the_search_path() {
     assert_eq!(write(&mut c, "public.ledger", 5, r#"[{"table_id": 1}]"#), Ok(1));
     c.batch_execute("SET search_path = decoy, public").unwrap();
     assert_eq!(write(&mut c, "public.ledger", 5, r#"[{"table_id": 1}]"#), Ok(1));
+    // Messages name tables as the SQL version did, under its own search_path
+    // (pg_catalog, pg_temp), whatever the caller's.
+    let e = write(&mut c, "ledger", 5, r#"[{"table_id": 1}]"#).unwrap_err();
+    assert_eq!(e, "55000 lease.fenced_boundary_write: decoy.ledger is not protected by pg_lease");
+    let shown = text(&mut c, "SELECT current_setting('search_path')");
+    assert_eq!(shown, "decoy, public", "the caller's search_path is back after the call");
     c.batch_execute("RESET search_path").unwrap();
     // A renamed schema: the cached plan named the old one.
     c.batch_execute("ALTER SCHEMA public RENAME TO money").unwrap();
@@ -230,9 +236,10 @@ fn values_convert_as_jsonb_populate_record_converts_them() {
     // Errors of the special kinds name the element and column too.
     let e = write(&mut c, "kinds", 5, r#"[{"table_id": 1}, {"table_id": 1, "ints": [1, "x"]}]"#).unwrap_err();
     assert!(e.starts_with("22P02 lease.fenced_boundary_write: rows[1].ints: "), "{e}");
-    // A domain's CHECK is a 23514, not a data error: raised as Postgres raises it.
+    // A domain's CHECK is a 23514, not a data error: raised as Postgres
+    // raises it (under the function's search_path, so the domain is qualified).
     let e = write(&mut c, "kinds", 5, r#"[{"table_id": 1, "d": 0}]"#).unwrap_err();
-    assert!(e.starts_with("23514 value for domain small_positive violates check constraint"), "{e}");
+    assert!(e.starts_with("23514 value for domain public.small_positive violates check constraint"), "{e}");
     // The first bad value in element order, then jsonb's key order (shorter keys first).
     let e = write(&mut c, "kinds", 5, r#"[{"table_id": 1, "num": "a", "b": "maybe"}, {"table_id": "z"}]"#).unwrap_err();
     assert_eq!(e, r#"22P02 lease.fenced_boundary_write: rows[0].b: invalid input syntax for type boolean: "maybe""#);

@@ -585,8 +585,7 @@ fn set_guc(name: &std::ffi::CStr, value: &std::ffi::CStr, action: pg_sys::GucAct
     // SAFETY: NUL-terminated name and value live across the call; a refused
     // value raises an ERROR.
     unsafe {
-        let context =
-            if pg_sys::superuser() { pg_sys::GucContext::PGC_SUSET } else { pg_sys::GucContext::PGC_USERSET };
+        let context = if pg_sys::superuser() { pg_sys::GucContext::PGC_SUSET } else { pg_sys::GucContext::PGC_USERSET };
         pg_sys::set_config_option(
             name.as_ptr(),
             value.as_ptr(),

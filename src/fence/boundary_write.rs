@@ -271,7 +271,7 @@ const MAX_ROWS_PER_INSERT: usize = 64;
 /// Row counts of the INSERTs for `n` rows of `width` columns: powers of two,
 /// largest first, so a few saved plans serve every count.
 fn chunks(n: usize, width: usize) -> impl Iterator<Item = usize> {
-    let most = if width == 0 { 1 } else { MAX_ROWS_PER_INSERT.min(65535 / width).max(1) };
+    let most = 65535usize.checked_div(width).map_or(1, |fit| MAX_ROWS_PER_INSERT.min(fit).max(1));
     let most = 1 << most.ilog2();
     let mut left = n;
     std::iter::from_fn(move || {

@@ -18,7 +18,7 @@
 use crate::errors::Invalid;
 use crate::fence::FastMap;
 use crate::gucs;
-use crate::pg::{attribute, owned, qualified_name, quote_ident, relation_names};
+use crate::pg::{owned, quote_ident};
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::PgTryBuilder;
@@ -88,8 +88,9 @@ thread_local! {
     /// Entries pinned by calls in progress (released at transaction end).
     static IN_USE: RefCell<Vec<Rc<Target>>> = const { RefCell::new(Vec::new()) };
     static FLUSH_ALL: Cell<bool> = const { Cell::new(false) };
-    /// The last call's rows (token stamped), read by [`name_null_column`].
-    static ROWS: UnsafeCell<Vec<Map<String, Value>>> = const { UnsafeCell::new(Vec::new()) };
+    /// The rows (token stamped) of each call in progress, innermost last,
+    /// read by [`name_null_column`]; emptied at transaction end.
+    static ROWS: UnsafeCell<Vec<Vec<Map<String, Value>>>> = const { UnsafeCell::new(Vec::new()) };
 }
 
 /// Relcache invalidation: the entry of `relid` (every entry for InvalidOid) goes stale.
@@ -120,6 +121,9 @@ pub unsafe extern "C-unwind" fn on_namespace_invalidation(_arg: pg_sys::Datum, _
 pub unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
     use pg_sys::XactEvent::*;
     if matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE | XACT_EVENT_PARALLEL_ABORT) {
+        // SAFETY: no call is in progress at transaction end; nothing else
+        // holds a reference into ROWS (it is only read within one statement).
+        ROWS.with(|r| unsafe { (&mut *r.get()).clear() });
         let pinned = IN_USE.with(|u| u.try_borrow_mut().map(|mut u| std::mem::take(&mut *u)).unwrap_or_default());
         STALE.with(|s| match s.try_borrow_mut() {
             Ok(mut s) => s.extend(pinned),
@@ -143,10 +147,47 @@ fn collect_stale() {
     drop(free);
 }
 
+/// Text from Postgres (server encoding) as UTF-8, for serde_json and Rust
+/// strings; the same bytes in a UTF-8 database.
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string valid for the call.
+unsafe fn from_server(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: the caller's contract; pg_server_to_any returns `p` itself or
+    // a palloc'd NUL-terminated UTF-8 copy, read before returning.
+    unsafe {
+        let len = std::ffi::CStr::from_ptr(p).to_bytes().len();
+        owned(pg_sys::pg_server_to_any(p, len as i32, pg_sys::pg_enc::PG_UTF8 as i32))
+    }
+}
+
+/// A Rust (UTF-8) string in the server encoding, for input functions,
+/// catalog lookups and SQL text. Every character came from the database
+/// (the rows' JSON, its catalogs), so each one converts back.
+fn to_server(s: &str) -> CString {
+    let c = CString::new(s).unwrap_or_else(|_| pgrx::error!("{FN}: a value contains a NUL character"));
+    // SAFETY: `c` is NUL-terminated and lives across the call;
+    // pg_any_to_server returns it unchanged or a palloc'd converted copy,
+    // copied before `c` is dropped.
+    unsafe {
+        let converted = pg_sys::pg_any_to_server(c.as_ptr(), s.len() as i32, pg_sys::pg_enc::PG_UTF8 as i32);
+        if std::ptr::eq(converted, c.as_ptr()) {
+            c
+        } else {
+            std::ffi::CStr::from_ptr(converted).to_owned()
+        }
+    }
+}
+
 /// `relid` as regclass prints it (qualified unless visible on the pinned search_path).
 fn regclass_text(relid: pg_sys::Oid) -> String {
     // SAFETY: an OID is a valid regclass datum; regclassout accepts any OID.
-    unsafe { crate::pg::datum_text(pg_sys::Datum::from(relid), pg_sys::REGCLASSOID) }
+    unsafe {
+        from_server(pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_REGCLASSOUT), pg_sys::Datum::from(relid)))
+    }
 }
 
 fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, Invalid> {
@@ -171,7 +212,13 @@ fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, Invalid> {
         invalid.hint = Some("Protect it first with lease.protect() or lease.protect_high_water().".into());
         return Err(invalid);
     };
-    let (schema, table) = relation_names(relid);
+    // SAFETY: syscache lookups that accept any OID; names are palloc'd copies.
+    let (schema, table) = unsafe {
+        (
+            from_server(pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid))),
+            from_server(pg_sys::get_rel_name(relid)),
+        )
+    };
     // SAFETY: CacheMemoryContext lives as long as the backend; the new
     // context is deleted by the entry's Drop.
     let mcxt = unsafe {
@@ -185,7 +232,7 @@ fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, Invalid> {
     };
     let t = Rc::new(Target {
         relid,
-        qualified: qualified_name(&schema, &table),
+        qualified: format!("{}.{}", quote_ident(&schema), quote_ident(&table)),
         display: regclass_text(relid),
         token_column,
         mcxt,
@@ -202,7 +249,15 @@ impl Target {
         if let Some(c) = self.columns.borrow().get(name) {
             return c.clone();
         }
-        let column = attribute(self.relid, name).map(|(attnum, typid)| Rc::new(self.build_column(name, attnum, typid)));
+        let server_name = to_server(name);
+        // SAFETY: get_attnum and get_atttype are syscache lookups that accept
+        // any name and attnum (a dropped or missing column gives
+        // InvalidAttrNumber, a system column a negative number).
+        let found = unsafe {
+            let attnum = pg_sys::get_attnum(self.relid, server_name.as_ptr());
+            (attnum > 0).then(|| (attnum, pg_sys::get_atttype(self.relid, attnum)))
+        };
+        let column = found.map(|(attnum, typid)| Rc::new(self.build_column(name, attnum, typid)));
         self.columns.borrow_mut().insert(name.to_owned(), column.clone());
         column
     }
@@ -230,7 +285,7 @@ impl Target {
                 self.qualified,
                 quote_ident(name)
             );
-            let sql = CString::new(sql).expect("no NUL in names");
+            let sql = to_server(&sql);
             Kind::Populate(crate::pg::prepare_saved(&sql, &mut [pg_sys::JSONBOID], "a boundary write conversion"))
         } else {
             Kind::Scalar
@@ -256,7 +311,7 @@ impl Target {
                 .collect();
             format!("INSERT INTO {} ({}) VALUES {}", self.qualified, cols.join(", "), tuples.join(", "))
         };
-        let sql = CString::new(sql).expect("no NUL in names");
+        let sql = to_server(&sql);
         let mut types: Vec<_> = (0..rows).flat_map(|_| columns.iter().map(|c| c.typid)).collect();
         let plan = crate::pg::prepare_saved(&sql, &mut types, "a boundary write");
         self.plans.borrow_mut().insert(key, plan);
@@ -301,6 +356,8 @@ pub struct Prepared {
     restore: Option<Option<i64>>,
     /// The GUC nest level of the pinned search_path.
     nest: i32,
+    /// This call's entry in ROWS.
+    rows_at: usize,
 }
 
 fn invalid(sqlstate: &str, message: String) -> Invalid {
@@ -429,7 +486,7 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
     }
     let parsed: Option<Value> = arg(2).map(|d| {
         // SAFETY: a non-NULL jsonb datum; its output function returns a palloc'd C string.
-        let text = unsafe { crate::pg::datum_text(d, pg_sys::JSONBOID) };
+        let text = unsafe { from_server(pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_OUT), d)) };
         serde_json::from_str(&text).expect("jsonb prints valid JSON")
     });
     let elements = match parsed {
@@ -567,10 +624,14 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
     })
     .execute();
     converted?;
-    // SAFETY: the previous call's rows are no longer read by anyone (the
-    // callback runs only while `insert_all` runs, within one call).
-    ROWS.with(|r| unsafe { *r.get() = rows });
-    Ok(Prepared { inserts, count: k, restore, nest })
+    // SAFETY: only this call's own entry is ever read through a reference,
+    // by the callback, never across this push.
+    let rows_at = ROWS.with(|r| unsafe {
+        let stack = &mut *r.get();
+        stack.push(rows);
+        stack.len() - 1
+    });
+    Ok(Prepared { inserts, count: k, restore, nest, rows_at })
 }
 
 /// Binds `token` (or nothing) for this transaction, as `set_config('pg_lease.token', ..., true)`.
@@ -608,7 +669,7 @@ fn convert(column: &Column, key: &str, v: &Value) -> (pg_sys::Datum, bool) {
         (Kind::Scalar, Value::String(s)) => Some(s.clone()),
         (Kind::Scalar, v) => Some(to_jsonb_text(v)),
     };
-    let text = text.map(|t| CString::new(t).unwrap_or_else(|_| pgrx::error!("{FN}: a value contains a NUL character")));
+    let text = text.map(|t| to_server(&t));
     let ptr = text.as_ref().map_or(std::ptr::null_mut(), |t| t.as_ptr() as *mut c_char);
     // SAFETY: `input` is the column type's input function (FmgrInfo filled
     // for it), `ptr` NULL or a NUL-terminated string alive across the call.
@@ -623,8 +684,7 @@ fn populate(plan: pg_sys::SPIPlanPtr, key: &str, v: &Value) -> (pg_sys::Datum, b
     escape_json(key, &mut obj);
     obj.push_str(": ");
     jsonb_text(v, &mut obj);
-    let obj =
-        CString::new(format!("{{{obj}}}")).unwrap_or_else(|_| pgrx::error!("{FN}: a value contains a NUL character"));
+    let obj = to_server(&format!("{{{obj}}}"));
     let (mut input, mut ioparam) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
     // SAFETY: jsonb's input function on a NUL-terminated string; the plan
     // takes one jsonb parameter and returns one column; the result tuple
@@ -667,6 +727,7 @@ const NOT_NULL_VIOLATION: i32 = 2 | (3 << 6) | (5 << 12) | (2 << 24);
 struct Watch {
     cb: pg_sys::ErrorContextCallback,
     mcxt: pg_sys::MemoryContext,
+    rows_at: usize,
 }
 
 /// A NOT NULL violation of one of our INSERTs names its element and column,
@@ -696,7 +757,7 @@ unsafe extern "C-unwind" fn name_null_column(arg: *mut c_void) {
         let saved = pg_sys::CurrentMemoryContext;
         pg_sys::CurrentMemoryContext = (*watch).mcxt;
         let edata = copy_error_data();
-        match named(&*edata) {
+        match named(&*edata, (*watch).rows_at) {
             Some(invalid) => crate::errors::raise(invalid),
             None => pg_sys::CurrentMemoryContext = saved,
         }
@@ -704,7 +765,7 @@ unsafe extern "C-unwind" fn name_null_column(arg: *mut c_void) {
 }
 
 /// The NOT NULL violation `e` with the element and column named, if one is.
-fn named(e: &pg_sys::ErrorData) -> Option<Invalid> {
+fn named(e: &pg_sys::ErrorData, rows_at: usize) -> Option<Invalid> {
     if e.column_name.is_null() {
         return None;
     }
@@ -712,7 +773,7 @@ fn named(e: &pg_sys::ErrorData) -> Option<Invalid> {
     let (column, message, detail) = unsafe { (owned(e.column_name), owned(e.message), owned(e.detail)) };
     let place = ROWS.with(|r| {
         // SAFETY: the rows of the call in progress, only read here.
-        let rows = unsafe { &*r.get() };
+        let rows = unsafe { (&*r.get()).get(rows_at)? };
         let explicit = rows.iter().position(|r| r.get(&column) == Some(&Value::Null));
         explicit.or_else(|| rows.iter().position(|r| !r.contains_key(&column)))
     })?;
@@ -739,6 +800,7 @@ pub unsafe fn insert_all(p: &Prepared) -> i64 {
                 arg: std::ptr::null_mut(),
             },
             mcxt: pg_sys::CurrentMemoryContext,
+            rows_at: p.rows_at,
         };
         watch.cb.arg = std::ptr::addr_of_mut!(watch) as *mut c_void;
         pg_sys::error_context_stack = std::ptr::addr_of_mut!(watch.cb);
@@ -773,5 +835,8 @@ pub fn finish(p: &Prepared, total: i64) -> pg_sys::Datum {
     IN_USE.with(|u| {
         u.borrow_mut().pop();
     });
+    // SAFETY: no reference into ROWS is held; entries above this call's
+    // (nested calls that failed) are dropped with it.
+    ROWS.with(|r| unsafe { (&mut *r.get()).truncate(p.rows_at) });
     pg_sys::Datum::from(total)
 }

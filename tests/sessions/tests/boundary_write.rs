@@ -312,3 +312,53 @@ fn the_fence_judges_every_row_and_a_bound_token_is_restored() {
     // Nested in a caller's transaction with an error caught in between, the cache still works.
     assert_eq!(write(&mut c, "ledger", 6, r#"[{"table_id": 2}, {"table_id": 2, "amount": 1}]"#), Ok(2));
 }
+
+/// In a LATIN1 database, names and values outside ASCII arrive intact (the
+/// JSON is read as UTF-8 and converted back for the input functions).
+#[test]
+fn a_latin1_database_keeps_its_characters() {
+    let db = TestDb::with_options("bw_latin1", "ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0");
+    let mut c = db.connect();
+    c.batch_execute(LEDGER).unwrap();
+    c.batch_execute("ALTER TABLE ledger ADD COLUMN \"café\" text, ADD COLUMN tag char(2)").unwrap();
+    assert_eq!(write(&mut c, "ledger", 5, r#"[{"table_id": 1, "café": "crème brûlée", "tag": "é"}]"#), Ok(1));
+    assert_eq!(text(&mut c, "SELECT \"café\" || '|' || tag || '|' FROM ledger"), "crème brûlée|é|");
+    // One byte a character: stored as LATIN1.
+    assert_eq!(one_i64(&mut c, "SELECT (octet_length(\"café\") + octet_length(tag))::bigint FROM ledger"), 12 + 2);
+}
+
+/// A call nested in another (from a trigger of the outer call's table): each
+/// names its own elements.
+#[test]
+fn nested_calls_name_their_own_elements() {
+    let (_db, mut c) = setup("bw_nested");
+    c.batch_execute(
+        r#"CREATE TABLE side (table_id int NOT NULL, note text NOT NULL, fencing_token bigint);
+           SELECT lease.protect('side', '{table_id}', 'fencing_token');
+           CREATE FUNCTION copy_to_side() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+               -- Qualified: triggers run under the call's search_path (pg_catalog, pg_temp).
+               PERFORM lease.fenced_boundary_write('public.side', 5,
+                   jsonb_build_array(jsonb_build_object('table_id', NEW.table_id, 'note', 'n'),
+                                     jsonb_build_object('table_id', NEW.table_id, 'note', CASE WHEN NEW.amount = 99 THEN NULL ELSE 'm' END)));
+               RETURN NEW;
+           END $$;
+           CREATE TRIGGER copy BEFORE INSERT ON ledger FOR EACH ROW EXECUTE FUNCTION copy_to_side();"#,
+    )
+    .unwrap();
+    assert_eq!(write(&mut c, "ledger", 5, r#"[{"table_id": 1, "amount": 1}, {"table_id": 1, "amount": 2}]"#), Ok(2));
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM side"), 4);
+    // The outer call's NOT NULL violation, after nested calls succeeded.
+    let e = write(
+        &mut c,
+        "ledger",
+        5,
+        r#"[{"table_id": 1, "amount": 1}, {"table_id": 1}, {"amount": null, "table_id": 1}]"#,
+    )
+    .unwrap_err();
+    assert!(e.starts_with("23502 lease.fenced_boundary_write: rows[2].amount: null value in column \"amount\""), "{e}");
+    // The nested call's own.
+    let e = write(&mut c, "ledger", 5, r#"[{"table_id": 1, "amount": 99}]"#).unwrap_err();
+    assert!(e.starts_with("23502 lease.fenced_boundary_write: rows[1].note: null value in column \"note\""), "{e}");
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM ledger"), 2);
+}

@@ -48,6 +48,9 @@ struct Column {
     kind: Kind,
 }
 
+/// An INSERT's column names (sorted) and row count.
+type InsertShape = (Vec<String>, usize);
+
 struct Target {
     relid: pg_sys::Oid,
     qualified: String,
@@ -58,12 +61,12 @@ struct Target {
     /// By name; None: no such live column.
     columns: RefCell<FastMap<String, Option<Rc<Column>>>>,
     /// By column set (sorted names) and row count.
-    plans: RefCell<FastMap<(Vec<String>, usize), pg_sys::SPIPlanPtr>>,
+    plans: RefCell<FastMap<InsertShape, Box<SavedInsert>>>,
 }
 
 impl Drop for Target {
     fn drop(&mut self) {
-        let plans = self.plans.get_mut().drain().map(|(_, p)| p);
+        let plans = self.plans.get_mut().drain().map(|(_, p)| p.plan.get()).filter(|p| !p.is_null());
         let probes = self.columns.get_mut().drain().filter_map(|(_, c)| match c.as_deref() {
             Some(Column { kind: Kind::Populate(p), .. }) => Some(*p),
             _ => None,
@@ -293,11 +296,13 @@ impl Target {
         Column { typid, typmod, ioparam, input: finfo, kind }
     }
 
-    /// The saved INSERT of `rows` rows with exactly the columns `names` (sorted).
-    fn plan(&self, names: &[String], columns: &[Rc<Column>], rows: usize) -> pg_sys::SPIPlanPtr {
+    /// The INSERT of `rows` rows with exactly the columns `names` (sorted):
+    /// its SQL and parameter types, and its plan once `insert_all` saved one.
+    /// Boxed: `insert_all` reaches it by address.
+    fn plan(&self, names: &[String], columns: &[Rc<Column>], rows: usize) -> *const SavedInsert {
         let key = (names.to_vec(), rows);
-        if let Some(&p) = self.plans.borrow().get(&key) {
-            return p;
+        if let Some(p) = self.plans.borrow().get(&key) {
+            return &**p;
         }
         let sql = if names.is_empty() {
             format!("INSERT INTO {} DEFAULT VALUES", self.qualified)
@@ -311,12 +316,25 @@ impl Target {
                 .collect();
             format!("INSERT INTO {} ({}) VALUES {}", self.qualified, cols.join(", "), tuples.join(", "))
         };
-        let sql = to_server(&sql);
-        let mut types: Vec<_> = (0..rows).flat_map(|_| columns.iter().map(|c| c.typid)).collect();
-        let plan = crate::pg::prepare_saved(&sql, &mut types, "a boundary write");
-        self.plans.borrow_mut().insert(key, plan);
-        plan
+        let saved = Box::new(SavedInsert {
+            sql: to_server(&sql),
+            types: (0..rows).flat_map(|_| columns.iter().map(|c| c.typid)).collect(),
+            plan: Cell::new(std::ptr::null_mut()),
+        });
+        let p: *const SavedInsert = &*saved;
+        self.plans.borrow_mut().insert(key, saved);
+        p
     }
+}
+
+/// An INSERT of a Target: prepared and saved by [`insert_all`] on first use,
+/// outside pgrx's guard, so that an error in it (an identity or generated
+/// column given a value) reaches the caller as Postgres raised it, with its
+/// CONTEXT, after the values were checked.
+pub struct SavedInsert {
+    sql: CString,
+    types: Vec<pg_sys::Oid>,
+    plan: Cell<pg_sys::SPIPlanPtr>,
 }
 
 /// How many rows one INSERT takes at most (fewer when rows are wide: a
@@ -342,7 +360,7 @@ fn chunks(n: usize, width: usize) -> impl Iterator<Item = usize> {
 /// procedure's context, freed by SPI_finish or abort).
 #[derive(Clone, Copy)]
 pub struct Insert {
-    plan: pg_sys::SPIPlanPtr,
+    plan: *const SavedInsert,
     values: *mut pg_sys::Datum,
     nulls: *mut c_char,
 }
@@ -714,6 +732,10 @@ extern "C-unwind" {
         read_only: bool,
         tcount: std::ffi::c_long,
     ) -> i32;
+    #[link_name = "SPI_prepare"]
+    fn spi_prepare(src: *const c_char, nargs: i32, argtypes: *mut pg_sys::Oid) -> pg_sys::SPIPlanPtr;
+    #[link_name = "SPI_keepplan"]
+    fn spi_keepplan(plan: pg_sys::SPIPlanPtr) -> i32;
     #[link_name = "geterrcode"]
     fn geterrcode() -> i32;
     #[link_name = "CopyErrorData"]
@@ -791,7 +813,10 @@ fn named(e: &pg_sys::ErrorData, rows_at: usize) -> Option<Invalid> {
 pub unsafe fn insert_all(p: &Prepared) -> i64 {
     // SAFETY: a plain C struct on this frame, linked into the error context
     // stack for the loop and unlinked after it (an ERROR's handler restores
-    // the stack it saved, which does not include it).
+    // the stack it saved, which does not include it). `inserts` and their
+    // parameter arrays live in the SPI procedure context; each SavedInsert is
+    // boxed in a Target that this call pinned (IN_USE), so it stays put and
+    // alive even if the Target is invalidated meanwhile.
     unsafe {
         let mut watch = Watch {
             cb: pg_sys::ErrorContextCallback {
@@ -807,7 +832,16 @@ pub unsafe fn insert_all(p: &Prepared) -> i64 {
         let mut total = 0i64;
         for i in 0..p.count {
             let ins = *p.inserts.add(i);
-            let rc = spi_execute_plan(ins.plan, ins.values, ins.nulls, false, 0);
+            let saved = &*ins.plan;
+            if saved.plan.get().is_null() {
+                let plan = spi_prepare(saved.sql.as_ptr(), saved.types.len() as i32, saved.types.as_ptr().cast_mut());
+                if plan.is_null() || spi_keepplan(plan) != 0 {
+                    total = -1;
+                    break;
+                }
+                saved.plan.set(plan);
+            }
+            let rc = spi_execute_plan(saved.plan.get(), ins.values, ins.nulls, false, 0);
             if rc != pg_sys::SPI_OK_INSERT as i32 {
                 total = rc as i64;
                 break;

@@ -238,3 +238,33 @@ c_function!(pg_lease_check_ttl, pg_finfo_pg_lease_check_ttl, check_ttl, run_chec
 // wrapper name): kept so that their scripts still install (CREATE EXTENSION
 // ... VERSION '0.4.0', then ALTER EXTENSION UPDATE) with this library.
 c_function!(check_ttl_wrapper, pg_finfo_check_ttl_wrapper, check_ttl, run_checked);
+
+/// `lease.fenced_boundary_write(target regclass, token bigint, rows jsonb)`
+/// (fence::boundary_write): checks and converts under pgrx's guard (bad input
+/// raised with its SQLSTATE and no CONTEXT), then runs the inserts outside
+/// it, so the fence's refusals reach the caller with their LF codes.
+#[no_mangle]
+pub extern "C" fn pg_finfo_pg_lease_fenced_boundary_write() -> &'static pg_sys::Pg_finfo_record {
+    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
+}
+
+/// # Safety
+/// Called by Postgres' function manager with a valid `fcinfo`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn pg_lease_fenced_boundary_write(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    use fence::boundary_write::{finish, insert_all, prepare};
+    // SAFETY: `fcinfo` is this call's, with the SQL declaration's three
+    // arguments; the guard reports Postgres errors and panics normally.
+    let prepared = match unsafe { pgrx::pg_sys::panic::pgrx_extern_c_guard(|| prepare(fcinfo)) } {
+        Ok(p) => p,
+        // SAFETY: this frame holds nothing with a destructor yet.
+        Err(invalid) => unsafe { errors::raise(invalid) },
+    };
+    // SAFETY: `prepared` is plain data; this frame and insert_all's hold
+    // nothing with a destructor, so an ERROR from an INSERT (or the fence
+    // trigger it fires) longjmps through them untouched.
+    let total = unsafe { insert_all(&prepared) };
+    // SAFETY: as for the first step.
+    unsafe { pgrx::pg_sys::panic::pgrx_extern_c_guard(|| finish(&prepared, total)) }
+}

@@ -90,6 +90,18 @@ AS 'MODULE_PATHNAME', 'is_token_type_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
+-- src/fence/ddl.rs:168
+-- pg_lease::fence::ddl::_key_equality
+CREATE  FUNCTION "_key_equality"(
+	"left" oid, /* pg_sys :: Oid */
+	"right" oid /* pg_sys :: Oid */
+) RETURNS oid /* Option < pg_sys :: Oid > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'key_equality_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
 -- src/fence/identity.rs:203
 -- pg_lease::fence::identity::_key_identity_problem
 CREATE  FUNCTION "_key_identity_problem"(
@@ -111,6 +123,19 @@ CREATE  FUNCTION "_lock_owner_row"(
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'lock_owner_row_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/fence/ddl.rs:146
+-- pg_lease::fence::ddl::_owner_key_index
+CREATE  FUNCTION "_owner_key_index"(
+	"owner" oid, /* pg_sys :: Oid */
+	"owner_key_columns" TEXT[], /* Vec < String > */
+	"key_types" oid[] /* Vec < Option < pg_sys :: Oid > > */
+) RETURNS oid /* Option < pg_sys :: Oid > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'owner_key_index_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -205,6 +230,8 @@ AS 'MODULE_PATHNAME', 'unregister_wrapper';
 --   fence::register::register
 --   fence::register::unregister
 --   fence::ddl::exists_as_owner
+--   fence::ddl::owner_key_index
+--   fence::ddl::key_equality
 --   lease::bound_token
 
 -- Fencing: protect/unprotect, the trigger functions, fenced_boundary_write,
@@ -450,15 +477,12 @@ BEGIN
     IF pg_catalog.cardinality(owner_key_columns) OPERATOR(pg_catalog.<>) pg_catalog.cardinality(key_columns) THEN
         PERFORM lease._fail('22023', format('pg_lease: %s key columns %s do not pair with owner key columns %s', target, key_columns, owner_key_columns));
     END IF;
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_catalog.pg_index x
-         WHERE x.indrelid OPERATOR(pg_catalog.=) owner AND x.indisunique AND x.indpred IS NULL AND x.indexprs IS NULL
-           AND (SELECT pg_catalog.array_agg(k ORDER BY k) FROM pg_catalog.unnest((x.indkey::pg_catalog.int2[])[0:x.indnkeyatts - 1]) k)
-               OPERATOR(pg_catalog.=)
-               (SELECT pg_catalog.array_agg(a.attnum ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
-                 WHERE a.attrelid OPERATOR(pg_catalog.=) owner AND a.attname OPERATOR(pg_catalog.=) ANY (owner_key_columns)))
-    THEN
-        PERFORM lease._fail('42830', format('pg_lease: there is no unique constraint matching key columns %s of owner table %s', owner_key_columns, owner), 'Each fenced row must match exactly one owner row.');
+    -- The owner key is unique under its own type's equality and collation.
+    IF lease._owner_key_index(owner, owner_key_columns,
+                              ARRAY(SELECT lease._column_type(owner, u.c)::pg_catalog.oid
+                                      FROM pg_catalog.unnest(owner_key_columns) WITH ORDINALITY u(c, n) ORDER BY u.n)) IS NULL THEN
+        PERFORM lease._fail('42830', format('pg_lease: there is no unique constraint matching key columns %s of owner table %s', owner_key_columns, owner),
+            'Each fenced row must match exactly one owner row.');
     END IF;
     -- Each key pair must be comparable (raises undefined_function otherwise).
     BEGIN
@@ -479,6 +503,28 @@ BEGIN
             PERFORM lease._fail('42501', format('pg_lease: must be owner of table %s', owner),
                 'lease.protect needs ownership of the protected table and of its owner table.');
     END;
+    -- A key's identity must not depend on the session (date = timestamptz
+    -- reads TimeZone) nor on a conversion function.
+    IF EXISTS (SELECT 1 FROM pg_catalog.generate_series(1, pg_catalog.cardinality(key_columns)) n
+                WHERE lease._key_equality(lease._column_type(owner, owner_key_columns[n]),
+                                          lease._column_type(target, key_columns[n])) IS NULL) THEN
+        PERFORM lease._fail('42804',
+            format('pg_lease: key columns %s of %s compare with owner key columns %s of %s through an equality that is not immutable or needs a conversion',
+                   key_columns, target, owner_key_columns, owner),
+            format('The types of the key columns, in order: %s against %s.',
+                   (SELECT pg_catalog.string_agg(lease._column_type(target, c)::text, ', ') FROM pg_catalog.unnest(key_columns) c),
+                   (SELECT pg_catalog.string_agg(lease._column_type(owner, c)::text, ', ') FROM pg_catalog.unnest(owner_key_columns) c)),
+            'A resource must be the same whatever a writer''s settings: give each key column the type of its owner key column.');
+    END IF;
+    -- Each fenced row matches at most one owner row: the owner key is unique
+    -- under the very equality the fence compares a fenced key with.
+    IF lease._owner_key_index(owner, owner_key_columns,
+                              ARRAY(SELECT lease._column_type(target, u.c)::pg_catalog.oid
+                                      FROM pg_catalog.unnest(key_columns) WITH ORDINALITY u(c, n) ORDER BY u.n)) IS NULL THEN
+        PERFORM lease._fail('42830', format('pg_lease: the owner key %s of %s is not unique under the equality that compares it with key columns %s of %s', owner_key_columns, owner, key_columns, target),
+            'Each fenced row must match exactly one owner row.',
+            'The owner table needs a PRIMARY KEY or UNIQUE constraint on exactly these columns in the operator family of that equality.');
+    END IF;
 
     -- One owner guard per owner table, shared by every table fenced against it.
     SELECT pg_catalog.encode(t.tgargs, 'escape') INTO existing_guard FROM pg_catalog.pg_trigger t
@@ -731,12 +777,9 @@ BEGIN
     SELECT p.relid, p.owner_table, 'constraint',
            format('owner table %s has no unique constraint on %s', p.owner_table, p.owner_key_columns)
       FROM p
-     CROSS JOIN LATERAL (SELECT EXISTS (
-        SELECT 1 FROM pg_index x
-         WHERE x.indrelid = p.owner_table AND x.indisunique AND x.indisvalid AND x.indpred IS NULL AND x.indexprs IS NULL
-           AND (SELECT array_agg(k ORDER BY k) FROM unnest((x.indkey::int2[])[0:x.indnkeyatts - 1]) k)
-               = (SELECT array_agg(a.attnum ORDER BY a.attnum) FROM pg_attribute a
-                   WHERE a.attrelid = p.owner_table AND a.attname = ANY (p.owner_key_columns))) AS ok) u
+     CROSS JOIN LATERAL (SELECT lease._owner_key_index(p.owner_table, p.owner_key_columns,
+                                ARRAY(SELECT lease._column_type(p.relid, k.c)::oid
+                                        FROM unnest(p.key_columns) WITH ORDINALITY k(c, n) ORDER BY k.n)) IS NOT NULL AS ok) u
      WHERE p.owner_table IS NOT NULL AND NOT u.ok
     UNION ALL
     SELECT DISTINCT ON (x.relid, i.inhrelid) x.relid, i.inhrelid::regclass, 'inherits',
@@ -839,29 +882,25 @@ ALTER TABLE lease.deferred_checks ENABLE ALWAYS TRIGGER pg_lease_check_at_commit
 -- Dropped triggers, columns and constraints are the sql_drop guard's. Judging
 -- only what exists, never what is still absent, keeps pg_restore working.
 -- The join condition `o.<owner key> = t.<key> AND ...` that matches rows
--- of rel (alias t) to owner rows (alias o) as the fence does: by the key
--- type's own equality (1.0 = 1.00, 'a' = 'A' under a case-insensitive
--- collation), in the owner column's collation. The DDL guard runs with
--- pg_lease's rights, so only a built-in pg_catalog `=` of exactly the two
--- column types is used; any other pair (a domain, a user type, whose
--- operator or implicit cast could run a user's code) is compared by text,
--- which can only refuse rows the fence would accept, never the reverse.
+-- of rel (alias t) to owner rows (alias o) as the fence does: by the
+-- equality the fence uses (lease._key_equality: 1.0 = 1.00, 'a' = 'A' under
+-- a case-insensitive collation), in the owner column's collation. NULL when
+-- a pair's equality is not built in: the DDL guard runs with pg_lease's
+-- rights and never runs a user's operator, so such rows cannot be checked
+-- (and text would depend on the session's settings).
 CREATE FUNCTION lease._key_match(owner regclass, owner_columns text[], rel regclass, columns text[]) RETURNS text
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT string_agg(
-        CASE WHEN EXISTS (SELECT 1 FROM pg_operator op JOIN pg_proc f ON f.oid = op.oprcode
-                           WHERE op.oprname = '=' AND op.oprnamespace = 'pg_catalog'::regnamespace
-                             AND op.oprleft = oa.atttypid AND op.oprright = ra.atttypid
-                             AND f.prolang = (SELECT l.oid FROM pg_language l WHERE l.lanname = 'internal'))
-             THEN format('o.%I OPERATOR(pg_catalog.=) t.%I%s', owner_columns[n], columns[n],
-                         (SELECT format(' COLLATE %I.%I', cn.nspname, c.collname)
-                            FROM pg_collation c JOIN pg_namespace cn ON cn.oid = c.collnamespace
-                           WHERE c.oid = oa.attcollation))
-             ELSE format('o.%I::pg_catalog.text OPERATOR(pg_catalog.=) t.%I::pg_catalog.text', owner_columns[n], columns[n])
-        END, ' AND ' ORDER BY n)
+    SELECT CASE WHEN bool_and(f.prolang IS NOT DISTINCT FROM (SELECT l.oid FROM pg_language l WHERE l.lanname = 'internal'))
+                THEN string_agg(format('o.%I OPERATOR(pg_catalog.=) t.%I%s', owner_columns[n], columns[n],
+                                       (SELECT format(' COLLATE %I.%I', cn.nspname, c.collname)
+                                          FROM pg_collation c JOIN pg_namespace cn ON cn.oid = c.collnamespace
+                                         WHERE c.oid = oa.attcollation)), ' AND ' ORDER BY n)
+           END
       FROM generate_series(1, cardinality(columns)) n
       JOIN pg_attribute oa ON oa.attrelid = owner AND oa.attname = owner_columns[n]
       JOIN pg_attribute ra ON ra.attrelid = rel AND ra.attname = columns[n]
+      LEFT JOIN pg_operator op ON op.oid = lease._key_equality(oa.atttypid, ra.atttypid)
+      LEFT JOIN pg_proc f ON f.oid = op.oprcode
 $$;
 REVOKE EXECUTE ON FUNCTION lease._key_match(regclass, text[], regclass, text[]) FROM PUBLIC;
 
@@ -875,6 +914,7 @@ DECLARE
     part record;
     stray record;
     bad boolean;
+    match text;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
@@ -975,11 +1015,12 @@ BEGIN
         -- and the owner rows are locked FOR SHARE as the fence locks them: a
         -- token bump then waits for this transaction, or (at REPEATABLE READ
         -- and above) this one fails if a bump already committed.
-        IF part.mode = 'owner' AND part.token_column IS NOT NULL THEN
+        match := CASE WHEN part.mode = 'owner' AND part.token_column IS NOT NULL
+                      THEN lease._key_match(part.owner_table, part.owner_key_columns, part.child, part.key_columns) END;
+        IF match IS NOT NULL THEN
             EXECUTE format(
                 'SELECT (SELECT count(*) FROM ONLY %s) <> (SELECT count(*) FROM (SELECT 1 FROM ONLY %s t JOIN %s o ON %s AND o.%I = t.%I FOR SHARE OF o) s)',
-                part.child::regclass, part.child::regclass, part.owner_table,
-                lease._key_match(part.owner_table, part.owner_key_columns, part.child, part.key_columns),
+                part.child::regclass, part.child::regclass, part.owner_table, match,
                 part.owner_token_column, part.token_column)
                INTO bad;
         ELSE
@@ -989,8 +1030,10 @@ BEGIN
             PERFORM lease._raise('FenceTampering',
                 format('%s would bring rows into fenced table %s that the fence would refuse', tg_tag, part.relid),
                 format('Table %s holds rows %s. Attach it empty and insert its rows through the fence.', part.child::regclass,
-                       CASE WHEN part.mode = 'owner' AND part.token_column IS NOT NULL
+                       CASE WHEN match IS NOT NULL
                             THEN format('whose token is not their owner row''s current token in %s', part.owner_table)
+                            WHEN part.mode = 'owner' AND part.token_column IS NOT NULL
+                            THEN 'that cannot be checked (their keys compare through a type''s own operator, which pg_lease does not run with its rights)'
                             ELSE 'that cannot be checked (no token column, or high-water mode)' END));
         END IF;
     END LOOP;
@@ -1131,139 +1174,12 @@ CREATE EVENT TRIGGER pg_lease_guard_drop ON sql_drop
 
 -- The hand-boundary write: inserts a JSON array of row objects into a
 -- protected table under one fencing token, all or nothing.
--- Which element and column of a fenced_boundary_write call a data error
--- (22xxx, or 23502 for a missing NOT NULL column) comes from: 'rows[3].amount',
--- with the error of that one value; NULL if no single value reproduces it.
--- Runs only after the insert failed (each probe is a subtransaction).
-CREATE FUNCTION lease._boundary_problem(target regclass, rows jsonb, err_state text, column_name text,
-                                        OUT place text, OUT message text)
-    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    e jsonb;
-    n bigint;
-    k text;
-BEGIN
-    IF err_state = '23502' THEN
-        SELECT format('rows[%s].%s', r.n - 1, column_name) INTO place
-          FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n)
-         WHERE coalesce(r.e -> column_name, 'null'::jsonb) = 'null'::jsonb
-         ORDER BY r.e ? column_name DESC, r.n LIMIT 1;   -- an explicit null first, then a missing key
-        RETURN;
-    END IF;
-    FOR e, n IN SELECT r.e, r.n FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n) ORDER BY r.n LOOP
-        FOR k IN SELECT jsonb_object_keys(e) LOOP
-            BEGIN
-                EXECUTE format('SELECT (jsonb_populate_record(NULL::%s, $1)).%I', target, k)
-                    USING jsonb_build_object(k, e -> k);
-            EXCEPTION WHEN OTHERS THEN
-                place := format('rows[%s].%s', n - 1, k);
-                GET STACKED DIAGNOSTICS message = MESSAGE_TEXT;
-                RETURN;
-            END;
-        END LOOP;
-    END LOOP;
-END $$;
-COMMENT ON FUNCTION lease._boundary_problem(regclass, jsonb, text, text) IS
-    'The element and column a fenced_boundary_write data error comes from (internal; runs as its caller, writes nothing).';
-
+-- Checks the rows, converts every value with its column's input function
+-- (naming the element and column of a bad one: 'rows[3].amount'), and
+-- inserts them with saved plans (src/fence/boundary_write.rs). Runs as its
+-- caller: the caller needs INSERT on the table.
 CREATE FUNCTION lease.fenced_boundary_write(target regclass, token bigint, rows jsonb) RETURNS bigint
-    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    cfg lease.protected;
-    bad text;
-    problem record;
-    err_state text;
-    err_message text;
-    err_detail text;
-    err_column text;
-    batch record;
-    columns text;
-    inserted bigint;
-    total bigint := 0;
-    previous_token text;
-BEGIN
-    IF target IS NULL THEN
-        PERFORM lease._fail('22004', 'lease.fenced_boundary_write: target must not be NULL');
-    END IF;
-    SELECT * INTO cfg FROM lease.protected p WHERE p.relid = target;
-    IF NOT FOUND THEN
-        PERFORM lease._fail('55000', format('lease.fenced_boundary_write: %s is not protected by pg_lease', target), NULL, 'Protect it first with lease.protect() or lease.protect_high_water().');
-    END IF;
-    -- A NULL token needs no check here: the fence refuses every row it would
-    -- stamp (LF003), and records the refusals.
-    IF token < 0 THEN
-        PERFORM lease._fail('22023', format('lease.fenced_boundary_write: token must not be negative (got %s)', token));
-    END IF;
-    IF rows IS NULL OR jsonb_typeof(rows) <> 'array' THEN
-        PERFORM lease._fail('22023', format('lease.fenced_boundary_write: rows must be a JSON array of objects, got %s', coalesce(jsonb_typeof(rows), 'NULL')));
-    END IF;
-    SELECT format('element %s is %s', n - 1, jsonb_typeof(e)) INTO bad
-      FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n) WHERE jsonb_typeof(e) <> 'object' LIMIT 1;
-    IF bad IS NOT NULL THEN
-        PERFORM lease._fail('22023', format('lease.fenced_boundary_write: rows must be a JSON array of objects: %s', bad));
-    END IF;
-    SELECT string_agg(DISTINCT format('%I', k), ', ') INTO bad
-      FROM jsonb_array_elements(rows) e, jsonb_object_keys(e) k
-     WHERE lease._column_type(target, k) IS NULL;
-    IF bad IS NOT NULL THEN
-        PERFORM lease._fail('42703', format('lease.fenced_boundary_write: %s has no column(s) %s', target, bad));
-    END IF;
-
-    IF cfg.token_column IS NOT NULL THEN
-        SELECT format('element %s carries %s = %s', n - 1, cfg.token_column, e -> cfg.token_column) INTO bad
-          FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n)
-         WHERE e ? cfg.token_column AND e -> cfg.token_column IS DISTINCT FROM to_jsonb(token) LIMIT 1;
-        IF bad IS NOT NULL THEN
-            PERFORM lease._fail('22023', format('lease.fenced_boundary_write: a row contradicts the call''s token %s: %s', token, bad));
-        END IF;
-        rows := (SELECT jsonb_agg(e || jsonb_build_object(cfg.token_column, token) ORDER BY n)
-                   FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n));
-    ELSE
-        -- Only a token bound in this transaction is restored afterwards.
-        previous_token := lease._bound_token()::text;
-        PERFORM set_config('pg_lease.token', coalesce(token::text, ''), true);
-    END IF;
-
-    -- Rows are inserted in groups with the same keys, so that a column an
-    -- object leaves out takes its default rather than NULL.
-    BEGIN
-    FOR batch IN
-        SELECT keys, jsonb_agg(e ORDER BY n) AS objects
-          FROM (SELECT e, n, ARRAY(SELECT jsonb_object_keys(e) ORDER BY 1) AS keys
-                  FROM jsonb_array_elements(rows) WITH ORDINALITY AS r(e, n)) s
-         GROUP BY keys ORDER BY min(n)
-    LOOP
-        IF cardinality(batch.keys) = 0 THEN
-            EXECUTE format('INSERT INTO %s SELECT FROM jsonb_array_elements($1)', target) USING batch.objects;
-        ELSE
-            SELECT string_agg(format('%I', k), ', ') INTO columns FROM unnest(batch.keys) k;
-            EXECUTE format('INSERT INTO %s (%s) SELECT %s FROM jsonb_populate_recordset(NULL::%s, $1)',
-                           target, columns, columns, target)
-                USING batch.objects;
-        END IF;
-        GET DIAGNOSTICS inserted = ROW_COUNT;
-        total := total + inserted;
-    END LOOP;
-    EXCEPTION WHEN data_exception OR not_null_violation THEN
-        -- Say which element and column: 'rows[3].amount: invalid input syntax
-        -- for type bigint: "ten"'. Fence refusals (LF...) are not caught here.
-        GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
-                                err_detail = PG_EXCEPTION_DETAIL, err_column = COLUMN_NAME;
-        problem := lease._boundary_problem(target, rows, err_state, err_column);
-        IF problem.place IS NULL THEN
-            RAISE;
-        ELSIF err_detail IS NULL OR err_detail = '' THEN
-            PERFORM lease._fail(err_state, format('lease.fenced_boundary_write: %s: %s', problem.place, coalesce(problem.message, err_message)));
-        ELSE
-            PERFORM lease._fail(err_state, format('lease.fenced_boundary_write: %s: %s', problem.place, coalesce(problem.message, err_message)), err_detail);
-        END IF;
-    END;
-
-    IF cfg.token_column IS NULL THEN
-        PERFORM set_config('pg_lease.token', coalesce(previous_token, ''), true);
-    END IF;
-    RETURN total;
-END $$;
+    LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_fenced_boundary_write';
 COMMENT ON FUNCTION lease.fenced_boundary_write(regclass, bigint, jsonb) IS
     'Inserts a JSON array of rows into a protected table under one fencing token; all or nothing; returns the row count.';
 
@@ -1278,7 +1194,7 @@ REVOKE EXECUTE ON FUNCTION lease.protect(regclass, text[], name, regclass, text[
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:49
+-- src/lib.rs:51
 -- requires:
 --   fence
 --   lease::token_floor
@@ -1857,7 +1773,7 @@ AS 'MODULE_PATHNAME', 'stats_reset_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:36
+-- src/lib.rs:38
 -- requires:
 --   schema
 --   lease

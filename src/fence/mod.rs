@@ -8,6 +8,7 @@
 //! verified ← replication ← refusal ← owner ← high_water ← trigger; guards, ddl
 //! and register use the lower ones. The C entry points live in `crate::boundary`.
 
+pub(crate) mod boundary_write;
 mod config;
 pub(crate) mod ddl;
 pub(crate) mod guards;
@@ -30,22 +31,37 @@ pub(crate) type FastMap<K, V> = rustc_hash::FxHashMap<K, V>;
 
 /// Registers the cache callbacks; called once per backend from `_PG_init`.
 pub fn init() {
-    // SAFETY: each registration appends a function pointer to a fixed
-    // backend-local array (the callbacks are plain `extern "C-unwind"` fns
-    // that live as long as the library, never unloaded); the Datum and void
-    // arguments are unused by the callbacks, so 0 and null are fine. Called
-    // once per backend (_PG_init), so the limited callback slots are not
-    // exhausted by repeats.
-    unsafe {
-        pg_sys::CacheRegisterRelcacheCallback(Some(config::on_relcache_invalidation), pg_sys::Datum::from(0));
-        pg_sys::CacheRegisterSyscacheCallback(
-            pg_sys::SysCacheIdentifier::NAMESPACEOID as i32,
-            Some(config::on_namespace_invalidation),
-            pg_sys::Datum::from(0),
-        );
-        pg_sys::RegisterXactCallback(Some(verified::on_xact_event), std::ptr::null_mut());
-        pg_sys::RegisterSubXactCallback(Some(verified::on_subxact_event), std::ptr::null_mut());
+    type Relcache = unsafe extern "C-unwind" fn(pg_sys::Datum, pg_sys::Oid);
+    type Syscache = unsafe extern "C-unwind" fn(pg_sys::Datum, i32, u32);
+    type Xact = unsafe extern "C-unwind" fn(pg_sys::XactEvent::Type, *mut std::ffi::c_void);
+    // The fence's config cache and the boundary write's plan cache.
+    let caches: [(Relcache, Syscache, Xact); 2] = [
+        (config::on_relcache_invalidation, config::on_namespace_invalidation, verified::on_xact_event),
+        (
+            boundary_write::on_relcache_invalidation,
+            boundary_write::on_namespace_invalidation,
+            boundary_write::on_xact_event,
+        ),
+    ];
+    for (relcache, namespace, xact) in caches {
+        // SAFETY: each registration appends a function pointer to a fixed
+        // backend-local array (the callbacks are plain `extern "C-unwind"` fns
+        // that live as long as the library, never unloaded); the Datum and void
+        // arguments are unused by the callbacks, so 0 and null are fine. Called
+        // once per backend (_PG_init), so the limited callback slots are not
+        // exhausted by repeats.
+        unsafe {
+            pg_sys::CacheRegisterRelcacheCallback(Some(relcache), pg_sys::Datum::from(0));
+            pg_sys::CacheRegisterSyscacheCallback(
+                pg_sys::SysCacheIdentifier::NAMESPACEOID as i32,
+                Some(namespace),
+                pg_sys::Datum::from(0),
+            );
+            pg_sys::RegisterXactCallback(Some(xact), std::ptr::null_mut());
+        }
     }
+    // SAFETY: as above.
+    unsafe { pg_sys::RegisterSubXactCallback(Some(verified::on_subxact_event), std::ptr::null_mut()) };
     replication::init();
 }
 

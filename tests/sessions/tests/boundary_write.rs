@@ -362,3 +362,36 @@ fn nested_calls_name_their_own_elements() {
     assert!(e.starts_with("23502 lease.fenced_boundary_write: rows[1].note: null value in column \"note\""), "{e}");
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM ledger"), 2);
 }
+
+/// The NOT NULL naming is raised from inside Postgres's error handling (an
+/// error context callback): caught again and again in one session, it leaves
+/// error reporting as it was (later errors keep their CONTEXT lines and
+/// SQLSTATEs; the session stays usable).
+#[test]
+fn caught_not_null_namings_leave_error_reporting_intact() {
+    let (_db, mut c) = setup("bw_nn_caught");
+    c.batch_execute("ALTER TABLE ledger ADD COLUMN at_hand int NOT NULL").unwrap();
+    c.batch_execute(
+        r#"DO $$
+           DECLARE n int := 0;
+           BEGIN
+             FOR i IN 1..20 LOOP
+               BEGIN
+                 PERFORM lease.fenced_boundary_write('ledger', 5, '[{"table_id": 1, "at_hand": null}]');
+               EXCEPTION WHEN not_null_violation THEN n := n + 1;
+               END;
+             END LOOP;
+             IF n <> 20 THEN RAISE EXCEPTION 'caught %', n; END IF;
+           END $$"#,
+    )
+    .unwrap();
+    // An ordinary error afterwards still carries its context and code.
+    let e = c.batch_execute("DO $$ BEGIN PERFORM 1 / 0; END $$").unwrap_err();
+    let db = e.as_db_error().expect("a database error");
+    assert_eq!(db.code().code(), "22012");
+    assert!(db.where_().is_some_and(|w| w.contains("PL/pgSQL function inline_code_block")), "{db:?}");
+    // And the naming itself still works, uncaught, in the same session.
+    let e = write(&mut c, "ledger", 5, r#"[{"table_id": 1, "at_hand": null}]"#).unwrap_err();
+    assert!(e.starts_with("23502 lease.fenced_boundary_write: rows[0].at_hand: "), "{e}");
+    assert_eq!(write(&mut c, "ledger", 5, r#"[{"table_id": 1, "at_hand": 3}]"#), Ok(1));
+}

@@ -539,7 +539,7 @@ BEGIN
         OR (e.high_water AND lease._key_identity_problem(e.cur, e.attcollation) IS NOT NULL)
     UNION ALL
     SELECT p.relid, p.owner_table, 'constraint',
-           format('owner table %s has no unique constraint on %s', p.owner_table, p.owner_key_columns)
+           format('owner table %s has no unique constraint on %s under the equality the fence compares %s keys with', p.owner_table, p.owner_key_columns, p.relid)
       FROM p
      CROSS JOIN LATERAL (SELECT lease._owner_key_index(p.owner_table, p.owner_key_columns,
                                 ARRAY(SELECT lease._column_type(p.relid, k.c)::oid

@@ -207,3 +207,68 @@ fn upgrading_from_0_3_0_carries_held_leases_into_heartbeat_sessions() {
     let next = one_i64(&mut c, "SELECT token FROM lease.acquire('brief', 'h2', 1000)");
     assert!(next > brief);
 }
+
+/// 0.5.0 -> 0.6.0 with data: fences, owner rows, leases and audit records
+/// carry over; fenced_boundary_write (now C) writes through the fence; and a
+/// fence 0.5.0 accepted on an owner key unique only in another collation
+/// (two owner rows could match one key) is reported by the upgrade itself
+/// and shown as not enforced.
+#[test]
+fn upgrading_from_0_5_0_reports_owner_keys_that_are_not_unique_under_the_fence() {
+    let db = TestDb::new("upgrade_050");
+    let notices = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = notices.clone();
+    let mut c = pg_lease_sessions::postgres::Config::new()
+        .host("127.0.0.1")
+        .port(port())
+        .user("postgres")
+        .dbname(&db.name)
+        .notice_callback(move |n| sink.lock().unwrap().push(format!("{}: {}", n.severity(), n.message())))
+        .connect(pg_lease_sessions::postgres::NoTls)
+        .unwrap();
+    c.batch_execute("DROP EXTENSION pg_lease; CREATE EXTENSION pg_lease VERSION '0.5.0'").unwrap();
+    c.batch_execute(&format!(
+        "{POKER}
+         CREATE COLLATION IF NOT EXISTS public.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+         CREATE TABLE players (name text COLLATE public.ci, owner_fencing_token bigint);
+         CREATE UNIQUE INDEX players_name ON players (name COLLATE \"C\");
+         CREATE TABLE bets (player text COLLATE public.ci, fencing_token bigint);
+         SELECT lease.protect('bets', '{{player}}', 'fencing_token', owner_table => 'players', owner_key_columns => '{{name}}');
+         INSERT INTO payouts (table_id, fencing_token) VALUES (1, 5);
+         SELECT lease.acquire('table:9', 'server-a', 60000);"
+    ))
+    .unwrap();
+    expect_error(&mut c, "INSERT INTO payouts (table_id, fencing_token) VALUES (1, 4)", "LF001");
+    // The refusal's audit record lands (written by the audit worker).
+    let start = std::time::Instant::now();
+    while one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes") == 0 {
+        assert!(start.elapsed() < std::time::Duration::from_secs(20), "no audit record");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+
+    c.batch_execute("ALTER EXTENSION pg_lease UPDATE TO '0.6.0'").unwrap();
+    let seen = notices.lock().unwrap().clone();
+    assert!(
+        seen.iter().any(|n| n.starts_with("WARNING: pg_lease: 0.6.0 finds a problem with the fence on public.bets")),
+        "{seen:?}"
+    );
+    let enforced: Vec<(String, bool)> = c
+        .query("SELECT table_name::text, enforced FROM lease.protected_tables ORDER BY 1", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(enforced, [("bets".to_owned(), false), ("payouts".to_owned(), true)]);
+    // Everything else carried over and works with the new library.
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM payouts"), 1);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes WHERE sqlstate = 'LF001'"), 1);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE name = 'table:9' AND live"), 1);
+    assert_eq!(
+        one_i64(&mut c, r#"SELECT lease.fenced_boundary_write('payouts', 5, '[{"table_id": 1}, {"table_id": 1}]')"#),
+        2
+    );
+    expect_error(&mut c, r#"SELECT lease.fenced_boundary_write('payouts', 4, '[{"table_id": 1}]')"#, "LF001");
+    // The way out the warning gives: a unique constraint in the key's own collation.
+    c.batch_execute("ALTER TABLE players ADD CONSTRAINT players_key UNIQUE (name)").unwrap();
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected_tables WHERE enforced"), 2);
+}

@@ -124,19 +124,24 @@ BEGIN
     END IF;
     new_token := greatest(stored, epoch << 40) + 1;
     IF fresh THEN
-        INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at)
-        VALUES (p_name, p_owner, new_token, now_ts, now_ts, now_ts + ttl * interval '1 millisecond')
-        ON CONFLICT (name) DO NOTHING
-        RETURNING l.token, l.expires_at INTO token, expires_at;
+        -- The lease row, then (only if it was inserted) the session row.
+        WITH ins AS (
+            INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at)
+            VALUES (p_name, p_owner, new_token, now_ts, now_ts, now_ts + ttl * interval '1 millisecond')
+            ON CONFLICT (name) DO NOTHING
+            RETURNING l.token, l.expires_at
+        ), sess AS (
+            INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
+            SELECT p_owner, '-infinity', '-infinity', '-infinity' FROM ins
+            ON CONFLICT (owner) DO NOTHING
+        )
+        SELECT i.token, i.expires_at INTO token, expires_at FROM ins i;
         IF NOT FOUND THEN
             -- Another acquire created the row since (nothing is written
             -- yet): judge again, under its lock.
             RETURN QUERY SELECT * FROM lease.acquire($1, $2, $3, $4, $5);
             RETURN;
         END IF;
-        INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
-        VALUES (p_owner, '-infinity', '-infinity', '-infinity')
-        ON CONFLICT (owner) DO NOTHING;
     END IF;
     IF raise_base THEN
         INSERT INTO lease.token_epoch (base) VALUES (high) ON CONFLICT DO NOTHING;

@@ -378,11 +378,13 @@ BEGIN
     -- released, alive on its own. The clock is read under the row lock (a
     -- lock wait re-evaluates the row, and both reads, after it), once for
     -- the check and once for the new bounds: the subquery refers to the row
-    -- so that it runs per row, after the wait.
+    -- so that it runs per row, after the wait. `(… = p_owner) IS TRUE` (the
+    -- same test: neither side is NULL) keeps the owner index out of the
+    -- plan, which a table not yet analyzed would pick over the primary key.
     UPDATE lease.lease_state l
        SET (renewed_at, expires_at) = (SELECT c.t, c.t + ttl * interval '1 millisecond'
                                          FROM (SELECT clock_timestamp() AS t WHERE l.name IS NOT NULL) c)
-     WHERE l.name = p_name AND l.owner = p_owner AND l.token = renew.token AND l.released_at IS NULL
+     WHERE l.name = p_name AND (l.owner = p_owner) IS TRUE AND l.token = renew.token AND l.released_at IS NULL
        AND l.expires_at > clock_timestamp()
     RETURNING l.expires_at INTO new_expiry;
     IF FOUND THEN
@@ -520,8 +522,9 @@ BEGIN
     -- reported as lost), but only a live one counts as released by this call:
     -- alive on its own (its expiry is cut to now), or carried by its owner's
     -- session (its own expiry, kept, is after the session's start).
+    -- (`IS TRUE`: by the primary key, as in lease.renew.)
     UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
-     WHERE l.name = p_name AND l.owner = p_owner AND l.token = release.token AND l.released_at IS NULL
+     WHERE l.name = p_name AND (l.owner = p_owner) IS TRUE AND l.token = release.token AND l.released_at IS NULL
     RETURNING l.expires_at = now_ts
               OR EXISTS (SELECT FROM lease.session_state s
                           WHERE s.owner = l.owner AND lease._expiry(l.expires_at, s.live_since, s.expires_at) > now_ts)

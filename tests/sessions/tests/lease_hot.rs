@@ -157,3 +157,26 @@ fn a_session_that_used_the_lease_calls_goes_on_after_the_extension_is_updated() 
     assert_eq!(one_i64(&mut s, "SELECT lease.release_all('host-a')::bigint"), 1);
     s.batch_execute("SELECT * FROM lease.heartbeat('host-a', 60000)").unwrap();
 }
+
+#[test]
+fn renew_and_release_find_the_lease_by_its_name_even_before_the_table_is_analyzed() {
+    let db = TestDb::new("hot_plans");
+    let mut c = db.connect();
+    // One owner with many leases, in a table never analyzed: the owner index
+    // would look as good as the primary key to the planner.
+    c.batch_execute("SELECT lease.acquire('n:' || g, 'big', 600000) FROM generate_series(1, 2000) g").unwrap();
+    let owner_scans = |c: &mut Client| {
+        c.batch_execute("SELECT pg_stat_force_next_flush()").unwrap();
+        one_i64(c, "SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelname = 'lease_state_owner'")
+    };
+    let before = owner_scans(&mut c);
+    for _ in 0..8 {
+        c.batch_execute("SELECT lease.renew('n:5', 'big', 1099511627777, 600000)").unwrap();
+    }
+    let released: bool = c.query_one("SELECT lease.release('n:6', 'big', 1099511627777)", &[]).unwrap().get(0);
+    assert!(released);
+    assert_eq!(owner_scans(&mut c), before, "renew and release scanned the owner's leases");
+    // The index still serves what it is for (here: release_all).
+    assert_eq!(one_i64(&mut c, "SELECT lease.release_all('big')::bigint"), 1999);
+    assert!(owner_scans(&mut c) > before);
+}

@@ -215,11 +215,26 @@ c_function!(pg_lease_fail, pg_finfo_pg_lease_fail, fail, run_checked);
 /// # Safety
 /// `fcinfo` carries two text-or-NULL arguments.
 unsafe fn check_label(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Invalid> {
-    // SAFETY: the caller's contract.
-    let (what, value) = unsafe { (text_arg(fcinfo, 0).unwrap_or_default(), utf8_text_arg(fcinfo, 1)) };
-    lease::check_label(&what, value.as_deref()).map(|()| pg_sys::Datum::from(0))
+    // SAFETY: the caller's contract (as `lease._label`'s).
+    unsafe { label(fcinfo) }.map(|_| pg_sys::Datum::from(0))
 }
 c_function!(pg_lease_check_label, pg_finfo_pg_lease_check_label, check_label, run_checked);
+
+/// `lease._label(what, value) → text`: `value` itself once it passes the
+/// lease name/owner rule (crate::lease). The lease functions check and copy a
+/// label in one plain expression (a PL/pgSQL assignment, no SQL statement).
+///
+/// # Safety
+/// `fcinfo` carries two text-or-NULL arguments.
+unsafe fn label(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Invalid> {
+    // SAFETY: the caller's contract.
+    let (what, value) = unsafe { (text_arg(fcinfo, 0).unwrap_or_default(), utf8_text_arg(fcinfo, 1)) };
+    lease::check_label(&what, value.as_deref())?;
+    // SAFETY: argument 1 exists and is not NULL (the rule refuses NULL); its
+    // datum stays valid for the caller, which handed it in.
+    Ok(unsafe { (*(*fcinfo).args.as_ptr().add(1)).value })
+}
+c_function!(pg_lease_label, pg_finfo_pg_lease_label, label, run_checked);
 
 /// `lease._check_ttl(ttl_ms integer) → integer` (crate::lease).
 ///

@@ -1330,28 +1330,41 @@ CREATE FUNCTION lease._check_label(what text, value text) RETURNS void
 COMMENT ON FUNCTION lease._check_label(text, text) IS
     'Raises 22004/22023 unless value is a valid lease name or owner: not NULL, not blank, no control characters, at most 256 characters (internal).';
 
+-- `lease._label(what, value)`: value, once it passes the same rule. The lease
+-- functions take their labels with it in an assignment, a plain expression
+-- that runs no SQL statement.
+CREATE FUNCTION lease._label(what text, value text) RETURNS text
+    LANGUAGE C IMMUTABLE PARALLEL SAFE AS 'MODULE_PATHNAME', 'pg_lease_label';
+COMMENT ON FUNCTION lease._label(text, text) IS
+    'Returns value if it is a valid lease name or owner, else raises as lease._check_label does (internal).';
+REVOKE EXECUTE ON FUNCTION lease._label(text, text) FROM PUBLIC;
+
 -- `lease._check_ttl(ttl_ms)`: the TTL if within pg_lease.min_ttl_ms ..
 -- pg_lease.max_ttl_ms, else 22004/22023 (src/lease.rs).
 CREATE FUNCTION lease._check_ttl(ttl_ms integer) RETURNS integer
     LANGUAGE C STABLE PARALLEL SAFE AS 'MODULE_PATHNAME', 'pg_lease_check_ttl';
 
+-- A name's first acquire without an owner row ("fresh") judges the row the
+-- others create first (owner = the caller, token 0, released) and inserts it
+-- once, with its token, after reading the epoch, where the others update it:
+-- one statement instead of three. Its session row follows its lease row (the
+-- lock order: lease rows, then session rows). With an owner row, the lease
+-- row is created first, so the owner row is locked under its lock as always.
 CREATE FUNCTION lease.acquire(name text, owner text, ttl_ms integer, owner_table regclass DEFAULT NULL,
                               owner_key text[] DEFAULT NULL)
 RETURNS TABLE (token bigint, expires_at timestamptz)
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    p_name text COLLATE "default" := $1;   -- see the convention at the top
-    p_owner text COLLATE "default" := $2;
     p_ttl_ms ALIAS FOR $3;
     p_owner_table ALIAS FOR $4;
     p_owner_key ALIAS FOR $5;
     timeline bigint := lease._token_floor() >> 40;   -- also refuses on a standby
-    epoch bigint;
-    issued bigint;
-    high bigint;
-    stored bigint;
     ttl integer := lease._check_ttl(p_ttl_ms);
+    p_name text COLLATE "default" := lease._label('name', $1);   -- see the convention at the top
+    p_owner text COLLATE "default" := lease._label('owner', $2);
+    epoch bigint; issued bigint; high bigint; stored bigint;
+    raise_base boolean; fresh boolean;
     cur lease.lease_state;
     cur_expiry timestamptz;
     holder lease.session_state;
@@ -1364,8 +1377,6 @@ DECLARE
     detail text;
     new_token bigint;
 BEGIN
-    PERFORM lease._check_label('name', p_name);
-    PERFORM lease._check_label('owner', p_owner);
     IF (p_owner_table IS NULL) <> (p_owner_key IS NULL) THEN
         PERFORM lease._fail('22023', 'pg_lease: owner_table and owner_key go together');
     END IF;
@@ -1383,7 +1394,10 @@ BEGIN
 
     -- The lease row, locked (created on first use): racing acquires queue here.
     SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
-    IF NOT FOUND THEN
+    fresh := NOT FOUND AND p_owner_table IS NULL;   -- see above
+    IF fresh THEN
+        cur.owner := p_owner; cur.token := 0; cur.released_at := '-infinity';
+    ELSIF NOT FOUND THEN
         INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at, released_at)
         VALUES (p_name, p_owner, 0, '-infinity', '-infinity', '-infinity', '-infinity')
         ON CONFLICT (name) DO NOTHING;
@@ -1391,10 +1405,11 @@ BEGIN
     END IF;
     -- The new holder's session row exists from its first lease on, so the
     -- takeover check below can always lock it (an uncommitted first
-    -- heartbeat's INSERT could not be waited for).
-    INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
-    VALUES (p_owner, '-infinity', '-infinity', '-infinity')
-    ON CONFLICT (owner) DO NOTHING;
+    -- heartbeat's INSERT could not be waited for). Fresh: after its row.
+    IF NOT fresh THEN
+        INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
+        VALUES (p_owner, '-infinity', '-infinity', '-infinity') ON CONFLICT (owner) DO NOTHING;
+    END IF;
     now_ts := clock_timestamp();   -- read after the lock wait
     cur_expiry := cur.expires_at;
     live := cur.released_at IS NULL AND cur_expiry > now_ts;
@@ -1434,21 +1449,46 @@ BEGIN
     -- epoch is then above it, and above what any earlier, lower timeline
     -- computed from the same stored token.
     stored := greatest(cur.token, owner_token, 0);
-    SELECT coalesce(max(e.base), 0) + timeline INTO epoch FROM lease.token_epoch e;
-    SELECT i.epoch INTO issued FROM lease.token_epoch_issued i;
+    SELECT coalesce(max(e.base), 0) + timeline, (SELECT i.epoch FROM lease.token_epoch_issued i)
+      INTO epoch, issued FROM lease.token_epoch e;
     high := greatest(stored >> 40, issued);
-    IF high > epoch THEN
-        INSERT INTO lease.token_epoch (base) VALUES (high) ON CONFLICT DO NOTHING;
+    raise_base := high > epoch;
+    IF raise_base THEN
         epoch := high + timeline;
     END IF;
-    IF epoch > coalesce(issued, 0) AND epoch < 8388608 THEN
-        INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES (epoch)
-        ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
-    END IF;
+    -- (Refused before anything below is written; the transaction would
+    -- undo it anyway.)
     IF stored = 9223372036854775807 OR epoch >= 8388608 THEN   -- 2^63 - 1, 2^23
         PERFORM lease._fail('22003', format('pg_lease: lease "%s" has no fencing token left (current %s)', p_name, stored), 'Fencing tokens are bigints; this resource''s token is at the top of their range.');
     END IF;
     new_token := greatest(stored, epoch << 40) + 1;
+    IF fresh THEN
+        -- The lease row, then (only if it was inserted) the session row.
+        WITH ins AS (
+            INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at)
+            VALUES (p_name, p_owner, new_token, now_ts, now_ts, now_ts + ttl * interval '1 millisecond')
+            ON CONFLICT (name) DO NOTHING
+            RETURNING l.token, l.expires_at
+        ), sess AS (
+            INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
+            SELECT p_owner, '-infinity', '-infinity', '-infinity' FROM ins
+            ON CONFLICT (owner) DO NOTHING
+        )
+        SELECT i.token, i.expires_at INTO token, expires_at FROM ins i;
+        IF NOT FOUND THEN
+            -- Another acquire created the row since (nothing is written
+            -- yet): judge again, under its lock.
+            RETURN QUERY SELECT * FROM lease.acquire($1, $2, $3, $4, $5);
+            RETURN;
+        END IF;
+    END IF;
+    IF raise_base THEN
+        INSERT INTO lease.token_epoch (base) VALUES (high) ON CONFLICT DO NOTHING;
+    END IF;
+    IF epoch > coalesce(issued, 0) THEN
+        INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES (epoch)
+        ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
+    END IF;
     IF p_owner_table IS NOT NULL THEN
         BEGIN
             landed := lease._set_owner_token(p_owner_table, p_owner_key, new_token);
@@ -1471,12 +1511,14 @@ BEGIN
             format('Lease %s, owner table %s: a trigger or rule on it skipped or changed the UPDATE of its token column.',
                    p_name, p_owner_table));
     END IF;
-    UPDATE lease.lease_state l
-       SET owner = p_owner, token = new_token, acquired_at = now_ts, renewed_at = now_ts,
-           expires_at = now_ts + ttl * interval '1 millisecond', released_at = NULL,
-           owner_table = p_owner_table, owner_key = p_owner_key
-     WHERE l.name = p_name
-    RETURNING l.token, l.expires_at INTO token, expires_at;
+    IF NOT fresh THEN
+        UPDATE lease.lease_state l
+           SET owner = p_owner, token = new_token, acquired_at = now_ts, renewed_at = now_ts,
+               expires_at = now_ts + ttl * interval '1 millisecond', released_at = NULL,
+               owner_table = p_owner_table, owner_key = p_owner_key
+         WHERE l.name = p_name
+        RETURNING l.token, l.expires_at INTO token, expires_at;
+    END IF;
     IF cur.owner <> p_owner THEN
         -- Taken from a holder that did not release it: its next heartbeat
         -- hears so. This owner's own report of an earlier loss of the lease
@@ -1523,8 +1565,8 @@ CREATE FUNCTION lease.renew(name text, owner text, token bigint, ttl_ms integer)
 #variable_conflict use_column
 DECLARE
     ttl integer := lease._check_ttl(ttl_ms);
-    p_name text COLLATE "default" := name;     -- see the convention at the top
-    p_owner text COLLATE "default" := owner;
+    p_name text COLLATE "default" := lease._label('name', name);     -- see the convention at the top
+    p_owner text COLLATE "default" := lease._label('owner', owner);
     cur lease.lease_state;
     expiry timestamptz;
     holder lease.session_state;
@@ -1532,11 +1574,26 @@ DECLARE
     why text;
     new_expiry timestamptz;
 BEGIN
-    PERFORM lease._check_label('name', p_name);
-    PERFORM lease._check_label('owner', p_owner);
     IF token IS NULL THEN
         PERFORM lease._fail('22004', 'pg_lease: token must not be NULL');
     END IF;
+    -- The common case in one statement: held by owner with token, not
+    -- released, alive on its own. The clock is read under the row lock (a
+    -- lock wait re-evaluates the row, and both reads, after it), once for
+    -- the check and once for the new bounds: the subquery refers to the row
+    -- so that it runs per row, after the wait. `(… = p_owner) IS TRUE` (the
+    -- same test: neither side is NULL) keeps the owner index out of the
+    -- plan, which a table not yet analyzed would pick over the primary key.
+    UPDATE lease.lease_state l
+       SET (renewed_at, expires_at) = (SELECT c.t, c.t + ttl * interval '1 millisecond'
+                                         FROM (SELECT clock_timestamp() AS t WHERE l.name IS NOT NULL) c)
+     WHERE l.name = p_name AND (l.owner = p_owner) IS TRUE AND l.token = renew.token AND l.released_at IS NULL
+       AND l.expires_at > clock_timestamp()
+    RETURNING l.expires_at INTO new_expiry;
+    IF FOUND THEN
+        RETURN new_expiry;
+    END IF;
+    -- Otherwise judged as a whole: carried by the owner's session, or lost.
     SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
     now_ts := clock_timestamp();
     expiry := cur.expires_at;
@@ -1577,12 +1634,11 @@ RETURNS TABLE (name text, token bigint, expires_at timestamptz, taken boolean)
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    p_owner text COLLATE "default" := owner_id;   -- see the convention at the top
     ttl integer := lease._check_ttl(ttl_ms);
+    p_owner text COLLATE "default" := lease._label('owner', owner_id);   -- see the convention at the top
     sess lease.session_state;
     now_ts timestamptz;
 BEGIN
-    PERFORM lease._check_label('owner', p_owner);
     -- Lock order, as in every lease function: lease rows, then session rows,
     -- then lost_leases.
     SELECT * INTO sess FROM lease.session_state s WHERE s.owner = p_owner FOR UPDATE;
@@ -1661,18 +1717,17 @@ CREATE FUNCTION lease.release(name text, owner text, token bigint) RETURNS boole
 #variable_conflict use_column
 DECLARE
     now_ts timestamptz := clock_timestamp();
-    p_name text COLLATE "default" := name;     -- see the convention at the top
-    p_owner text COLLATE "default" := owner;
+    p_name text COLLATE "default" := lease._label('name', name);     -- see the convention at the top
+    p_owner text COLLATE "default" := lease._label('owner', owner);
     was_live boolean;
 BEGIN
-    PERFORM lease._check_label('name', p_name);
-    PERFORM lease._check_label('owner', p_owner);
     -- An expired lease of this holder is marked released too (it stops being
     -- reported as lost), but only a live one counts as released by this call:
     -- alive on its own (its expiry is cut to now), or carried by its owner's
     -- session (its own expiry, kept, is after the session's start).
+    -- (`IS TRUE`: by the primary key, as in lease.renew.)
     UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
-     WHERE l.name = p_name AND l.owner = p_owner AND l.token = release.token AND l.released_at IS NULL
+     WHERE l.name = p_name AND (l.owner = p_owner) IS TRUE AND l.token = release.token AND l.released_at IS NULL
     RETURNING l.expires_at = now_ts
               OR EXISTS (SELECT FROM lease.session_state s
                           WHERE s.owner = l.owner AND lease._expiry(l.expires_at, s.live_since, s.expires_at) > now_ts)
@@ -1687,10 +1742,9 @@ CREATE FUNCTION lease.release_all(owner text) RETURNS integer
 #variable_conflict use_column
 DECLARE
     now_ts timestamptz := clock_timestamp();
-    p_owner text COLLATE "default" := owner;   -- see the convention at the top
+    p_owner text COLLATE "default" := lease._label('owner', owner);   -- see the convention at the top
     released integer;
 BEGIN
-    PERFORM lease._check_label('owner', p_owner);
     WITH held AS (
         SELECT l.name, lease._expiry(l.expires_at, s.live_since, s.expires_at) > now_ts AS was_live
           FROM lease.lease_state l LEFT JOIN lease.session_state s ON s.owner = l.owner

@@ -648,7 +648,9 @@ unsafe fn index_key(
             return None;
         }
         let eq = key_equality(coltype, argtype)?;
-        if pg_sys::get_op_opfamily_strategy(eq.op, opfamily) != pg_sys::BTEqualStrategyNumber as i32 || eq.left != opcintype {
+        if pg_sys::get_op_opfamily_strategy(eq.op, opfamily) != pg_sys::BTEqualStrategyNumber as i32
+            || eq.left != opcintype
+        {
             return None;
         }
         let right = eq.right;

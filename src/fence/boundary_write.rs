@@ -84,16 +84,23 @@ impl Drop for Target {
     }
 }
 
+/// One call's elements, as parsed.
+type CallRows = Vec<Map<String, Value>>;
+
 thread_local! {
     static TARGETS: RefCell<FastMap<pg_sys::Oid, Rc<Target>>> = RefCell::new(FastMap::default());
     /// Invalidated entries, freed by the next call once nothing uses them.
     static STALE: RefCell<Vec<Rc<Target>>> = const { RefCell::new(Vec::new()) };
-    /// Entries pinned by calls in progress (released at transaction end).
-    static IN_USE: RefCell<Vec<Rc<Target>>> = const { RefCell::new(Vec::new()) };
+    /// Entries pinned by calls in progress, with the subtransaction that
+    /// pinned them (released when it aborts, or at transaction end).
+    static IN_USE: RefCell<Vec<(pg_sys::SubTransactionId, Rc<Target>)>> = const { RefCell::new(Vec::new()) };
+    /// INSERTs made for one call only (its target's plan cache is full),
+    /// kept until that call ends, with the subtransaction that made them.
+    static TRANSIENT: RefCell<Vec<(pg_sys::SubTransactionId, Box<SavedInsert>)>> = const { RefCell::new(Vec::new()) };
     static FLUSH_ALL: Cell<bool> = const { Cell::new(false) };
     /// The rows (token stamped) of each call in progress, innermost last,
     /// read by [`name_null_column`]; emptied at transaction end.
-    static ROWS: UnsafeCell<Vec<Vec<Map<String, Value>>>> = const { UnsafeCell::new(Vec::new()) };
+    static ROWS: UnsafeCell<Vec<(pg_sys::SubTransactionId, CallRows)>> = const { UnsafeCell::new(Vec::new()) };
 }
 
 /// Relcache invalidation: the entry of `relid` (every entry for InvalidOid) goes stale.
@@ -127,12 +134,56 @@ pub unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _a
         // SAFETY: no call is in progress at transaction end; nothing else
         // holds a reference into ROWS (it is only read within one statement).
         ROWS.with(|r| unsafe { (&mut *r.get()).clear() });
-        let pinned = IN_USE.with(|u| u.try_borrow_mut().map(|mut u| std::mem::take(&mut *u)).unwrap_or_default());
-        STALE.with(|s| match s.try_borrow_mut() {
-            Ok(mut s) => s.extend(pinned),
-            Err(_) => std::mem::forget(pinned),
-        });
+        release_pins(|_| true);
     }
+}
+
+/// A subtransaction aborted: the calls that failed in it (and in its
+/// children, whose IDs are higher) left their rows, pins and one-call
+/// INSERTs behind; a loop that catches failures must not accumulate them.
+pub unsafe extern "C-unwind" fn on_subxact_event(
+    event: pg_sys::SubXactEvent::Type,
+    my_subid: pg_sys::SubTransactionId,
+    _parent_subid: pg_sys::SubTransactionId,
+    _arg: *mut c_void,
+) {
+    if event != pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        return;
+    }
+    // SAFETY: no reference into ROWS is held across a subtransaction abort
+    // (the callback reading it runs within one error report); entries are
+    // in push order, so those of the aborted subtransaction are the tail.
+    ROWS.with(|r| unsafe { (&mut *r.get()).retain(|(subid, _)| *subid < my_subid) });
+    release_pins(|subid| subid >= my_subid);
+}
+
+/// Moves the pins taken in subtransactions `gone` selects to STALE (freed by
+/// the next call once unused) and drops their one-call INSERTs (their plans
+/// were never saved: SPI freed them with its connection).
+fn release_pins(gone: impl Fn(pg_sys::SubTransactionId) -> bool) {
+    let pinned: Vec<Rc<Target>> = IN_USE.with(|u| match u.try_borrow_mut() {
+        Ok(mut u) => {
+            let keep = u.iter().position(|(subid, _)| gone(*subid)).unwrap_or(u.len());
+            u.drain(keep..).map(|(_, t)| t).collect()
+        }
+        Err(_) => Vec::new(),
+    });
+    STALE.with(|s| match s.try_borrow_mut() {
+        Ok(mut s) => s.extend(pinned),
+        Err(_) => std::mem::forget(pinned),
+    });
+    TRANSIENT.with(|t| {
+        if let Ok(mut t) = t.try_borrow_mut() {
+            let keep = t.iter().position(|(subid, _)| gone(*subid)).unwrap_or(t.len());
+            t.truncate(keep);
+        }
+    });
+}
+
+fn current_subxact() -> pg_sys::SubTransactionId {
+    // SAFETY: reads the current transaction state (a backend global); the
+    // boundary write only runs inside a transaction.
+    unsafe { pg_sys::GetCurrentSubTransactionId() }
 }
 
 /// Moves invalidated entries to STALE and frees those no call uses.
@@ -304,6 +355,7 @@ impl Target {
         if let Some(p) = self.plans.borrow().get(&key) {
             return &**p;
         }
+        let keep = self.plans.borrow().len() < MAX_SAVED_PLANS;
         let sql = if names.is_empty() {
             format!("INSERT INTO {} DEFAULT VALUES", self.qualified)
         } else {
@@ -320,9 +372,14 @@ impl Target {
             sql: to_server(&sql),
             types: (0..rows).flat_map(|_| columns.iter().map(|c| c.typid)).collect(),
             plan: Cell::new(std::ptr::null_mut()),
+            keep,
         });
         let p: *const SavedInsert = &*saved;
-        self.plans.borrow_mut().insert(key, saved);
+        if keep {
+            self.plans.borrow_mut().insert(key, saved);
+        } else {
+            TRANSIENT.with(|t| t.borrow_mut().push((current_subxact(), saved)));
+        }
         p
     }
 }
@@ -335,7 +392,15 @@ pub struct SavedInsert {
     sql: CString,
     types: Vec<pg_sys::Oid>,
     plan: Cell<pg_sys::SPIPlanPtr>,
+    /// Saved in its Target's cache (SPI_keepplan); false: made for one call
+    /// (the cache is full), its plan left to SPI, which frees it with the
+    /// call's connection.
+    keep: bool,
 }
+
+/// Saved INSERTs per target at most: each column set and row count has one,
+/// and a caller choosing column sets must not grow a pooled backend forever.
+const MAX_SAVED_PLANS: usize = 128;
 
 /// How many rows one INSERT takes at most (fewer when rows are wide: a
 /// statement has at most 65535 parameters).
@@ -376,6 +441,8 @@ pub struct Prepared {
     nest: i32,
     /// This call's entry in ROWS.
     rows_at: usize,
+    /// Where this call's one-call INSERTs start in TRANSIENT.
+    transient_at: usize,
 }
 
 fn invalid(sqlstate: &str, message: String) -> Invalid {
@@ -498,15 +565,18 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
     let nest = unsafe { pg_sys::NewGUCNestLevel() };
     set_guc(c"search_path", c"pg_catalog, pg_temp", pg_sys::GucAction::GUC_ACTION_SAVE);
     let target = target(relid)?;
+    check_schema_usage(relid)?;
     let token = arg(1).map(|d| d.value() as i64);
     if let Some(t) = token.filter(|t| *t < 0) {
         return Err(invalid("22023", format!("{FN}: token must not be negative (got {t})")));
     }
-    let parsed: Option<Value> = arg(2).map(|d| {
+    let parsed: Option<Result<Value, serde_json::Error>> = arg(2).map(|d| {
         // SAFETY: a non-NULL jsonb datum; its output function returns a palloc'd C string.
         let text = unsafe { from_server(pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_OUT), d)) };
-        serde_json::from_str(&text).expect("jsonb prints valid JSON")
+        serde_json::from_str(&text)
     });
+    // jsonb is valid JSON; what serde_json refuses is nesting deeper than it reads (128).
+    let parsed = parsed.transpose().map_err(|e| invalid("54001", format!("{FN}: rows cannot be read: {e}")))?;
     let elements = match parsed {
         Some(Value::Array(a)) => a,
         other => {
@@ -574,7 +644,8 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
         groups[g].1.push(i);
     }
 
-    IN_USE.with(|u| u.borrow_mut().push(target.clone()));
+    let transient_at = TRANSIENT.with(|t| t.borrow().len());
+    IN_USE.with(|u| u.borrow_mut().push((current_subxact(), target.clone())));
 
     // Where each element's values go: (insert index) per element.
     let n = rows.len();
@@ -646,10 +717,37 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
     // by the callback, never across this push.
     let rows_at = ROWS.with(|r| unsafe {
         let stack = &mut *r.get();
-        stack.push(rows);
+        stack.push((current_subxact(), rows));
         stack.len() - 1
     });
-    Ok(Prepared { inserts, count: k, restore, nest, rows_at })
+    Ok(Prepared { inserts, count: k, restore, nest, rows_at, transient_at })
+}
+
+/// The caller's USAGE on the target's schema, which a saved INSERT (naming the
+/// table schema-qualified) checked only when another caller prepared it: the
+/// plan cache is per backend, shared by every role a pooled backend serves.
+fn check_schema_usage(relid: pg_sys::Oid) -> Result<(), Invalid> {
+    // SAFETY: syscache lookups and an ACL check of the current user on an
+    // existing schema (the target was just resolved); names are palloc'd.
+    unsafe {
+        let namespace = pg_sys::get_rel_namespace(relid);
+        #[cfg(not(feature = "pg18"))]
+        let acl = pg_sys::pg_namespace_aclcheck(namespace, pg_sys::GetUserId(), pg_sys::ACL_USAGE as pg_sys::AclMode);
+        #[cfg(feature = "pg18")]
+        let acl = pg_sys::object_aclcheck(
+            pg_sys::NamespaceRelationId,
+            namespace,
+            pg_sys::GetUserId(),
+            pg_sys::ACL_USAGE as pg_sys::AclMode,
+        );
+        if acl == pg_sys::AclResult::ACLCHECK_OK {
+            return Ok(());
+        }
+        Err(invalid(
+            "42501",
+            format!("permission denied for schema {}", from_server(pg_sys::get_namespace_name(namespace))),
+        ))
+    }
 }
 
 /// Binds `token` (or nothing) for this transaction, as `set_config('pg_lease.token', ..., true)`.
@@ -795,7 +893,7 @@ fn named(e: &pg_sys::ErrorData, rows_at: usize) -> Option<Invalid> {
     let (column, message, detail) = unsafe { (owned(e.column_name), owned(e.message), owned(e.detail)) };
     let place = ROWS.with(|r| {
         // SAFETY: the rows of the call in progress, only read here.
-        let rows = unsafe { (&*r.get()).get(rows_at)? };
+        let rows = unsafe { &(&*r.get()).get(rows_at)?.1 };
         let explicit = rows.iter().position(|r| r.get(&column) == Some(&Value::Null));
         explicit.or_else(|| rows.iter().position(|r| !r.contains_key(&column)))
     })?;
@@ -835,14 +933,16 @@ pub unsafe fn insert_all(p: &Prepared) -> i64 {
             let saved = &*ins.plan;
             if saved.plan.get().is_null() {
                 let plan = spi_prepare(saved.sql.as_ptr(), saved.types.len() as i32, saved.types.as_ptr().cast_mut());
-                if plan.is_null() || spi_keepplan(plan) != 0 {
+                if plan.is_null() || (saved.keep && spi_keepplan(plan) != 0) {
                     total = -1;
                     break;
                 }
                 saved.plan.set(plan);
             }
             let rc = spi_execute_plan(saved.plan.get(), ins.values, ins.nulls, false, 0);
-            if rc != pg_sys::SPI_OK_INSERT as i32 {
+            // A DO INSTEAD rule on the target rewrites the INSERT: it ran,
+            // with whatever rows its replacement touched.
+            if rc != pg_sys::SPI_OK_INSERT as i32 && rc != pg_sys::SPI_OK_REWRITTEN as i32 {
                 total = rc as i64;
                 break;
             }
@@ -872,5 +972,7 @@ pub fn finish(p: &Prepared, total: i64) -> pg_sys::Datum {
     // SAFETY: no reference into ROWS is held; entries above this call's
     // (nested calls that failed) are dropped with it.
     ROWS.with(|r| unsafe { (&mut *r.get()).truncate(p.rows_at) });
+    // Its one-call INSERTs (and those of calls it made, which ended before it).
+    TRANSIENT.with(|t| t.borrow_mut().truncate(p.transient_at));
     pg_sys::Datum::from(total)
 }

@@ -61,7 +61,10 @@ pub fn init() {
         }
     }
     // SAFETY: as above.
-    unsafe { pg_sys::RegisterSubXactCallback(Some(verified::on_subxact_event), std::ptr::null_mut()) };
+    unsafe {
+        pg_sys::RegisterSubXactCallback(Some(verified::on_subxact_event), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(boundary_write::on_subxact_event), std::ptr::null_mut());
+    }
     replication::init();
 }
 

@@ -700,7 +700,12 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
         Ok(())
     }))
     .catch_others(move |e| match e {
-        CaughtError::PostgresError(ref report) if sqlstate_text(report.sql_error_code() as i32).starts_with("22") => {
+        // Bad input of one element's value: a data exception, or a domain's
+        // NOT NULL refusing its null (named as NOT NULL columns are; a
+        // domain's CHECK is raised as Postgres raises it, as in 0.5.0).
+        CaughtError::PostgresError(ref report)
+            if matches!(sqlstate_text(report.sql_error_code() as i32).as_str(), c if c.starts_with("22") || c == "23502") =>
+        {
             let (i, key) = seen.get();
             // SAFETY: `key` points to a key of `rows`, alive and unmoved here.
             let key = unsafe { &*key };

@@ -142,7 +142,8 @@ pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
 /// non-deferrable, non-partial btree on exactly those columns:
 /// `pg::UniqueIndex::find`), or NULL when there is none, so that two owner
 /// rows could match one fenced row. Executable by PUBLIC (lease.protect runs
-/// with its caller's rights); it tells nothing the catalogs do not.
+/// with its caller's rights; it tells nothing the catalogs do not), on an
+/// owner table pg_lease guards or one the caller may read (42501 otherwise).
 #[pgrx::pg_extern(name = "_owner_key_index", stable, parallel_safe)]
 pub fn owner_key_index(
     owner: pg_sys::Oid,
@@ -151,6 +152,28 @@ pub fn owner_key_index(
 ) -> Option<pg_sys::Oid> {
     if owner_key_columns.len() != key_types.len() {
         return None;
+    }
+    // Finding the index opens the table and its indexes (AccessShareLock to
+    // transaction end): for any role, only on an owner table pg_lease
+    // already guards, or on one the caller may read.
+    // SAFETY: syscache lookups and an ACL check of the current user, made
+    // only on a relation that exists (relkind 0: no such relation).
+    let (exists, readable) = unsafe {
+        let exists = pg_sys::get_rel_relkind(owner) != 0;
+        let readable = exists
+            && pg_sys::pg_class_aclcheck(owner, pg_sys::GetUserId(), pg_sys::ACL_SELECT as pg_sys::AclMode)
+                == pg_sys::AclResult::ACLCHECK_OK;
+        (exists, readable)
+    };
+    if !exists {
+        return None;
+    }
+    if !readable && !crate::fence::config::is_owner_table(owner) {
+        pgrx::ereport!(
+            ERROR,
+            pgrx::PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied for table {}", crate::pg::display(owner))
+        );
     }
     let mut columns = Vec::with_capacity(key_types.len());
     for (name, key_type) in owner_key_columns.iter().zip(key_types) {

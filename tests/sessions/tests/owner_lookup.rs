@@ -219,3 +219,39 @@ fn attached_rows_find_their_owner_rows_by_key_equality() {
     assert_eq!(try_sql(&mut c, "ALTER TABLE by_name ATTACH PARTITION good_name FOR VALUES IN (1)"), "");
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM pay"), 1);
 }
+
+/// `lease._owner_key_index` (used by protect and the fence check, executable
+/// by PUBLIC) opens the table it is asked about: only an owner table pg_lease
+/// guards or one the caller may read, so no role can lock arbitrary tables
+/// with it; a monitoring role without rights on the tables still sees the
+/// fences as enforced.
+#[test]
+fn the_owner_key_index_check_opens_no_table_the_caller_may_not_read() {
+    let db = TestDb::new("lookup_keyindex_acl");
+    let mut c = db.connect();
+    c.batch_execute(POKER).unwrap();
+    c.batch_execute(
+        "CREATE TABLE secret (id int PRIMARY KEY);
+         DROP ROLE IF EXISTS lookup_peeker; CREATE ROLE lookup_peeker LOGIN;
+         GRANT USAGE ON SCHEMA lease TO lookup_peeker; GRANT SELECT ON lease.protected_tables TO lookup_peeker;",
+    )
+    .unwrap();
+    let mut peeker = db.connect_as("lookup_peeker");
+    expect_error(&mut peeker, "SELECT lease._owner_key_index('secret'::regclass, '{id}', '{23}')", "42501");
+    let held: i64 = one_i64(
+        &mut c,
+        "SELECT count(*) FROM pg_locks WHERE relation = 'secret'::regclass AND pid <> pg_backend_pid()",
+    );
+    assert_eq!(held, 0);
+    // The owner table of a fence: allowed (the fence check needs it).
+    assert_eq!(
+        one_i64(
+            &mut peeker,
+            "SELECT count(*) FROM lease._owner_key_index('tables'::regclass, '{id}', '{23}') i WHERE i IS NOT NULL"
+        ),
+        1
+    );
+    assert_eq!(one_i64(&mut peeker, "SELECT count(*) FROM lease.protected_tables WHERE enforced"), 1);
+    drop(peeker);
+    c.batch_execute("DROP OWNED BY lookup_peeker; DROP ROLE lookup_peeker").unwrap();
+}

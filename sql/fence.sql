@@ -388,6 +388,23 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION lease.unprotect(regclass) IS 'Removes pg_lease''s fence from target (high-water marks are kept).';
 
+-- Whether target's fence judges changes applied by logical replication too
+-- (true), trusts them as judged where they were written (false), or does what
+-- its mode does by default (NULL: owner mode trusts a trusted subscription's
+-- changes, high-water mode judges them). See README, "Logical replication".
+CREATE FUNCTION lease.judge_replicated(target regclass, judge boolean) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF target IS NULL THEN
+        PERFORM lease._fail('22004', 'lease.judge_replicated: target must not be NULL');
+    END IF;
+    IF NOT lease._judge_replicated(target, judge) THEN
+        PERFORM lease._fail('42704', format('pg_lease: %s is not protected', target));
+    END IF;
+END $$;
+COMMENT ON FUNCTION lease.judge_replicated(regclass, boolean) IS
+    'Whether target''s fence judges changes applied by logical replication (true), trusts them (false), or follows its mode (NULL).';
+
 -- Every way in which a protected table's fence is not fully in force, with
 -- the tables it concerns (only those protected tables whose relid or owner
 -- table is in `only`, when given). kind: 'missing' (a trigger is absent),
@@ -954,4 +971,5 @@ GRANT USAGE ON SCHEMA lease TO PUBLIC;
 -- them to own the tables). Application roles that own their tables therefore
 -- cannot unprotect them.
 REVOKE EXECUTE ON FUNCTION lease.protect(regclass, text[], name, regclass, text[], name),
-    lease.protect_high_water(regclass, text[], name), lease.unprotect(regclass) FROM PUBLIC;
+    lease.protect_high_water(regclass, text[], name), lease.unprotect(regclass),
+    lease.judge_replicated(regclass, boolean) FROM PUBLIC;

@@ -17,6 +17,10 @@ CREATE TABLE lease.protected (
     token_type         regtype,
     owner_key_types    regtype[],
     owner_token_type   regtype,
+    -- Whether changes applied by logical replication are judged here too
+    -- (since 0.7.0; NULL: the mode's default, judged in high-water mode
+    -- only). Set with lease.judge_replicated.
+    judge_replicated   boolean,
     CHECK ((mode = 'owner') = (owner_table IS NOT NULL)),
     CHECK (mode <> 'owner' OR cardinality(owner_key_columns) = cardinality(key_columns))
 );

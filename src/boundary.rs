@@ -33,6 +33,7 @@ unsafe fn run(work: impl FnOnce() -> Outcome) -> pg_sys::Datum {
         audit::count(&outcome);
         if let Err(refusal) = &outcome.result {
             audit::on_refusal(refusal);
+            fence::replication::note_refusal();
         }
         outcome.result
     };
@@ -119,6 +120,13 @@ unsafe fn truncate_guard(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Dat
     fence::guards::truncate_guard(&unsafe { TriggerCall::from_fcinfo(fcinfo, "lease.truncate_guard") })
 }
 c_function!(pg_lease_truncate_guard, pg_finfo_pg_lease_truncate_guard, truncate_guard);
+
+/// `lease._local_state()`: pg_lease's own tables stay local (fence::replication).
+unsafe fn local_state(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Invalid> {
+    // SAFETY: as above.
+    fence::replication::local_state(&unsafe { TriggerCall::from_fcinfo(fcinfo, "lease._local_state") })
+}
+c_function!(pg_lease_local_state, pg_finfo_pg_lease_local_state, local_state, run_checked);
 
 // The DDL guard's C parts (fence::ddl).
 c_function!(pg_lease_retyped_columns, pg_finfo_pg_lease_retyped_columns, fence::ddl::retyped_columns);

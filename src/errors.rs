@@ -323,13 +323,19 @@ pub unsafe fn raise(error: impl Raisable) -> ! {
     // generated INSERT, the call of `lease._raise` or `lease._fail` with its
     // arguments) are internals, not news to the client; the message and
     // DETAIL already say everything.
+    // Except in a logical replication worker: there the CONTEXT line is the
+    // worker's own, naming the remote transaction and its finish LSN, which
+    // `ALTER SUBSCRIPTION ... SKIP (lsn = ...)` needs.
     // SAFETY: the callbacks on this stack only add CONTEXT lines; every
     // handler that catches the error (PG_TRY, PL/pgSQL exception blocks, the
     // top-level sigsetjmp) restores the stack it saved, so clearing it for
-    // this throw affects this error's report and nothing after it. Then the
+    // this throw affects this error's report and nothing after it.
+    // IsLogicalWorker reads this process's own worker slot pointer. Then the
     // ErrorData (palloc'd, complete) is thrown; this frame owns nothing.
     unsafe {
-        pg_sys::error_context_stack = std::ptr::null_mut();
+        if !pg_sys::IsLogicalWorker() {
+            pg_sys::error_context_stack = std::ptr::null_mut();
+        }
         throw_error_data(edata);
     }
     // ThrowErrorData at ERROR level always longjmps.

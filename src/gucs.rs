@@ -43,6 +43,46 @@ pub fn central_database() -> Option<String> {
     DATABASE.get().map(|c| c.to_string_lossy().trim().to_owned()).filter(|name| !name.is_empty())
 }
 
+/// Roles (besides superusers) whose logical replication subscriptions the
+/// fence trusts: their workers' changes are accepted as judged at their origin.
+pub static TRUSTED_SUBSCRIPTION_OWNERS: GucSetting<Option<std::ffi::CString>> =
+    GucSetting::<Option<std::ffi::CString>>::new(Some(c""));
+
+thread_local! {
+    static WARNED_BAD_OWNER_LIST: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether `role` is named in `pg_lease.trusted_subscription_owners` (a
+/// comma-separated list of role names, read as `search_path` is: unquoted
+/// names fold to lower case). A list that does not parse trusts no one, with
+/// one WARNING per process.
+pub fn trusted_subscription_owner(role: pg_sys::Oid) -> bool {
+    let Some(list) = TRUSTED_SUBSCRIPTION_OWNERS.get() else { return false };
+    if list.to_bytes().iter().all(u8::is_ascii_whitespace) {
+        return false;
+    }
+    // SAFETY: SplitIdentifierString splits a palloc'd copy of the list in
+    // place (the list cells point into it) and reports whether it parsed;
+    // get_role_oid is a syscache lookup that returns InvalidOid for an
+    // unknown name (missing_ok). Everything is palloc'd in the current
+    // memory context, freed with it.
+    unsafe {
+        let raw = pg_sys::pstrdup(list.as_ptr());
+        let mut names: *mut pg_sys::List = std::ptr::null_mut();
+        if !pg_sys::SplitIdentifierString(raw, b',' as c_char, &mut names) {
+            if !WARNED_BAD_OWNER_LIST.with(|w| w.replace(true)) {
+                pgrx::warning!(
+                    "pg_lease: pg_lease.trusted_subscription_owners is not a list of role names; no subscription owner is trusted through it"
+                );
+            }
+            return false;
+        }
+        let names = pgrx::PgList::<c_char>::from_pg(names);
+        let trusted = names.iter_ptr().any(|name| pg_sys::get_role_oid(name, true) == role);
+        trusted
+    }
+}
+
 /// Shortest lease TTL `lease.acquire`/`renew` accept, in milliseconds.
 pub static MIN_TTL_MS: GucSetting<i32> = GucSetting::<i32>::new(100);
 /// Longest lease TTL `lease.acquire`/`renew` accept, in milliseconds (default one day).
@@ -262,6 +302,14 @@ pub fn init() {
         c"",
         &LOG_REJECTIONS,
         GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"pg_lease.trusted_subscription_owners",
+        c"Roles, besides superusers, whose logical replication subscriptions the fence trusts.",
+        c"Changes that their subscriptions' workers apply are accepted as judged at their origin; list only roles that may write the fenced tables anyway.",
+        &TRUSTED_SUBSCRIPTION_OWNERS,
+        GucContext::Sighup,
         GucFlags::default(),
     );
     // Server-start settings can only be defined while preloading; without

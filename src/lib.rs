@@ -53,6 +53,7 @@ pgrx::extension_sql_file!(
     name = "lease",
     requires = ["fence", lease::token_floor, lease_owner::lock_owner_row, lease_owner::set_owner_token]
 );
+pgrx::extension_sql_file!("../sql/local.sql", name = "local", requires = ["schema", "fence", "audit", "lease"]);
 
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn _PG_init() {

@@ -28,6 +28,10 @@ CREATE TABLE lease.protected (
     token_type         regtype,
     owner_key_types    regtype[],
     owner_token_type   regtype,
+    -- Whether changes applied by logical replication are judged here too
+    -- (since 0.7.0; NULL: the mode's default, judged in high-water mode
+    -- only). Set with lease.judge_replicated.
+    judge_replicated   boolean,
     CHECK ((mode = 'owner') = (owner_table IS NOT NULL)),
     CHECK (mode <> 'owner' OR cardinality(owner_key_columns) = cardinality(key_columns))
 );
@@ -87,6 +91,18 @@ CREATE  FUNCTION "_is_token_type"(
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'is_token_type_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/fence/register.rs:119
+-- pg_lease::fence::register::_judge_replicated
+CREATE  FUNCTION "_judge_replicated"(
+	"target" oid, /* pg_sys :: Oid */
+	"judge" bool /* Option < bool > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'judge_replicated_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -623,6 +639,23 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION lease.unprotect(regclass) IS 'Removes pg_lease''s fence from target (high-water marks are kept).';
+
+-- Whether target's fence judges changes applied by logical replication too
+-- (true), trusts them as judged where they were written (false), or does what
+-- its mode does by default (NULL: owner mode trusts a trusted subscription's
+-- changes, high-water mode judges them). See README, "Logical replication".
+CREATE FUNCTION lease.judge_replicated(target regclass, judge boolean) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF target IS NULL THEN
+        PERFORM lease._fail('22004', 'lease.judge_replicated: target must not be NULL');
+    END IF;
+    IF NOT lease._judge_replicated(target, judge) THEN
+        PERFORM lease._fail('42704', format('pg_lease: %s is not protected', target));
+    END IF;
+END $$;
+COMMENT ON FUNCTION lease.judge_replicated(regclass, boolean) IS
+    'Whether target''s fence judges changes applied by logical replication (true), trusts them (false), or follows its mode (NULL).';
 
 -- Every way in which a protected table's fence is not fully in force, with
 -- the tables it concerns (only those protected tables whose relid or owner
@@ -1190,7 +1223,8 @@ GRANT USAGE ON SCHEMA lease TO PUBLIC;
 -- them to own the tables). Application roles that own their tables therefore
 -- cannot unprotect them.
 REVOKE EXECUTE ON FUNCTION lease.protect(regclass, text[], name, regclass, text[], name),
-    lease.protect_high_water(regclass, text[], name), lease.unprotect(regclass) FROM PUBLIC;
+    lease.protect_high_water(regclass, text[], name), lease.unprotect(regclass),
+    lease.judge_replicated(regclass, boolean) FROM PUBLIC;
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -1774,7 +1808,7 @@ REVOKE EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]),
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:144
+-- src/audit/status.rs:164
 -- pg_lease::audit::status::audit_databases
 CREATE  FUNCTION "audit_databases"() RETURNS TABLE (
 	"database" TEXT,  /* String */
@@ -1818,7 +1852,7 @@ AS 'MODULE_PATHNAME', 'audit_status_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:419
+-- src/audit/status.rs:439
 -- pg_lease::audit::status::stats_reset
 CREATE  FUNCTION "stats_reset"() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE
@@ -1921,5 +1955,60 @@ BEGIN
             USING HINT = 'Create the extension there too, or set pg_lease.database.';
     END IF;
 END $$;
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/lib.rs:56
+-- requires:
+--   schema
+--   fence
+--   audit
+--   lease
+
+-- pg_lease's own tables hold this node's state: protections, high-water
+-- marks, leases and their tokens, the audit. None of it may come from another
+-- node (since 0.7.0). A `FOR ALL TABLES` publication publishes these tables
+-- too; on a subscriber, the changes its logical replication workers apply to
+-- them are skipped (ENABLE REPLICA row triggers: they fire only where
+-- session_replication_role is replica, which is what those workers run in,
+-- and lease._local_state() skips only a real worker's own changes). The two
+-- tables renewals and heartbeats update, lease.lease_state and
+-- lease.session_state, take no BEFORE UPDATE trigger (it would lock every
+-- renewed row once more): a replicated UPDATE finds no row there unless this
+-- node took a lease or session of the same name, and then it is refused
+-- after the fact, naming the subscription. TRUNCATE, which no row trigger
+-- sees and a publication replicates as is, is refused on every one of them.
+CREATE FUNCTION lease._local_state() RETURNS trigger
+    LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_local_state';
+COMMENT ON FUNCTION lease._local_state() IS
+    'Keeps pg_lease''s own tables local: skips replicated changes, refuses TRUNCATE (internal).';
+REVOKE EXECUTE ON FUNCTION lease._local_state() FROM PUBLIC;
+
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['protected', 'high_water', 'rejected_writes', 'lost_leases', 'token_epoch',
+                             'token_epoch_issued', 'deferred_checks', 'lease_state', 'session_state'] LOOP
+        IF t IN ('lease_state', 'session_state') THEN
+            EXECUTE format('CREATE TRIGGER pg_lease_local BEFORE INSERT OR DELETE ON lease.%I
+                            FOR EACH ROW EXECUTE FUNCTION lease._local_state()', t);
+            EXECUTE format('CREATE TRIGGER pg_lease_local_update AFTER UPDATE ON lease.%I
+                            FOR EACH ROW EXECUTE FUNCTION lease._local_state()', t);
+            EXECUTE format('ALTER TABLE lease.%I ENABLE REPLICA TRIGGER pg_lease_local_update', t);
+        ELSE
+            EXECUTE format('CREATE TRIGGER pg_lease_local BEFORE INSERT OR UPDATE OR DELETE ON lease.%I
+                            FOR EACH ROW EXECUTE FUNCTION lease._local_state()', t);
+        END IF;
+        EXECUTE format('ALTER TABLE lease.%I ENABLE REPLICA TRIGGER pg_lease_local', t);
+        EXECUTE format('CREATE TRIGGER pg_lease_local_truncate BEFORE TRUNCATE ON lease.%I
+                        FOR EACH STATEMENT EXECUTE FUNCTION lease._local_state()', t);
+        EXECUTE format('ALTER TABLE lease.%I ENABLE ALWAYS TRIGGER pg_lease_local_truncate', t);
+    END LOOP;
+END $$;
+
+-- pg_lease deletes from this table (without a primary key): a publication
+-- that publishes deletes needs a replica identity for it.
+ALTER TABLE lease.deferred_checks REPLICA IDENTITY FULL;
 /* </end connected objects> */
 

@@ -237,6 +237,12 @@ pub fn on_refusal(refusal: &Refusal) {
     shmem::enqueue(&record, true);
 }
 
+/// A change applied by logical replication subscription `subid` (`name`)
+/// was refused: `lease.audit_status()` names it until `lease.stats_reset()`.
+pub fn note_replication_refusal(subid: pg_sys::Oid, name: &str) {
+    shmem::note_replication_refusal(subid, name, pg::now());
+}
+
 fn warn_once_without_preload() {
     if WARNED_NO_PRELOAD.with(|w| w.replace(true)) {
         return;

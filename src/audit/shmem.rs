@@ -229,6 +229,24 @@ impl Drops {
     }
 }
 
+/// Replicated changes the fence refused, per subscription (see
+/// [`note_replication_refusal`]). Under the lock only.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SubscriptionNote {
+    in_use: bool,
+    dboid: u32,
+    subid: u32,
+    name: FixedStr<64>,
+    refused: u64,
+    first_at: i64,
+    last_at: i64,
+}
+
+/// Subscriptions whose refusals are kept at once; beyond, the one refused
+/// longest ago gives its place up.
+pub const SUBSCRIPTION_NOTES: usize = 32;
+
 /// A queued record and the index of the next one in its list.
 #[repr(C)]
 struct Node {
@@ -247,6 +265,7 @@ pub struct Queue {
     recorded: u64,
     dropped: u64,
     dests: [Dest; DESTS],
+    subscriptions: [SubscriptionNote; SUBSCRIPTION_NOTES],
 }
 
 #[repr(C)]
@@ -944,6 +963,9 @@ pub fn reset() {
             d.last_drop = FixedStr::EMPTY;
             d.last_drop_at = 0;
         }
+        for n in s.subscriptions.iter_mut() {
+            n.in_use = false;
+        }
     }
     for slot in &shared.stats {
         slot.accepted.store(0, Ordering::Relaxed);
@@ -951,6 +973,56 @@ pub fn reset() {
         slot.replicated.store(0, Ordering::Relaxed);
         slot.last_refusal.store(0, Ordering::Relaxed);
     }
+}
+
+/// A change applied by logical replication subscription `subid` (`name`) of
+/// this database was refused at `now`: counted for `lease.audit_status()`.
+pub fn note_replication_refusal(subid: pg_sys::Oid, name: &str, now: i64) {
+    if shared().is_none() {
+        return;
+    }
+    // SAFETY: reads a backend global, set in any process connected to a database.
+    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let mut lock = Locked::acquire();
+    let notes = &mut lock.state().subscriptions;
+    let i = notes
+        .iter()
+        .position(|n| n.in_use && n.dboid == db && n.subid == subid.to_u32())
+        .or_else(|| notes.iter().position(|n| !n.in_use))
+        .unwrap_or_else(|| (0..notes.len()).min_by_key(|&i| notes[i].last_at).unwrap_or(0));
+    let n = &mut notes[i];
+    if !(n.in_use && n.dboid == db && n.subid == subid.to_u32()) {
+        *n = SubscriptionNote {
+            in_use: true,
+            dboid: db,
+            subid: subid.to_u32(),
+            name: FixedStr::EMPTY,
+            refused: 0,
+            first_at: now,
+            last_at: now,
+        };
+    }
+    n.name.set(name);
+    n.refused += 1;
+    n.last_at = now;
+}
+
+/// Database `dboid`'s subscriptions with refused changes: (name, refused,
+/// first, last), most recent first.
+pub fn replication_refusals(dboid: pg_sys::Oid) -> Vec<(String, u64, i64, i64)> {
+    if shared().is_none() {
+        return Vec::new();
+    }
+    let mut lock = Locked::acquire();
+    let mut found: Vec<_> = lock
+        .state()
+        .subscriptions
+        .iter()
+        .filter(|n| n.in_use && n.dboid == dboid.to_u32())
+        .map(|n| (n.name.as_str().to_owned(), n.refused, n.first_at, n.last_at))
+        .collect();
+    found.sort_by_key(|&(_, _, _, last)| std::cmp::Reverse(last));
+    found
 }
 
 /// The stats slot of (database, table), claimed if new; None when every slot

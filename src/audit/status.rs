@@ -105,6 +105,7 @@ pub fn audit_status() -> TableIterator<
             let (_, status) =
                 Destination { central: central.is_some(), name: &database, dest: dest.as_ref(), capacity: c.capacity }
                     .status(audit, launcher);
+            let status = status + &replication_note(crate::pg::my_database());
             (
                 true,
                 audit,
@@ -135,6 +136,25 @@ pub fn audit_status() -> TableIterator<
         ),
     };
     TableIterator::once(row)
+}
+
+/// What `lease.audit_status()` adds to `status` when changes applied by
+/// logical replication in database `dboid` were refused: each subscription,
+/// how many and when (its worker retries a refused change until it goes
+/// through, holding back every later one). Empty otherwise.
+fn replication_note(dboid: pg_sys::Oid) -> String {
+    let show = |t: i64| timestamp(t).map(|t| t.to_string()).unwrap_or_default();
+    shmem::replication_refusals(dboid)
+        .into_iter()
+        .map(|(name, refused, first, last)| {
+            format!(
+                "; replication: subscription {} had {refused} replicated change(s) refused by the fence (first at {}, last at {}): its worker retries the change until it goes through, holding back every later one (the refusal's HINT in the server log says the way out)",
+                crate::pg::quote_ident(&name),
+                show(first),
+                show(last)
+            )
+        })
+        .collect()
 }
 
 /// One row per audit destination the server has seen since it started: each

@@ -81,6 +81,9 @@ pub struct FenceConfig {
     pub scope: Vec<u8>,
     /// Shared accepted/refused counters of the protected table (with preload).
     pub stats: Option<&'static crate::audit::shmem::StatSlot>,
+    /// Whether changes applied by logical replication are judged here too
+    /// (`lease.protected.judge_replicated`, by default only in high-water mode).
+    pub judge_replicated: bool,
 }
 
 impl FenceConfig {
@@ -107,7 +110,7 @@ thread_local! {
     /// Bumped by every relcache invalidation (see [`relcache_generation`]).
     static RELCACHE_GENERATION: Cell<u64> = const { Cell::new(0) };
     /// Relations the guards may run on: owner tables (and their partitions).
-    static OWNER_TABLES: RefCell<FastMap<pg_sys::Oid, bool>> = RefCell::new(FastMap::default());
+    static OWNER_TABLES: RefCell<FastMap<pg_sys::Oid, Option<bool>>> = RefCell::new(FastMap::default());
 }
 
 /// Carries out a flush requested by [`forget_all`] or an invalidation that
@@ -180,20 +183,33 @@ pub unsafe extern "C-unwind" fn on_namespace_invalidation(_arg: pg_sys::Datum, _
 /// one: the owner guards refuse to run anywhere else (they would let any
 /// role write audit records of its choosing).
 pub fn is_owner_table(relid: pg_sys::Oid) -> bool {
+    owner_table(relid).is_some()
+}
+
+/// Whether the owner guards of owner table `relid` judge changes applied by
+/// logical replication: when any table fenced against it does.
+pub fn owner_table_judges_replicated(relid: pg_sys::Oid) -> bool {
+    owner_table(relid).unwrap_or(true)
+}
+
+/// None when `relid` is not an owner table (or a partition of one), else
+/// whether any table fenced against it judges replicated changes.
+fn owner_table(relid: pg_sys::Oid) -> Option<bool> {
     flush_if_requested();
     if let Some(known) = OWNER_TABLES.with(|o| o.borrow().get(&relid).copied()) {
         return known;
     }
     let known = Spi::get_one_with_args::<bool>(
-        "SELECT EXISTS (SELECT 1 FROM lease.protected p
-                         WHERE p.owner_table::pg_catalog.oid OPERATOR(pg_catalog.=) $1
-                            OR p.owner_table::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (ARRAY(
-                                   SELECT a.relid::pg_catalog.oid FROM pg_catalog.pg_partition_ancestors($1) a)))",
+        &format!(
+            "SELECT pg_catalog.bool_or(COALESCE({JUDGE_REPLICATED}, false)) FROM lease.protected p
+              WHERE p.owner_table::pg_catalog.oid OPERATOR(pg_catalog.=) $1
+                 OR p.owner_table::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (ARRAY(
+                        SELECT a.relid::pg_catalog.oid FROM pg_catalog.pg_partition_ancestors($1) a))"
+        ),
         &[relid.into()],
     )
     .ok()
-    .flatten()
-    .unwrap_or(false);
+    .flatten();
     OWNER_TABLES.with(|o| o.borrow_mut().insert(relid, known));
     known
 }
@@ -218,7 +234,14 @@ struct ProtectedRow {
     owner_table: Option<pg_sys::Oid>,
     owner_key_columns: Vec<String>,
     owner_token_column: Option<String>,
+    judge_replicated: bool,
 }
+
+/// `lease.protected p`'s `judge_replicated` (since 0.7.0), read so that the
+/// query also runs in a database whose pg_lease is not yet updated to 0.7.0
+/// (the library is installed before `ALTER EXTENSION ... UPDATE`): NULL there.
+const JUDGE_REPLICATED: &str =
+    "(pg_catalog.to_jsonb(p) OPERATOR(pg_catalog.->>) 'judge_replicated'::pg_catalog.text)::pg_catalog.bool";
 
 fn load_row(relid: pg_sys::Oid) -> Option<ProtectedRow> {
     // Runs with the writer's search_path: every operator is schema-qualified,
@@ -226,12 +249,15 @@ fn load_row(relid: pg_sys::Oid) -> Option<ProtectedRow> {
     Spi::connect(|client| {
         let rows = client
             .select(
-                "SELECT p.relid::pg_catalog.oid, p.mode, p.key_columns, p.token_column, p.owner_table::pg_catalog.oid,
-                        p.owner_key_columns, p.owner_token_column
-                   FROM lease.protected p
-                  WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) $1::pg_catalog.oid
-                     OR p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (ARRAY(
-                            SELECT a.relid::pg_catalog.oid FROM pg_catalog.pg_partition_ancestors($1) a))",
+                &format!(
+                    "SELECT p.relid::pg_catalog.oid, p.mode, p.key_columns, p.token_column, p.owner_table::pg_catalog.oid,
+                            p.owner_key_columns, p.owner_token_column,
+                            COALESCE({JUDGE_REPLICATED}, p.mode OPERATOR(pg_catalog.=) 'high_water')
+                       FROM lease.protected p
+                      WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) $1::pg_catalog.oid
+                         OR p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (ARRAY(
+                                SELECT a.relid::pg_catalog.oid FROM pg_catalog.pg_partition_ancestors($1) a))"
+                ),
                 Some(1),
                 // SAFETY: an OID is a by-value datum, a valid regclass.
                 &[unsafe { pgrx::datum::DatumWithOid::new(relid, pg_sys::REGCLASSOID) }],
@@ -249,6 +275,7 @@ fn load_row(relid: pg_sys::Oid) -> Option<ProtectedRow> {
             owner_table: row.get(5).unwrap(),
             owner_key_columns: row.get(6).unwrap().unwrap_or_default(),
             owner_token_column: row.get(7).unwrap(),
+            judge_replicated: row.get(8).unwrap().unwrap_or(true),
         })
     })
 }
@@ -338,6 +365,7 @@ fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
         mode,
         scope,
         stats,
+        judge_replicated: row.judge_replicated,
     })
 }
 

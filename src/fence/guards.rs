@@ -21,7 +21,7 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     if !config::is_owner_table(relid) {
         not_protected("lease.owner_guard", relid);
     }
-    if replication::trusted_apply() {
+    if replication::trusted_apply() && !config::owner_table_judges_replicated(relid) {
         // Judged where it was written (fence::replication).
         return Ok(call.pass());
     }
@@ -123,11 +123,16 @@ fn same_key(relid: pg_sys::Oid, old: Row, new: Row, keys: &[(&str, i16, pg_sys::
 pub fn truncate_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     let relid = call.relid();
     let owner = call.args().first().map(String::as_str) == Some("owner");
-    let guarded = if owner { config::is_owner_table(relid) } else { config::for_relation(relid).is_ok() };
-    if !guarded {
+    // Whether it is guarded, and whether it judges replicated changes.
+    let judges = if owner {
+        config::is_owner_table(relid).then(|| config::owner_table_judges_replicated(relid))
+    } else {
+        config::for_relation(relid).ok().map(|cfg| cfg.judge_replicated)
+    };
+    let Some(judges) = judges else {
         not_protected("lease.truncate_guard", relid);
-    }
-    if replication::trusted_apply() {
+    };
+    if !judges && replication::trusted_apply() {
         return Ok(call.pass());
     }
     let table = display(relid);

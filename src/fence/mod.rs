@@ -18,7 +18,7 @@ mod key;
 mod owner;
 mod refusal;
 pub(crate) mod register;
-mod replication;
+pub(crate) mod replication;
 pub(crate) mod trigger;
 mod verified;
 

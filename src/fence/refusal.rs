@@ -94,28 +94,35 @@ pub fn of_row(
 /// A hint for this table and case where the error's general one would
 /// mislead: which way this table takes tokens, or that a resource never had one.
 fn hint(error: LeaseError, cfg: &FenceConfig, op: TriggerOp, current: Option<i64>) -> Option<String> {
-    if let Some((subscription, owner, superuser)) = replication::subscription() {
+    if let Some(sub) = replication::subscription() {
         // Nothing may get stuck silently: say whose change this is, why it
-        // was judged here, and the way out.
-        let (why, way_out) = match (&cfg.mode, superuser) {
-            (Mode::HighWater, _) => (
-                format!("{} is a high-water table, which judges replicated changes too", cfg.display),
-                "skip the change (ALTER SUBSCRIPTION ... SKIP) or lease.unprotect the table while it syncs",
-            ),
-            (_, false) => (
-                format!(
-                    "subscription \"{subscription}\" is owned by {}, not a superuser, so its changes are judged here",
-                    quote_ident(&owner)
-                ),
-                "give the subscription a superuser owner (ALTER SUBSCRIPTION ... OWNER TO), skip the change (ALTER SUBSCRIPTION ... SKIP), or lease.unprotect the table while it syncs",
-            ),
-            _ => (
+        // was judged here, and the way out (lease.audit_status() shows it too).
+        let name = &sub.name;
+        let table = &cfg.display;
+        let (why, way_out) = if !replication::applying() {
+            (
                 "this write was made by code running inside the worker (a trigger or a default of a replicated table), not by a replicated change, so it is judged".to_owned(),
-                "remove or fix that code on the subscriber",
-            ),
+                "remove or fix that code on the subscriber".to_owned(),
+            )
+        } else if cfg.judge_replicated {
+            (
+                match &cfg.mode {
+                    Mode::HighWater => format!("{table} is a high-water table, which judges replicated changes too"),
+                    Mode::Owner(_) => format!("{table} is set to judge replicated changes (lease.judge_replicated)"),
+                },
+                format!("skip the change (ALTER SUBSCRIPTION {} SKIP), trust this table's replicated changes (lease.judge_replicated('{table}', false)), or lease.unprotect the table while it syncs", quote_ident(name)),
+            )
+        } else {
+            (
+                format!(
+                    "subscription \"{name}\" is owned by {}, neither a superuser nor a role named in pg_lease.trusted_subscription_owners, so its changes are judged here",
+                    quote_ident(&sub.owner)
+                ),
+                format!("give the subscription a trusted owner (a superuser, or a role the DBA names in pg_lease.trusted_subscription_owners), skip the change (ALTER SUBSCRIPTION {} SKIP), or lease.unprotect the table while it syncs", quote_ident(name)),
+            )
         };
         return Some(format!(
-            "Applied by logical replication subscription \"{subscription}\": {why}. The worker retries until the write goes through: {way_out}."
+            "Applied by logical replication subscription \"{name}\": {why}. The worker retries until the write goes through: {way_out}."
         ));
     }
     match (error, &cfg.token) {

@@ -112,3 +112,31 @@ pub fn unregister(target: pg_sys::Oid) -> bool {
     .flatten()
     .unwrap_or(false)
 }
+
+/// `lease._judge_replicated(target, judge)`: sets whether `target`'s fence
+/// judges changes applied by logical replication (NULL: its mode's default)
+/// for `lease.judge_replicated`. Returns whether `target` is protected.
+#[pg_extern(name = "_judge_replicated", volatile, parallel_unsafe)]
+pub fn judge_replicated(target: pg_sys::Oid, judge: Option<bool>) -> bool {
+    check_caller("lease.judge_replicated(regclass, boolean)", &[target]);
+    let found = as_role(rel_owner(own_relid("lease.protected")), || {
+        Spi::get_one_with_args::<bool>(
+            "WITH u AS (UPDATE lease.protected p SET judge_replicated = $2
+                         WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) $1 RETURNING 1)
+             SELECT EXISTS (SELECT 1 FROM u)",
+            &[target.into(), judge.into()],
+        )
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(false);
+    if found {
+        // Every backend's cached config of the table (and of its partitions,
+        // which depend on it) and its owner table's guard answers are
+        // rebuilt when this commits.
+        // SAFETY: queues a relcache invalidation of an existing relation for
+        // the end of this transaction.
+        unsafe { pg_sys::CacheInvalidateRelcacheByRelid(target) };
+    }
+    found
+}

@@ -20,7 +20,8 @@
 //! outside them. High-water tables, fenced for sinks of
 //! untrusted logs, judge replicated changes like any other.
 
-use crate::pg::role_name;
+use crate::errors::Invalid;
+use crate::pg::{display, quote_ident, role_name, TriggerCall, TriggerOp};
 use pgrx::pg_sys;
 use std::cell::Cell;
 use std::sync::OnceLock;
@@ -28,6 +29,8 @@ use std::sync::OnceLock;
 thread_local! {
     /// How many ExecutorRun / ProcessUtility calls this process is inside.
     static DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// Whether this worker has logged that it skips changes to pg_lease's tables.
+    static SKIP_LOGGED: Cell<bool> = const { Cell::new(false) };
     /// The depth each open subtransaction started at (see `on_subxact`).
     static SAVED: std::cell::RefCell<Vec<(pg_sys::SubTransactionId, u32)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
@@ -180,39 +183,131 @@ unsafe extern "C-unwind" fn process_utility(
     leave();
 }
 
-/// Whether this is a change a logical replication worker of a subscription
-/// owned by a superuser applies itself (not one user code makes meanwhile).
-pub fn trusted_apply() -> bool {
-    if DEPTH.with(|d| d.get()) != 0 {
-        return false;
-    }
+/// Whether this is a change a logical replication worker (of any
+/// subscription) applies itself, not one user code makes meanwhile.
+pub fn applying() -> bool {
     // SAFETY: IsLogicalWorker reads this process's own worker slot pointer
-    // (set only by the logical replication launcher's workers);
-    // GetAuthenticatedUserId is the role the worker connected as, the
-    // subscription's owner (it stays so while the worker switches to table
-    // owners to apply, PostgreSQL 16 on); superuser_arg is a syscache lookup,
-    // fresh after an ALTER ROLE ... NOSUPERUSER.
-    unsafe { pg_sys::IsLogicalWorker() && pg_sys::superuser_arg(pg_sys::GetAuthenticatedUserId()) }
+    // (set only by the logical replication launcher's workers).
+    DEPTH.with(|d| d.get()) == 0 && unsafe { pg_sys::IsLogicalWorker() }
 }
 
-/// In a logical replication worker: which subscription it applies, and who
-/// owns it, for the message of a refusal (slow path). None elsewhere.
-pub fn subscription() -> Option<(String, String, bool)> {
-    // SAFETY: as in `trusted_apply`.
+/// The role a logical replication worker connected as: its subscription's
+/// owner (it stays so while the worker switches to table owners to apply,
+/// PostgreSQL 16 on).
+fn subscription_owner() -> pg_sys::Oid {
+    // SAFETY: reads a backend global, set in every backend that runs SQL.
+    unsafe { pg_sys::GetAuthenticatedUserId() }
+}
+
+/// Whether changes of subscriptions owned by `role` are trusted: a
+/// superuser (a role that could write the table anyway), or a role named in
+/// `pg_lease.trusted_subscription_owners`.
+fn trusted_owner(role: pg_sys::Oid) -> bool {
+    // SAFETY: superuser_arg is a syscache lookup, fresh after an ALTER ROLE
+    // ... NOSUPERUSER.
+    let superuser = unsafe { pg_sys::superuser_arg(role) };
+    superuser || crate::gucs::trusted_subscription_owner(role)
+}
+
+/// Whether this is a change a logical replication worker of a trusted
+/// subscription applies itself (not one user code makes meanwhile).
+pub fn trusted_apply() -> bool {
+    applying() && trusted_owner(subscription_owner())
+}
+
+/// A logical replication worker's subscription, for messages (slow path).
+pub struct Subscription {
+    pub oid: pg_sys::Oid,
+    pub name: String,
+    pub owner: String,
+}
+
+/// In a logical replication worker: which subscription it applies and who
+/// owns it. None elsewhere.
+pub fn subscription() -> Option<Subscription> {
+    // SAFETY: as in `applying`.
     if !unsafe { pg_sys::IsLogicalWorker() } {
         return None;
     }
-    // SAFETY: the role the worker connected as (see `trusted_apply`).
-    let role = unsafe { pg_sys::GetAuthenticatedUserId() };
-    // SAFETY: a syscache lookup of that role.
-    let (owner, superuser) = (role_name(role), unsafe { pg_sys::superuser_arg(role) });
-    let name = pgrx::spi::Spi::get_one::<String>(
-        "SELECT s.subname::pg_catalog.text FROM pg_catalog.pg_stat_subscription w
+    let role = subscription_owner();
+    let (oid, name) = pgrx::spi::Spi::get_two::<pg_sys::Oid, String>(
+        "SELECT s.oid, s.subname::pg_catalog.text FROM pg_catalog.pg_stat_subscription w
            JOIN pg_catalog.pg_subscription s ON s.oid OPERATOR(pg_catalog.=) w.subid
           WHERE w.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() LIMIT 1",
     )
     .ok()
-    .flatten()
-    .unwrap_or_else(|| "(unknown)".to_owned());
-    Some((name, owner, superuser))
+    .unwrap_or((None, None));
+    Some(Subscription {
+        oid: oid.unwrap_or(pg_sys::InvalidOid),
+        name: name.unwrap_or_else(|| "(unknown)".to_owned()),
+        owner: role_name(role),
+    })
+}
+
+/// A refusal is being raised: in a logical replication worker, its
+/// subscription is noted for `lease.audit_status()` (the worker retries the
+/// change until it goes through, so it must not stay unnoticed).
+pub fn note_refusal() {
+    if let Some(sub) = subscription() {
+        crate::audit::note_replication_refusal(sub.oid, &sub.name);
+    }
+}
+
+/// `lease._local_state()` on pg_lease's own tables (sql/local.sql): a
+/// logical replication worker's own changes to them are skipped (BEFORE row
+/// triggers) or, where only an AFTER UPDATE trigger watches (the tables
+/// renewals update), refused; TRUNCATE is refused from everyone.
+pub fn local_state(call: &TriggerCall) -> Result<pg_sys::Datum, Invalid> {
+    let table = display(call.relid());
+    if call.op() == TriggerOp::Truncate {
+        let mut refusal = Invalid::new("0A000", format!("pg_lease: TRUNCATE of {table} is not allowed"))
+            .expect("a valid SQLSTATE")
+            .with_detail(
+                "pg_lease's own tables hold this node's fencing state (protections, high-water marks, leases and their tokens, the audit): a TRUNCATE would let tokens start over here, and a publication of the table would carry it to its subscribers.",
+            );
+        refusal.hint = Some(match subscription() {
+            Some(sub) => {
+                crate::audit::note_replication_refusal(sub.oid, &sub.name);
+                format!(
+                    "Applied by logical replication subscription \"{}\", whose publisher truncated its {table}: skip it (ALTER SUBSCRIPTION {} SKIP (lsn = ...), the LSN is in this error's CONTEXT) and publish only your own tables there.",
+                    sub.name,
+                    quote_ident(&sub.name)
+                )
+            }
+            None => format!(
+                "Delete the rows you mean to remove instead (DELETE FROM {table} WHERE ...); pg_lease.audit_retention prunes lease.rejected_writes."
+            ),
+        });
+        return Err(refusal);
+    }
+    if !applying() {
+        return Ok(if call.is_before_row() { call.pass() } else { pg_sys::Datum::from(0usize) });
+    }
+    let sub = subscription();
+    let name = sub.as_ref().map_or("(unknown)", |s| s.name.as_str()).to_owned();
+    if call.is_before_row() {
+        if !SKIP_LOGGED.with(|l| l.replace(true)) {
+            pgrx::log!(
+                "pg_lease: logical replication subscription \"{name}\" publishes pg_lease's own tables (first: {table}); their changes are skipped here, each node keeps its own"
+            );
+        }
+        // NULL: the row is skipped.
+        return Ok(pg_sys::Datum::from(0usize));
+    }
+    if let Some(sub) = &sub {
+        crate::audit::note_replication_refusal(sub.oid, &sub.name);
+    }
+    let mut refusal = Invalid::new(
+        "55000",
+        format!("pg_lease: logical replication subscription \"{name}\" would overwrite a row of {table} this node wrote"),
+    )
+    .expect("a valid SQLSTATE")
+    .with_detail(format!(
+        "The publisher publishes pg_lease's own tables, and this node took a lease or heartbeat session under a name the publisher's change is for. Each node's leases and tokens are its own: {table} never takes replicated changes."
+    ));
+    refusal.hint = Some(format!(
+        "Publish only your own tables on the publisher (FOR TABLE ... or FOR TABLES IN SCHEMA ...) and ALTER SUBSCRIPTION {0} REFRESH PUBLICATION, or skip the change (ALTER SUBSCRIPTION {0} SKIP (lsn = ...)); the worker retries it until then.",
+        quote_ident(&name)
+    ));
+    Err(refusal)
 }

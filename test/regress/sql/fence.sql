@@ -28,7 +28,7 @@ SELECT table_name, mode, key_columns, token_source, token_column, owner_table,
        owner_key_columns, owner_token_column, partitions, enforced, problems
   FROM lease.protected_tables;
 SELECT tgrelid::regclass, tgname, tgenabled FROM pg_trigger
- WHERE tgname LIKE 'pg_lease%' ORDER BY 1::text, 2;
+ WHERE tgname LIKE 'pg_lease%' AND tgname NOT LIKE 'pg_lease\_local%' ORDER BY 1::text, 2;
 
 --
 -- Owner mode verdicts
@@ -311,7 +311,7 @@ SELECT lease.unprotect('payouts');
 SELECT lease.unprotect('seats');
 INSERT INTO payouts (table_id, hand, amount, fencing_token) VALUES (1, 5, 10, 1);
 UPDATE tables SET owner_fencing_token = 1 WHERE id = 1;
-SELECT tgrelid::regclass, tgname FROM pg_trigger WHERE tgname LIKE 'pg_lease%' ORDER BY 1::text, 2;
+SELECT tgrelid::regclass, tgname FROM pg_trigger WHERE tgname LIKE 'pg_lease%' AND tgname NOT LIKE 'pg_lease\_local%' ORDER BY 1::text, 2;
 SELECT lease.unprotect('ledger');
 INSERT INTO ledger VALUES (1, 'i', 3);
 SELECT lease.protect_high_water('ledger', '{k}', 'token');

@@ -221,7 +221,8 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         "lease._key_equality(oid,oid)",
         "lease._key_identity_problem(oid,oid)",
         "lease._owner_key_index(oid,text[],oid[])",
-        // Check that the caller holds EXECUTE on protect/unprotect and owns the tables.
+        // Check that the caller holds EXECUTE on protect/unprotect/judge_replicated and owns the tables.
+        "lease._judge_replicated(oid,boolean)",
         "lease._register(oid,text,text[],text,oid,text[],text)",
         "lease._token_floor()",
         "lease._unregister(oid)",

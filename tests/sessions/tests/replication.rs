@@ -407,6 +407,10 @@ fn a_for_all_tables_publication_leaves_each_nodes_pg_lease_state_alone() {
     wait_for("the worker to move on", Duration::from_secs(60), || {
         content(&mut s, "ledger") == content(&mut p, "ledger")
     });
+    // Noted until the stats are reset.
+    s.batch_execute("SELECT lease.stats_reset()").unwrap();
+    let status: String = s.query_one("SELECT status FROM lease.audit_status()", &[]).unwrap().get(0);
+    assert!(!status.contains("subscription everything"), "{status}");
     s.batch_execute("DROP SUBSCRIPTION everything").unwrap();
 }
 

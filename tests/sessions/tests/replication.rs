@@ -437,6 +437,9 @@ fn trusted_subscription_owners_and_judge_replicated() {
     let v16 = one_i64(&mut s, "SELECT current_setting('server_version_num')::bigint") >= 160000;
     // A subscription whose owner is no superuser (PostgreSQL 16 on: a member
     // of pg_create_subscription can own one; before, a demoted superuser).
+    // From 16 on its worker needs password_required = false to connect
+    // without a password, and run_as_owner to apply as its owner (who is
+    // granted the tables) rather than SET ROLE to each table's owner.
     s.batch_execute(
         "SELECT lease.protect('payouts', '{table_id}', 'fencing_token');
          CREATE ROLE repl LOGIN SUPERUSER;
@@ -447,7 +450,7 @@ fn trusted_subscription_owners_and_judge_replicated() {
         "CREATE SUBSCRIPTION game CONNECTION 'host=127.0.0.1 port={} user=postgres dbname=postgres' PUBLICATION game
              WITH (enabled = false{})",
         publisher.port,
-        if v16 { ", password_required = false" } else { "" }
+        if v16 { ", password_required = false, run_as_owner = true" } else { "" }
     ))
     .unwrap();
     s.batch_execute("ALTER SUBSCRIPTION game OWNER TO repl").unwrap();

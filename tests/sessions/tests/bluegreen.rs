@@ -343,10 +343,7 @@ fn blue_green_upgrade_by_logical_replication_follows_the_readme() {
     assert!(subscribe < stop_writers && stop_writers < drop_subscription, "runbook order");
     assert_eq!(steps.iter().filter(|s| matches!(s, Step::Sh { .. })).count(), 1, "one shell step");
     let mut vars = BTreeMap::new();
-    vars.insert(
-        "blue_conninfo".to_owned(),
-        format!("host=127.0.0.1 port={} user=postgres dbname=game application_name=green", blue.port),
-    );
+    vars.insert("blue_conninfo".to_owned(), format!("host=127.0.0.1 port={} user=postgres dbname=game", blue.port));
     let run = |range: std::ops::Range<usize>, vars: &mut BTreeMap<String, String>| {
         for step in &steps[range] {
             match step {
@@ -441,7 +438,8 @@ fn blue_green_upgrade_by_logical_replication_follows_the_readme() {
 #[test]
 fn a_standby_refuses_token_ceiling_and_issue_tokens_above() {
     let primary = Cluster::start("bg_primary", 54490);
-    primary.connect().batch_execute("CREATE EXTENSION pg_lease").unwrap();
+    // (A checkpoint first: pg_basebackup's own, spread over the dirty pages, is then instant.)
+    primary.connect().batch_execute("CREATE EXTENSION pg_lease; CHECKPOINT").unwrap();
     let standby = Cluster::standby_of(&primary, "bg_standby", 54491);
     let mut s = standby.connect();
     wait_for("the extension on the standby", || {

@@ -425,6 +425,7 @@ fn blue_green_upgrade_by_logical_replication_follows_the_readme() {
     // Green fences its own writers.
     let g8 = acquire(&mut app, "table:8", "host-10", Some(8));
     assert!(g8 > blue_ceiling);
+    assert_eq!(stale_payout(&mut app, 8, t8b), "LF001");
     pay(&mut app, 8, 100..=100, g8);
     let g8b = acquire(&mut app, "table:8", "host-10", Some(8));
     assert_eq!(stale_payout(&mut app, 8, g8), "LF001");

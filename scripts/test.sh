@@ -2,7 +2,8 @@
 # `make test`: lint, in-process pgrx tests, then multi-session tests over real
 # connections against a scratch cluster with pg_lease preloaded.
 # PG=18 (`make test PG=18`) runs all of it against PostgreSQL 18 instead of 15,
-# and adds the pg_upgrade 15 -> 18 test (tests/sessions/tests/pg_upgrade.rs).
+# and adds the pg_upgrade 15 -> 18 test (tests/sessions/tests/pg_upgrade.rs); the
+# blue/green runbook (tests/sessions/tests/bluegreen.rs) then runs 15 -> 18 instead of 15 -> 15.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] \
@@ -65,13 +66,13 @@ install_into() {
 echo "== install"
 install_into "$PG_CONFIG" "${features[@]}"
 if [ "$PG" != 15 ]; then
-    # The pg_upgrade test starts from a PostgreSQL 15 cluster with pg_lease.
+    # The pg_upgrade and blue/green tests start from a PostgreSQL 15 cluster with pg_lease.
     PG_LEASE_UPGRADE_FROM=${PG_LEASE_UPGRADE_FROM:-$(PG=15 scripts/pg.sh pg_config)}
     export PG_LEASE_UPGRADE_FROM
-    echo "== install into PostgreSQL 15 too ($PG_LEASE_UPGRADE_FROM), for the pg_upgrade test"
+    echo "== install into PostgreSQL 15 too ($PG_LEASE_UPGRADE_FROM), for the pg_upgrade and blue/green tests"
     install_into "$PG_LEASE_UPGRADE_FROM"
 else
-    unset PG_LEASE_UPGRADE_FROM   # no older major to upgrade from: that test says so and passes
+    unset PG_LEASE_UPGRADE_FROM   # no older major: pg_upgrade.rs says so and passes, bluegreen.rs runs 15 -> 15
 fi
 
 echo "== pg_regress"

@@ -5,7 +5,9 @@
 -- applied by logical replication are judged (column
 -- lease.protected.judge_replicated, NULL: the mode's default); pg_lease's own
 -- tables keep their state local (a FOR ALL TABLES publication's changes to
--- them are skipped on the subscriber, TRUNCATE of them is refused).
+-- them are skipped on the subscriber, TRUNCATE of them is refused);
+-- lease.token_ceiling and lease.issue_tokens_above carry tokens across a
+-- blue/green cutover (the token rule moves into lease._next_token).
 \echo Use "ALTER EXTENSION pg_lease UPDATE TO '0.7.0'" to load this file. \quit
 
 ALTER TABLE lease.protected ADD COLUMN judge_replicated boolean;
@@ -64,3 +66,309 @@ END $$;
 -- pg_lease deletes from this table (without a primary key): a publication
 -- that publishes deletes needs a replica identity for it.
 ALTER TABLE lease.deferred_checks REPLICA IDENTITY FULL;
+
+-- Blue/green: tokens above the old cluster's.
+-- The token rule moves out of lease.acquire into lease._next_token, which
+-- lease.token_ceiling and lease.issue_tokens_above share with it.
+
+-- The token rule, in one place: lease.acquire issues with it, and
+-- lease.token_ceiling / lease.issue_tokens_above (blue/green cutover) judge
+-- with it. For a lease whose highest stored token (its own, its owner row's)
+-- is `stored`, on WAL timeline `timeline`: the epoch is the highest base
+-- recorded in lease.token_epoch (0 without any) + the timeline; a stored
+-- token from a higher epoch, or a higher epoch issued before (restored from a
+-- dump, or carried through pg_upgrade, where timelines restart), raises base
+-- to that epoch (`raise_base`: the caller records it when it issues), and the
+-- epoch is then above it, and above what any earlier, lower timeline computed
+-- from the same stored token. The next token is max(stored, epoch << 40) + 1,
+-- NULL when none is left (stored at bigint's top, or epoch 2^23 reached).
+-- `issued` is lease.token_epoch_issued's epoch. A SQL-standard body, bound
+-- when created and inlined into the caller's query (one statement, as before
+-- it was factored out of acquire).
+CREATE FUNCTION lease._next_token(stored bigint, timeline bigint)
+RETURNS TABLE (token bigint, epoch bigint, issued bigint, raise_base bigint)
+LANGUAGE sql STABLE PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT CASE WHEN stored = 9223372036854775807 OR r.epoch >= 8388608 THEN NULL   -- 2^63 - 1, 2^23
+                ELSE greatest(stored, r.epoch << 40) + 1 END,
+           r.epoch, r.issued, r.raise_base
+      FROM (SELECT CASE WHEN h.high > c.epoch THEN h.high + timeline ELSE c.epoch END AS epoch,
+                   c.issued,
+                   CASE WHEN h.high > c.epoch THEN h.high END AS raise_base
+              FROM (SELECT coalesce(max(e.base), 0) + timeline AS epoch,
+                           (SELECT i.epoch FROM lease.token_epoch_issued i) AS issued
+                      FROM lease.token_epoch e) c
+             CROSS JOIN LATERAL (SELECT greatest(stored >> 40, c.issued) AS high) h) r;
+END;
+COMMENT ON FUNCTION lease._next_token(bigint, bigint) IS
+    'The next fencing token after stored on timeline, by the epoch rule (NULL when none is left), with the epoch and the base raise it needs (internal).';
+REVOKE EXECUTE ON FUNCTION lease._next_token(bigint, bigint) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION lease.acquire(name text, owner text, ttl_ms integer, owner_table regclass DEFAULT NULL,
+                              owner_key text[] DEFAULT NULL)
+RETURNS TABLE (token bigint, expires_at timestamptz)
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    p_ttl_ms ALIAS FOR $3;
+    p_owner_table ALIAS FOR $4;
+    p_owner_key ALIAS FOR $5;
+    timeline bigint := lease._token_floor() >> 40;   -- also refuses on a standby
+    ttl integer := lease._check_ttl(p_ttl_ms);
+    p_name text COLLATE "default" := lease._label('name', $1);   -- see the convention at the top
+    p_owner text COLLATE "default" := lease._label('owner', $2);
+    epoch bigint; issued bigint; high bigint; stored bigint;
+    raise_base boolean; fresh boolean;
+    cur lease.lease_state;
+    cur_expiry timestamptz;
+    holder lease.session_state;
+    now_ts timestamptz;
+    live boolean;
+    binding record;
+    owner_row bigint[];
+    owner_token bigint;
+    landed bigint;
+    detail text;
+    new_token bigint;
+BEGIN
+    IF (p_owner_table IS NULL) <> (p_owner_key IS NULL) THEN
+        PERFORM lease._fail('22023', 'pg_lease: owner_table and owner_key go together');
+    END IF;
+    IF p_owner_table IS NOT NULL THEN
+        SELECT p.owner_key_columns, p.owner_token_column INTO binding
+          FROM lease.protected p WHERE p.owner_table = p_owner_table LIMIT 1;
+        IF NOT FOUND THEN
+            PERFORM lease._fail('55000', format('pg_lease: %s is not the owner table of any table protected with lease.protect', p_owner_table));
+        END IF;
+        IF cardinality(p_owner_key) IS DISTINCT FROM cardinality(binding.owner_key_columns)
+           OR array_position(p_owner_key, NULL) IS NOT NULL THEN
+            PERFORM lease._fail('22023', format('pg_lease: owner_key %s does not match the key columns %s of %s', p_owner_key, binding.owner_key_columns, p_owner_table));
+        END IF;
+    END IF;
+
+    -- The lease row, locked (created on first use): racing acquires queue here.
+    SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
+    fresh := NOT FOUND AND p_owner_table IS NULL;   -- see above
+    IF fresh THEN
+        cur.owner := p_owner; cur.token := 0; cur.released_at := '-infinity';
+    ELSIF NOT FOUND THEN
+        INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at, released_at)
+        VALUES (p_name, p_owner, 0, '-infinity', '-infinity', '-infinity', '-infinity')
+        ON CONFLICT (name) DO NOTHING;
+        SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
+    END IF;
+    -- The new holder's session row exists from its first lease on, so the
+    -- takeover check below can always lock it (an uncommitted first
+    -- heartbeat's INSERT could not be waited for). Fresh: after its row.
+    IF NOT fresh THEN
+        INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
+        VALUES (p_owner, '-infinity', '-infinity', '-infinity') ON CONFLICT (owner) DO NOTHING;
+    END IF;
+    now_ts := clock_timestamp();   -- read after the lock wait
+    cur_expiry := cur.expires_at;
+    live := cur.released_at IS NULL AND cur_expiry > now_ts;
+    IF cur.released_at IS NULL AND NOT live AND cur.owner <> p_owner THEN
+        -- Past its own expiry, another owner's lease may still be carried by
+        -- that owner's heartbeat session. Lock the session row (a heartbeat
+        -- waits for this acquire, or this acquire for it) and judge on the
+        -- clock read after the lock.
+        SELECT * INTO holder FROM lease.session_state s WHERE s.owner = cur.owner FOR SHARE;
+        now_ts := clock_timestamp();
+        cur_expiry := lease._expiry(cur.expires_at, holder.live_since, holder.expires_at);
+        live := cur_expiry > now_ts;
+    END IF;
+    IF live AND cur.owner <> p_owner THEN
+        PERFORM lease._raise('LeaseOwnedElsewhere',
+            format('lease "%s" is held by %s', p_name, cur.owner),
+            format('Lease %s, holder %s, token %s, expires at %s (in %s).', p_name, cur.owner, cur.token,
+                   cur_expiry, date_trunc('millisecond', cur_expiry - now_ts)));
+    END IF;
+
+    IF p_owner_table IS NOT NULL THEN
+        -- FOR UPDATE waits for writers still fenced under the old token. The
+        -- owner row is read and written as the owner table's owner, never as
+        -- this function's superuser owner (src/lease_owner.rs).
+        owner_row := lease._lock_owner_row(p_owner_table, p_owner_key);
+        owner_token := owner_row[1];
+        IF cardinality(owner_row) = 0 THEN
+            PERFORM lease._raise('FenceOwnerMissing',
+                format('lease "%s" is bound to owner row %s of %s, which does not exist', p_name, p_owner_key, p_owner_table),
+                format('Lease %s, owner table %s, key %s = %s.', p_name, p_owner_table, binding.owner_key_columns, p_owner_key));
+        END IF;
+    END IF;
+
+    -- Epoch = base + timeline, raised above a stored token's or an issued
+    -- epoch when needed: the rule is lease._next_token's.
+    stored := greatest(cur.token, owner_token, 0);
+    SELECT n.token, n.epoch, n.issued, n.raise_base INTO new_token, epoch, issued, high
+      FROM lease._next_token(stored, timeline) n;
+    raise_base := high IS NOT NULL;
+    -- (Refused before anything below is written; the transaction would
+    -- undo it anyway.)
+    IF new_token IS NULL THEN
+        PERFORM lease._fail('22003', format('pg_lease: lease "%s" has no fencing token left (current %s)', p_name, stored), 'Fencing tokens are bigints; this resource''s token is at the top of their range.');
+    END IF;
+    IF fresh THEN
+        -- The lease row, then (only if it was inserted) the session row.
+        WITH ins AS (
+            INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at)
+            VALUES (p_name, p_owner, new_token, now_ts, now_ts, now_ts + ttl * interval '1 millisecond')
+            ON CONFLICT (name) DO NOTHING
+            RETURNING l.token, l.expires_at
+        ), sess AS (
+            INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
+            SELECT p_owner, '-infinity', '-infinity', '-infinity' FROM ins
+            ON CONFLICT (owner) DO NOTHING
+        )
+        SELECT i.token, i.expires_at INTO token, expires_at FROM ins i;
+        IF NOT FOUND THEN
+            -- Another acquire created the row since (nothing is written
+            -- yet): judge again, under its lock.
+            RETURN QUERY SELECT * FROM lease.acquire($1, $2, $3, $4, $5);
+            RETURN;
+        END IF;
+    END IF;
+    IF raise_base THEN
+        INSERT INTO lease.token_epoch (base) VALUES (high) ON CONFLICT DO NOTHING;
+    END IF;
+    IF epoch > coalesce(issued, 0) THEN
+        INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES (epoch)
+        ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
+    END IF;
+    IF p_owner_table IS NOT NULL THEN
+        BEGIN
+            landed := lease._set_owner_token(p_owner_table, p_owner_key, new_token);
+        EXCEPTION WHEN internal_error THEN
+            -- The owner guard's LF004 (a trigger on the owner table lowered
+            -- the bump) comes back from the Rust call as XX000: raise it again
+            -- with its own code.
+            IF SQLERRM LIKE 'FencingTokenRegression: %' THEN
+                GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
+                PERFORM lease._raise('FencingTokenRegression', substr(SQLERRM, 25), detail);
+            END IF;
+            RAISE;
+        END;
+    END IF;
+    IF p_owner_table IS NOT NULL AND landed IS DISTINCT FROM new_token THEN
+        -- A trigger or rule on the owner table swallowed or changed the bump:
+        -- the old holder's token would still be current.
+        PERFORM lease._raise('FenceTampering',
+            format('lease "%s": the token bump to %s did not reach owner row %s of %s', p_name, new_token, p_owner_key, p_owner_table),
+            format('Lease %s, owner table %s: a trigger or rule on it skipped or changed the UPDATE of its token column.',
+                   p_name, p_owner_table));
+    END IF;
+    IF NOT fresh THEN
+        UPDATE lease.lease_state l
+           SET owner = p_owner, token = new_token, acquired_at = now_ts, renewed_at = now_ts,
+               expires_at = now_ts + ttl * interval '1 millisecond', released_at = NULL,
+               owner_table = p_owner_table, owner_key = p_owner_key
+         WHERE l.name = p_name
+        RETURNING l.token, l.expires_at INTO token, expires_at;
+    END IF;
+    IF cur.owner <> p_owner THEN
+        -- Taken from a holder that did not release it: its next heartbeat
+        -- hears so. This owner's own report of an earlier loss of the lease
+        -- is moot now that it holds the lease again.
+        IF cur.released_at IS NULL THEN
+            INSERT INTO lease.lost_leases AS x (owner, name, token, lost_at)
+            VALUES (cur.owner, p_name, cur.token, now_ts)
+            ON CONFLICT (owner, name) DO UPDATE SET token = excluded.token, lost_at = excluded.lost_at;
+        END IF;
+        DELETE FROM lease.lost_leases x WHERE x.owner = p_owner AND x.name = p_name;
+    END IF;
+
+    -- The lease changed hands from a holder that did not release it (it expired,
+    -- or its owner re-took it from another process): tell a live previous
+    -- holder, so it can freeze before its next write is refused.
+    IF cur.released_at IS NULL AND cur.token > 0 THEN
+        PERFORM pg_notify('pg_lease', json_build_object(
+            'event', 'taken', 'name', p_name, 'owner', p_owner, 'token', new_token,
+            'previous_owner', cur.owner, 'previous_token', cur.token, 'expires_at', expires_at)::text);
+    END IF;
+    -- A token must be durable before the client sees it.
+    IF current_setting('synchronous_commit') = 'off' THEN
+        PERFORM set_config('synchronous_commit', 'local', true);
+    END IF;
+    RETURN NEXT;
+END $$;
+COMMENT ON FUNCTION lease.acquire(text, text, integer, regclass, text[]) IS
+    'Takes (or re-takes) a lease with a new, higher fencing token; LF005 when another live owner holds it.';
+
+-- Leases and the token epoch are per database and not replicated: on a new cluster fed by logical
+-- replication, an owner-bound lease's first token is above its owner row's
+-- replicated token, but an unbound lease starts over. At cutover, the old
+-- side's ceiling (read once its writers have stopped) is handed to the new
+-- side, whose every later token is then above it (README, "Blue/green major
+-- upgrade").
+
+-- Above every token this database has issued: max(the highest lease token,
+-- the current epoch << 40) + 1 by lease._next_token's rule, i.e. what an
+-- acquire of the lease holding the highest token would issue now. Waits for
+-- acquires in flight (their row locks) first. In a REPEATABLE READ or
+-- SERIALIZABLE transaction it sees the tokens of that transaction's snapshot.
+CREATE FUNCTION lease.token_ceiling() RETURNS bigint
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    stored bigint;
+    ceiling bigint;
+BEGIN
+    IF pg_is_in_recovery() THEN
+        PERFORM lease._fail('25006', 'lease.token_ceiling: tokens are issued on the primary only',
+                            'This server is a standby in recovery.', 'Call it on the primary.');
+    END IF;
+    LOCK TABLE lease.lease_state IN EXCLUSIVE MODE;   -- acquires in flight commit or roll back first
+    SELECT coalesce(max(l.token), 0) INTO stored FROM lease.lease_state l;
+    SELECT n.token INTO ceiling FROM lease._next_token(stored, lease._token_floor() >> 40) n;
+    IF ceiling IS NULL THEN
+        PERFORM lease._fail('22003', format('lease.token_ceiling: no fencing token is left above %s', stored),
+                            'Fencing tokens are bigints; this database''s tokens are at the top of their range.');
+    END IF;
+    RETURN ceiling;
+END $$;
+COMMENT ON FUNCTION lease.token_ceiling() IS
+    'A fencing token above every token this database has issued (blue/green cutover: hand it to lease.issue_tokens_above on the new side).';
+
+-- From now on every token this database issues, for any lease, bound or not,
+-- is above `token`: when the lowest token it could issue is not, the epoch
+-- base rises to token's epoch (recorded in lease.token_epoch, as acquire's
+-- own raises are, so it holds across failover, pg_upgrade and dumps).
+-- Only ever raises; returns the lowest token it can now issue (a fresh
+-- lease's next one). Waits for acquires in flight (each holds
+-- lease.token_epoch from the moment it read the epoch) and holds later ones
+-- until it commits.
+CREATE FUNCTION lease.issue_tokens_above(token bigint) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    p_token bigint := $1;
+    timeline bigint;
+    lowest bigint;
+BEGIN
+    IF p_token IS NULL THEN
+        PERFORM lease._fail('22004', 'lease.issue_tokens_above: token must not be NULL');
+    END IF;
+    IF p_token < 0 THEN
+        PERFORM lease._fail('22023', format('lease.issue_tokens_above: token must not be negative (got %s)', p_token));
+    END IF;
+    IF pg_is_in_recovery() THEN
+        PERFORM lease._fail('25006', 'lease.issue_tokens_above: tokens are issued on the primary only',
+                            'This server is a standby in recovery.', 'Call it on the primary.');
+    END IF;
+    timeline := lease._token_floor() >> 40;
+    LOCK TABLE lease.token_epoch IN ACCESS EXCLUSIVE MODE;
+    SELECT n.token INTO lowest FROM lease._next_token(0, timeline) n;
+    IF lowest IS NOT NULL AND lowest > p_token THEN
+        RETURN lowest;   -- already above: nothing to raise
+    END IF;
+    -- Base = token's epoch: the epoch is then base + timeline (or more), above it.
+    IF lowest IS NULL OR (p_token >> 40) + timeline >= 8388608 THEN   -- 2^23
+        PERFORM lease._fail('22003', format('lease.issue_tokens_above: no fencing token is left above %s', p_token),
+                            format('Tokens are epoch << 40 | counter, epochs below 2^23; this server is on timeline %s.', timeline));
+    END IF;
+    INSERT INTO lease.token_epoch (base) VALUES (p_token >> 40) ON CONFLICT DO NOTHING;
+    SELECT n.token INTO lowest FROM lease._next_token(0, timeline) n;
+    RETURN lowest;
+END $$;
+COMMENT ON FUNCTION lease.issue_tokens_above(bigint) IS
+    'Makes every fencing token this database issues from now on, for any lease, higher than token (only ever raises); returns the lowest it can now issue.';
+
+REVOKE EXECUTE ON FUNCTION lease.token_ceiling(), lease.issue_tokens_above(bigint) FROM PUBLIC;

@@ -1378,6 +1378,39 @@ REVOKE EXECUTE ON FUNCTION lease._label(text, text) FROM PUBLIC;
 CREATE FUNCTION lease._check_ttl(ttl_ms integer) RETURNS integer
     LANGUAGE C STABLE PARALLEL SAFE AS 'MODULE_PATHNAME', 'pg_lease_check_ttl';
 
+-- The token rule, in one place: lease.acquire issues with it, and
+-- lease.token_ceiling / lease.issue_tokens_above (blue/green cutover) judge
+-- with it. For a lease whose highest stored token (its own, its owner row's)
+-- is `stored`, on WAL timeline `timeline`: the epoch is the highest base
+-- recorded in lease.token_epoch (0 without any) + the timeline; a stored
+-- token from a higher epoch, or a higher epoch issued before (restored from a
+-- dump, or carried through pg_upgrade, where timelines restart), raises base
+-- to that epoch (`raise_base`: the caller records it when it issues), and the
+-- epoch is then above it, and above what any earlier, lower timeline computed
+-- from the same stored token. The next token is max(stored, epoch << 40) + 1,
+-- NULL when none is left (stored at bigint's top, or epoch 2^23 reached).
+-- `issued` is lease.token_epoch_issued's epoch. A SQL-standard body, bound
+-- when created and inlined into the caller's query (one statement, as before
+-- it was factored out of acquire).
+CREATE FUNCTION lease._next_token(stored bigint, timeline bigint)
+RETURNS TABLE (token bigint, epoch bigint, issued bigint, raise_base bigint)
+LANGUAGE sql STABLE PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT CASE WHEN stored = 9223372036854775807 OR r.epoch >= 8388608 THEN NULL   -- 2^63 - 1, 2^23
+                ELSE greatest(stored, r.epoch << 40) + 1 END,
+           r.epoch, r.issued, r.raise_base
+      FROM (SELECT CASE WHEN h.high > c.epoch THEN h.high + timeline ELSE c.epoch END AS epoch,
+                   c.issued,
+                   CASE WHEN h.high > c.epoch THEN h.high END AS raise_base
+              FROM (SELECT coalesce(max(e.base), 0) + timeline AS epoch,
+                           (SELECT i.epoch FROM lease.token_epoch_issued i) AS issued
+                      FROM lease.token_epoch e) c
+             CROSS JOIN LATERAL (SELECT greatest(stored >> 40, c.issued) AS high) h) r;
+END;
+COMMENT ON FUNCTION lease._next_token(bigint, bigint) IS
+    'The next fencing token after stored on timeline, by the epoch rule (NULL when none is left), with the epoch and the base raise it needs (internal).';
+REVOKE EXECUTE ON FUNCTION lease._next_token(bigint, bigint) FROM PUBLIC;
+
 -- A name's first acquire without an owner row ("fresh") judges the row the
 -- others create first (owner = the caller, token 0, released) and inserts it
 -- once, with its token, after reading the epoch, where the others update it:
@@ -1477,25 +1510,17 @@ BEGIN
         END IF;
     END IF;
 
-    -- Epoch = base + timeline. A stored token from a higher epoch, or an
-    -- epoch issued before (restored from a dump, or carried through
-    -- pg_upgrade, where timelines restart) raises base to that epoch: the new
-    -- epoch is then above it, and above what any earlier, lower timeline
-    -- computed from the same stored token.
+    -- Epoch = base + timeline, raised above a stored token's or an issued
+    -- epoch when needed: the rule is lease._next_token's.
     stored := greatest(cur.token, owner_token, 0);
-    SELECT coalesce(max(e.base), 0) + timeline, (SELECT i.epoch FROM lease.token_epoch_issued i)
-      INTO epoch, issued FROM lease.token_epoch e;
-    high := greatest(stored >> 40, issued);
-    raise_base := high > epoch;
-    IF raise_base THEN
-        epoch := high + timeline;
-    END IF;
+    SELECT n.token, n.epoch, n.issued, n.raise_base INTO new_token, epoch, issued, high
+      FROM lease._next_token(stored, timeline) n;
+    raise_base := high IS NOT NULL;
     -- (Refused before anything below is written; the transaction would
     -- undo it anyway.)
-    IF stored = 9223372036854775807 OR epoch >= 8388608 THEN   -- 2^63 - 1, 2^23
+    IF new_token IS NULL THEN
         PERFORM lease._fail('22003', format('pg_lease: lease "%s" has no fencing token left (current %s)', p_name, stored), 'Fencing tokens are bigints; this resource''s token is at the top of their range.');
     END IF;
-    new_token := greatest(stored, epoch << 40) + 1;
     IF fresh THEN
         -- The lease row, then (only if it was inserted) the session row.
         WITH ins AS (
@@ -1593,6 +1618,84 @@ EXCEPTION WHEN SQLSTATE 'LF005' THEN
 END $$;
 COMMENT ON FUNCTION lease.try_acquire(text, text, integer, regclass, text[]) IS
     'Like lease.acquire, but returns no row when another live owner holds the lease.';
+
+-- Blue/green: tokens above the old cluster's. Leases and the token epoch
+-- are per database and not replicated: on a new cluster fed by logical
+-- replication, an owner-bound lease's first token is above its owner row's
+-- replicated token, but an unbound lease starts over. At cutover, the old
+-- side's ceiling (read once its writers have stopped) is handed to the new
+-- side, whose every later token is then above it (README, "Blue/green major
+-- upgrade").
+
+-- Above every token this database has issued: max(the highest lease token,
+-- the current epoch << 40) + 1 by lease._next_token's rule, i.e. what an
+-- acquire of the lease holding the highest token would issue now. Waits for
+-- acquires in flight (their row locks) first. In a REPEATABLE READ or
+-- SERIALIZABLE transaction it sees the tokens of that transaction's snapshot.
+CREATE FUNCTION lease.token_ceiling() RETURNS bigint
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    stored bigint;
+    ceiling bigint;
+BEGIN
+    IF pg_is_in_recovery() THEN
+        PERFORM lease._fail('25006', 'lease.token_ceiling: tokens are issued on the primary only',
+                            'This server is a standby in recovery.', 'Call it on the primary.');
+    END IF;
+    LOCK TABLE lease.lease_state IN EXCLUSIVE MODE;   -- acquires in flight commit or roll back first
+    SELECT coalesce(max(l.token), 0) INTO stored FROM lease.lease_state l;
+    SELECT n.token INTO ceiling FROM lease._next_token(stored, lease._token_floor() >> 40) n;
+    IF ceiling IS NULL THEN
+        PERFORM lease._fail('22003', format('lease.token_ceiling: no fencing token is left above %s', stored),
+                            'Fencing tokens are bigints; this database''s tokens are at the top of their range.');
+    END IF;
+    RETURN ceiling;
+END $$;
+COMMENT ON FUNCTION lease.token_ceiling() IS
+    'A fencing token above every token this database has issued (blue/green cutover: hand it to lease.issue_tokens_above on the new side).';
+
+-- From now on every token this database issues, for any lease, bound or not,
+-- is above `token`: when the lowest token it could issue is not, the epoch
+-- base rises to token's epoch (recorded in lease.token_epoch, as acquire's
+-- own raises are, so it holds across failover, pg_upgrade and dumps).
+-- Only ever raises; returns the lowest token it can now issue (a fresh
+-- lease's next one). Waits for acquires in flight (each holds
+-- lease.token_epoch from the moment it read the epoch) and holds later ones
+-- until it commits.
+CREATE FUNCTION lease.issue_tokens_above(token bigint) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    p_token bigint := $1;
+    timeline bigint;
+    lowest bigint;
+BEGIN
+    IF p_token IS NULL THEN
+        PERFORM lease._fail('22004', 'lease.issue_tokens_above: token must not be NULL');
+    END IF;
+    IF p_token < 0 THEN
+        PERFORM lease._fail('22023', format('lease.issue_tokens_above: token must not be negative (got %s)', p_token));
+    END IF;
+    IF pg_is_in_recovery() THEN
+        PERFORM lease._fail('25006', 'lease.issue_tokens_above: tokens are issued on the primary only',
+                            'This server is a standby in recovery.', 'Call it on the primary.');
+    END IF;
+    timeline := lease._token_floor() >> 40;
+    LOCK TABLE lease.token_epoch IN ACCESS EXCLUSIVE MODE;
+    SELECT n.token INTO lowest FROM lease._next_token(0, timeline) n;
+    IF lowest IS NOT NULL AND lowest > p_token THEN
+        RETURN lowest;   -- already above: nothing to raise
+    END IF;
+    -- Base = token's epoch: the epoch is then base + timeline (or more), above it.
+    IF lowest IS NULL OR (p_token >> 40) + timeline >= 8388608 THEN   -- 2^23
+        PERFORM lease._fail('22003', format('lease.issue_tokens_above: no fencing token is left above %s', p_token),
+                            format('Tokens are epoch << 40 | counter, epochs below 2^23; this server is on timeline %s.', timeline));
+    END IF;
+    INSERT INTO lease.token_epoch (base) VALUES (p_token >> 40) ON CONFLICT DO NOTHING;
+    SELECT n.token INTO lowest FROM lease._next_token(0, timeline) n;
+    RETURN lowest;
+END $$;
+COMMENT ON FUNCTION lease.issue_tokens_above(bigint) IS
+    'Makes every fencing token this database issues from now on, for any lease, higher than token (only ever raises); returns the lowest it can now issue.';
 
 CREATE FUNCTION lease.renew(name text, owner text, token bigint, ttl_ms integer) RETURNS timestamptz
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1805,6 +1908,8 @@ REVOKE EXECUTE ON FUNCTION lease._lock_owner_row(oid, text[]), lease._set_owner_
 REVOKE EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]), lease.try_acquire(text, text, integer, regclass, text[]),
     lease.renew(text, text, bigint, integer), lease.renew_all(text, integer), lease.heartbeat(text, integer),
     lease.release(text, text, bigint), lease.release_all(text) FROM PUBLIC;
+-- The cutover's two calls are the superuser's (or a role the DBA grants them to).
+REVOKE EXECUTE ON FUNCTION lease.token_ceiling(), lease.issue_tokens_above(bigint) FROM PUBLIC;
 /* </end connected objects> */
 
 /* <begin connected objects> */

@@ -331,3 +331,140 @@ fn application_role_needs_execute_grants() {
     drop(app);
     c.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).unwrap();
 }
+
+/// The error a statement raised, for its code and its missing CONTEXT.
+fn db_error(c: &mut Client, sql: &str) -> pg_lease_sessions::postgres::error::DbError {
+    let e = c.batch_execute(sql).expect_err(sql);
+    e.as_db_error().unwrap_or_else(|| panic!("{sql}: {e}")).clone()
+}
+
+/// Blue/green (README, "Blue/green major upgrade"): `token_ceiling` is above
+/// every token the database issued, bound or not; `issue_tokens_above` makes
+/// every later token of every lease higher than a given one, only ever raises,
+/// goes through lease.token_epoch, and refuses bad input cleanly.
+#[test]
+fn token_ceiling_and_issue_tokens_above() {
+    let (db, mut c) = poker_with_leases("lease_ceiling");
+    let base = 1i64 << 40;
+    // An empty database: the ceiling is its first token.
+    let first = one_i64(&mut c, "SELECT lease.token_ceiling()");
+    assert_eq!(first, base + 1);
+    let free = acquire(&mut c, "x", "host-a", 60_000).unwrap();
+    assert_eq!(free, first);
+    acquire(&mut c, "x", "host-a", 60_000).unwrap();
+    // A bound lease over an owner row carrying a high token (set by hand).
+    c.batch_execute("UPDATE tables SET owner_fencing_token = 1099511627876 WHERE id = 1").unwrap();
+    let bound: i64 = c
+        .query_one("SELECT token FROM lease.acquire('table:1', 'host-a', 60000, 'tables', '{1}')", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(bound, base + 101);
+    let ceiling = one_i64(&mut c, "SELECT lease.token_ceiling()");
+    assert_eq!(ceiling, bound + 1, "above every token issued: what the top lease would get next");
+    assert_eq!(one_i64(&mut c, "SELECT lease.token_ceiling()"), ceiling, "reading it issues nothing");
+
+    // A lower or equal value is a no-op: the lowest token a fresh lease would get.
+    assert_eq!(one_i64(&mut c, "SELECT lease.issue_tokens_above(0)"), base + 1);
+    assert_eq!(one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({base})")), base + 1);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.token_epoch"), 0);
+    // A token of another cluster, in this epoch: every lease now issues above it.
+    let blue = base + 5_000;
+    let lowest = one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({blue})"));
+    assert_eq!(lowest, (2 << 40) + 1);
+    assert_eq!(one_i64(&mut c, "SELECT base FROM lease.token_epoch"), 1, "recorded as acquire's own raises are");
+    assert_eq!(one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({blue})")), lowest, "idempotent");
+    assert_eq!(one_i64(&mut c, "SELECT lease.issue_tokens_above(1)"), lowest, "never lowers");
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.token_epoch"), 1);
+    assert_eq!(acquire(&mut c, "fresh", "host-a", 60_000).unwrap(), lowest, "a fresh lease's first token");
+    assert!(acquire(&mut c, "x", "host-a", 60_000).unwrap() > blue, "an unbound lease with older tokens");
+    let rebound: i64 = c
+        .query_one("SELECT token FROM lease.acquire('table:1', 'host-a', 60000, 'tables', '{1}')", &[])
+        .unwrap()
+        .get(0);
+    assert!(rebound > blue && one_i64(&mut c, "SELECT owner_fencing_token FROM tables WHERE id = 1") == rebound);
+    assert!(one_i64(&mut c, "SELECT lease.token_ceiling()") > rebound);
+    // The fence follows: the old holder of table:1 is stale now.
+    expect_error(&mut c, &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {bound})"), "LF001");
+    // Raising again, from a later epoch, moves the base up once more.
+    let far = (7i64 << 40) + 3;
+    assert_eq!(one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({far})")), (8 << 40) + 1);
+    assert!(acquire(&mut c, "x", "host-a", 60_000).unwrap() > far);
+
+    // Bad input: standard codes, pg_lease's messages, no CONTEXT.
+    for (sql, code, text) in [
+        ("SELECT lease.issue_tokens_above(NULL)", "22004", "lease.issue_tokens_above: token must not be NULL"),
+        (
+            "SELECT lease.issue_tokens_above(-1)",
+            "22023",
+            "lease.issue_tokens_above: token must not be negative (got -1)",
+        ),
+        (
+            "SELECT lease.issue_tokens_above(9223372036854775807)",
+            "22003",
+            "lease.issue_tokens_above: no fencing token is left above 9223372036854775807",
+        ),
+        // The last epoch (2^23 - 1) cannot be reached: epoch = base + timeline.
+        (
+            "SELECT lease.issue_tokens_above(8388607::bigint << 40)",
+            "22003",
+            "lease.issue_tokens_above: no fencing token is left above 9223370937343148032",
+        ),
+    ] {
+        let e = db_error(&mut c, sql);
+        assert_eq!((e.code().code(), e.message()), (code, text), "{sql}");
+        assert_eq!(e.where_(), None, "{sql}: no CONTEXT");
+    }
+    assert_eq!(one_i64(&mut c, "SELECT max(base) FROM lease.token_epoch"), 7, "refusals change nothing");
+    // The highest reachable epoch: tokens are issued there, and the ceiling says so.
+    let top = one_i64(&mut c, "SELECT lease.issue_tokens_above(8388606::bigint << 40)");
+    assert_eq!(top, (8388607i64 << 40) + 1);
+    assert_eq!(acquire(&mut c, "top", "host-a", 60_000).unwrap(), top);
+    // A lease at bigint's top has no token left: the ceiling cannot exist.
+    c.batch_execute("UPDATE lease.lease_state SET token = 9223372036854775807 WHERE name = 'top'").unwrap();
+    let e = db_error(&mut c, "SELECT lease.token_ceiling()");
+    assert_eq!(
+        (e.code().code(), e.message()),
+        ("22003", "lease.token_ceiling: no fencing token is left above 9223372036854775807")
+    );
+    assert_eq!(e.where_(), None);
+
+    // Not for PUBLIC: the superuser running the cutover (or whom the DBA grants).
+    let role = format!("nobody_{}", std::process::id());
+    c.batch_execute(&format!("CREATE ROLE {role} LOGIN")).unwrap();
+    let mut nobody = db.connect_as(&role);
+    expect_error(&mut nobody, "SELECT lease.token_ceiling()", "42501");
+    expect_error(&mut nobody, "SELECT lease.issue_tokens_above(1)", "42501");
+    expect_error(&mut nobody, "SELECT * FROM lease._next_token(0, 1)", "42501");
+    drop(nobody);
+    c.batch_execute(&format!("DROP ROLE {role}")).unwrap();
+}
+
+/// Both wait for an acquire in flight: the ceiling includes its token, and
+/// an acquire that read the epoch before the raise commits before it, so
+/// every acquire after `issue_tokens_above` returns is above the token.
+#[test]
+fn token_ceiling_and_issue_tokens_above_wait_for_acquires_in_flight() {
+    let (db, mut c) = poker_with_leases("lease_ceiling_race");
+    let mut observer = db.connect();
+    c.batch_execute("BEGIN").unwrap();
+    let in_flight: i64 = c.query_one("SELECT token FROM lease.acquire('x', 'host-a', 60000)", &[]).unwrap().get(0);
+    let name = db.name.clone();
+    let mut w = connect_to(&name, "postgres");
+    let pid = backend_pid(&mut w);
+    let ceiling = thread::spawn(move || one_i64(&mut w, "SELECT lease.token_ceiling()"));
+    wait_until_blocked(&mut observer, pid);
+    c.batch_execute("COMMIT").unwrap();
+    assert_eq!(ceiling.join().unwrap(), in_flight + 1, "the ceiling counts the acquire in flight");
+    // A raise waits for an acquire that read the epoch before it.
+    c.batch_execute("BEGIN").unwrap();
+    let old_epoch: i64 = c.query_one("SELECT token FROM lease.acquire('y', 'host-a', 60000)", &[]).unwrap().get(0);
+    let target = (3i64 << 40) + 7;
+    let mut w = connect_to(&name, "postgres");
+    let pid = backend_pid(&mut w);
+    let raised = thread::spawn(move || one_i64(&mut w, &format!("SELECT lease.issue_tokens_above({target})")));
+    wait_until_blocked(&mut observer, pid);
+    assert!(old_epoch < target);
+    c.batch_execute("COMMIT").unwrap();
+    assert_eq!(raised.join().unwrap(), (4 << 40) + 1);
+    assert!(acquire(&mut c, "y", "host-a", 60_000).unwrap() > target);
+}

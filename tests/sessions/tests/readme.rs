@@ -1,6 +1,8 @@
 //! README.md as a test: every ```sql block runs, in order, in one psql session
 //! on a fresh database (blocks marked ```sql expect=CODE must fail with that
-//! SQLSTATE, all others must succeed); then each role the README's
+//! SQLSTATE, all others must succeed; blocks marked ```sql on=SIDE belong to
+//! the blue/green runbook, which tests/bluegreen.rs runs on two clusters, and
+//! are left out here); then each role the README's
 //! walkthrough creates connects, does its everyday work and is refused what
 //! it must not do; and the metrics role runs monitoring/postgres_exporter.yml.
 
@@ -27,10 +29,19 @@ struct Block {
 fn sql_blocks(text: &str) -> Vec<Block> {
     let mut blocks = Vec::new();
     let mut current: Option<Block> = None;
+    let mut other_side = false;
     for (i, line) in text.lines().enumerate() {
+        if other_side {
+            other_side = !line.trim_start().starts_with("```");
+            continue;
+        }
         match &mut current {
             None => {
                 if let Some(info) = line.trim_start().strip_prefix("```sql") {
+                    if info.trim().starts_with("on=") {
+                        other_side = true;
+                        continue;
+                    }
                     let expect = info.trim().strip_prefix("expect=").map(str::to_owned);
                     assert!(
                         info.trim().is_empty() || expect.is_some(),

@@ -422,8 +422,8 @@ fn a_for_all_tables_publication_leaves_each_nodes_pg_lease_state_alone() {
 /// too), and NULL gives the mode's default back.
 #[test]
 fn trusted_subscription_owners_and_judge_replicated() {
-    let publisher = Cluster::start_with("repl_own_pub", 54488, &["wal_level = logical"]);
-    let subscriber = Cluster::start("repl_own_sub", 54489);
+    let publisher = Cluster::start_with("repl_own_pub", 54482, &["wal_level = logical"]);
+    let subscriber = Cluster::start("repl_own_sub", 54483);
     let mut p = publisher.connect();
     p.batch_execute(&format!(
         "CREATE EXTENSION pg_lease; {POKER}

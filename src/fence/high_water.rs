@@ -168,7 +168,9 @@ fn raise_mark(cfg: &FenceConfig, row: Row, token: i64) -> i64 {
 }
 
 /// Verdict for `token` against `mark`. `key` is Some when the mark was just
-/// read (and locked) in this call, so it must be remembered.
+/// read (and locked) in this call, so it must be remembered. `copying`: the
+/// row is part of an initial copy by logical replication, taken below the
+/// mark too (the mark still rises above it).
 pub fn check(
     cfg: &FenceConfig,
     row: Row,
@@ -176,13 +178,14 @@ pub fn check(
     token: i64,
     mark: Option<i64>,
     key: Option<Box<[u8]>>,
+    copying: bool,
 ) -> Result<(), Refusal> {
     match mark {
         Some(m) if token <= m => {
             if let Some(key) = key {
                 verified::remember(&key, Some(m));
             }
-            if token == m {
+            if token == m || copying {
                 Ok(())
             } else {
                 Err(refusal::of_row(LeaseError::StaleOwnerBoundaryWrite, cfg, row, op, Some(token), Some(m)))

@@ -91,6 +91,19 @@ pub fn of_row(
     }
 }
 
+/// The SKIP way out of a refused replicated change, where it applies: not to
+/// a table's initial copy, which ALTER SUBSCRIPTION ... SKIP cannot skip.
+fn skip(subscription: &str) -> String {
+    if replication::initial_copy() {
+        String::new()
+    } else {
+        format!(
+            "skip the change (ALTER SUBSCRIPTION {} SKIP (lsn = ...), the LSN is in this error's CONTEXT), ",
+            quote_ident(subscription)
+        )
+    }
+}
+
 /// A hint for this table and case where the error's general one would
 /// mislead: which way this table takes tokens, or that a resource never had one.
 fn hint(error: LeaseError, cfg: &FenceConfig, op: TriggerOp, current: Option<i64>) -> Option<String> {
@@ -110,7 +123,7 @@ fn hint(error: LeaseError, cfg: &FenceConfig, op: TriggerOp, current: Option<i64
                     Mode::HighWater => format!("{table} is a high-water table, which judges replicated changes too"),
                     Mode::Owner(_) => format!("{table} is set to judge replicated changes (lease.judge_replicated)"),
                 },
-                format!("skip the change (ALTER SUBSCRIPTION {} SKIP), trust this table's replicated changes (lease.judge_replicated('{table}', false)), or lease.unprotect the table while it syncs", quote_ident(name)),
+                format!("{}trust this table's replicated changes (lease.judge_replicated('{table}', false)), or lease.unprotect the table while it syncs", skip(name)),
             )
         } else {
             (
@@ -118,7 +131,7 @@ fn hint(error: LeaseError, cfg: &FenceConfig, op: TriggerOp, current: Option<i64
                     "subscription \"{name}\" is owned by {}, neither a superuser nor a role named in pg_lease.trusted_subscription_owners, so its changes are judged here",
                     quote_ident(&sub.owner)
                 ),
-                format!("give the subscription a trusted owner (a superuser, or a role the DBA names in pg_lease.trusted_subscription_owners), skip the change (ALTER SUBSCRIPTION {} SKIP), or lease.unprotect the table while it syncs", quote_ident(name)),
+                format!("give the subscription a trusted owner (a superuser, or a role the DBA names in pg_lease.trusted_subscription_owners), {}or lease.unprotect the table while it syncs", skip(name)),
             )
         };
         return Some(format!(

@@ -29,6 +29,8 @@ use std::sync::OnceLock;
 thread_local! {
     /// How many ExecutorRun / ProcessUtility calls this process is inside.
     static DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// Whether this process is a table synchronization worker (once known).
+    static TABLESYNC: Cell<Option<bool>> = const { Cell::new(None) };
     /// Whether this worker has logged that it skips changes to pg_lease's tables.
     static SKIP_LOGGED: Cell<bool> = const { Cell::new(false) };
     /// The depth each open subtransaction started at (see `on_subxact`).
@@ -189,6 +191,28 @@ pub fn applying() -> bool {
     // SAFETY: IsLogicalWorker reads this process's own worker slot pointer
     // (set only by the logical replication launcher's workers).
     DEPTH.with(|d| d.get()) == 0 && unsafe { pg_sys::IsLogicalWorker() }
+}
+
+/// Whether this is the initial copy of a table (or its catch-up), applied
+/// by a table synchronization worker itself: a snapshot of the publisher's
+/// rows, in no particular order.
+pub fn initial_copy() -> bool {
+    if !applying() {
+        return false;
+    }
+    if let Some(known) = TABLESYNC.with(Cell::get) {
+        return known;
+    }
+    // A worker never changes kind: asked once per process (slow path).
+    let known = pgrx::spi::Spi::get_one::<bool>(
+        "SELECT w.relid IS NOT NULL FROM pg_catalog.pg_stat_subscription w
+          WHERE w.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() LIMIT 1",
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(false);
+    TABLESYNC.with(|t| t.set(Some(known)));
+    known
 }
 
 /// The role a logical replication worker connected as: its subscription's

@@ -97,7 +97,15 @@ fn known(cfg: &FenceConfig, row: Row) -> Known {
 fn check(cfg: &FenceConfig, row: Row, token: Option<i64>, op: TriggerOp) -> Result<(), Refusal> {
     let known = known(cfg, row);
     let refuse = |error, current| Err(refusal::of_row(error, cfg, row, op, token, current));
+    // A high-water table's initial copy by logical replication is a snapshot
+    // of rows in no order: each is taken, and the marks rise to the highest
+    // token copied (what the publisher's marks at least were), so that
+    // later changes are judged against them.
+    let copying = matches!(cfg.mode, Mode::HighWater) && replication::initial_copy();
     let Some(token) = token else {
+        if copying {
+            return Ok(());
+        }
         // Refused whatever the current token is; it is read (without a lock,
         // so this refusal never waits or fails on a concurrent bump) only so
         // that DETAIL and the audit can say what it is.
@@ -129,11 +137,12 @@ fn check(cfg: &FenceConfig, row: Row, token: Option<i64>, op: TriggerOp) -> Resu
             }
         }
         Mode::HighWater => match known {
+            Known::NoResource if copying => Ok(()),
             Known::NoResource => refuse(LeaseError::FenceOwnerMissing, None),
-            Known::Verified(mark) => high_water::check(cfg, row, op, token, mark, None),
+            Known::Verified(mark) => high_water::check(cfg, row, op, token, mark, None, copying),
             Known::Unverified(key) => {
                 let mark = high_water::read_and_lock(cfg, row);
-                high_water::check(cfg, row, op, token, mark, Some(key))
+                high_water::check(cfg, row, op, token, mark, Some(key), copying)
             }
         },
     }

@@ -59,10 +59,22 @@ fn a_subscriber_copies_the_history_and_applies_every_change_without_getting_stuc
          UPDATE tables SET owner_fencing_token = 7 WHERE id = 1;
          INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 40, 7);
          CREATE TABLE ledger (k int, token bigint);
+         ALTER TABLE ledger REPLICA IDENTITY FULL;
          SELECT lease.protect_high_water('ledger', '{k}', 'token');
-         CREATE PUBLICATION game FOR TABLE tables, payouts, ledger;",
+         CREATE PUBLICATION game FOR TABLE tables, payouts, ledger;
+         INSERT INTO ledger VALUES (2, 5), (2, 5);
+         BEGIN; SELECT lease.bind_token(5); DELETE FROM ledger WHERE ctid = '(0,1)'; COMMIT;",
     )
     .unwrap();
+    // High-water history whose physical order is not its token order: the
+    // row at token 9 takes the slot a deleted row at 5 freed, ahead of the
+    // other row at 5. The initial copy reads it in that order.
+    p.batch_execute("VACUUM ledger").unwrap();
+    p.batch_execute("INSERT INTO ledger VALUES (2, 9)").unwrap();
+    assert_eq!(
+        p.query_one("SELECT string_agg(token::text, ',' ORDER BY ctid) FROM ledger", &[]).unwrap().get::<_, String>(0),
+        "9,5"
+    );
 
     // The subscriber's schema from a schema-only dump, the fence taken over.
     schema_only_copy(publisher.port, "postgres", subscriber.port, "postgres");
@@ -83,6 +95,7 @@ fn a_subscriber_copies_the_history_and_applies_every_change_without_getting_stuc
     });
     assert_eq!(content(&mut s, "payouts"), content(&mut p, "payouts"));
     assert_eq!(content(&mut s, "tables"), content(&mut p, "tables"));
+    wait_for("the ledger's copy", Duration::from_secs(30), || content(&mut s, "ledger") == content(&mut p, "ledger"));
 
     // Ongoing changes: a payout, a bump and payouts at the new token, a
     // DELETE done right on the publisher (token bound there).
@@ -110,7 +123,9 @@ fn a_subscriber_copies_the_history_and_applies_every_change_without_getting_stuc
     assert_eq!(one_i64(&mut s, "SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL"), 1);
     assert!(!subscriber.server_log().contains("LF00"), "a replicated change was refused:\n{}", subscriber.server_log());
 
-    // The subscriber still fences its own writers against the replicated tokens.
+    // The subscriber still fences its own writers against the replicated
+    // tokens, and the ledger's copy left its mark at the highest token copied.
+    expect_error(&mut s, "INSERT INTO ledger VALUES (2, 8)", "LF001");
     expect_error(&mut s, "INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 1, 5)", "LF001");
     expect_error(&mut s, "UPDATE tables SET owner_fencing_token = 1 WHERE id = 1", "LF004");
     // And only real replication workers are trusted: replica mode is not one.
@@ -159,10 +174,10 @@ fn a_subscriber_copies_the_history_and_applies_every_change_without_getting_stuc
     wait_for("the apply worker to refuse the replicated ledger row", Duration::from_secs(30), || {
         subscriber.server_log().contains("is a high-water table, which judges replicated changes too")
     });
-    assert_eq!(one_i64(&mut s, "SELECT count(*) FROM ledger WHERE token = 5"), 0);
+    assert_eq!(one_i64(&mut s, "SELECT count(*) FROM ledger WHERE k = 1 AND token = 5"), 0);
     s.batch_execute("SELECT lease.unprotect('ledger')").unwrap();
     wait_for("the ledger row to apply", Duration::from_secs(60), || {
-        one_i64(&mut s, "SELECT count(*) FROM ledger WHERE token = 5") == 1
+        one_i64(&mut s, "SELECT count(*) FROM ledger WHERE k = 1 AND token = 5") == 1
     });
 
     // Cut over: the first acquire on the new side beats every token the old

@@ -97,11 +97,12 @@ fn known(cfg: &FenceConfig, row: Row) -> Known {
 fn check(cfg: &FenceConfig, row: Row, token: Option<i64>, op: TriggerOp) -> Result<(), Refusal> {
     let known = known(cfg, row);
     let refuse = |error, current| Err(refusal::of_row(error, cfg, row, op, token, current));
-    // A high-water table's initial copy by logical replication is a snapshot
-    // of rows in no order: each is taken, and the marks rise to the highest
-    // token copied (what the publisher's marks at least were), so that
-    // later changes are judged against them.
-    let copying = matches!(cfg.mode, Mode::HighWater) && replication::initial_copy();
+    // A high-water table's initial copy by a trusted subscription is a
+    // snapshot of rows in no order: each is taken, and the marks rise to the
+    // highest token copied (what the publisher's marks at least were), so
+    // that later changes are judged against them. (An untrusted
+    // subscription's copy is judged like any client's writes.)
+    let copying = matches!(cfg.mode, Mode::HighWater) && replication::initial_copy() && replication::trusted_apply();
     let Some(token) = token else {
         if copying {
             return Ok(());

@@ -1,0 +1,299 @@
+//! Attack review 9 (0.7.0, logical replication, issue #17). Each test states
+//! the behaviour pg_lease should have, over a real publisher/subscriber pair
+//! (PostgreSQL's own logical replication, pg_lease preloaded on both).
+//!
+//! **Every test in this file FAILS at 07aea47** (the commit it was written
+//! against): each reproduces a finding, see the test's doc comment for the
+//! severity and the reason.
+//!
+//! The attacker in the first three is a table owner on the subscriber (no
+//! superuser, no right to write the fenced tables with a stale token
+//! itself): code it attaches to its replicated tables runs inside the apply
+//! worker of a trusted (superuser-owned) subscription, where pg_lease lets
+//! the worker's "own" changes through unjudged. pg_lease tells the worker's
+//! changes from user code's by counting ExecutorRun/ProcessUtility nesting
+//! (`fence::replication::applying`), which misses both user code that
+//! changes the worker's own row (a BEFORE row trigger) and user statements
+//! whose rows are written outside ExecutorRun (a data-modifying CTE: its
+//! ModifyTable node runs to completion in ExecutorFinish, through
+//! ExecPostprocessPlan). README ("Logical replication") promises: "only the
+//! worker's own changes are [trusted]: a write that code on the subscriber
+//! makes while the worker applies ... is judged like any other".
+//!
+//! (On PostgreSQL 15 such code runs as the subscription owner, a PostgreSQL
+//! limit pg_lease cannot change; on 16 and later it runs as the table owner,
+//! and the same holes then let a plain table owner commit stale writes. Not
+//! malicious code either: an application trigger that materializes a stale
+//! row through a CTE is let through unjudged just the same.)
+
+use pg_lease_sessions::*;
+use postgres::Client;
+use std::time::{Duration, Instant};
+
+fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A publisher (POKER plus an unfenced `events` table, all three published)
+/// and a subscriber with the same schema, `payouts` protected there too, and
+/// a non-superuser `migrator` that owns the tables named in `owned` on the
+/// subscriber and runs `attacker_sql` there as itself. Then a subscription
+/// owned by the superuser `postgres` (trusted), its initial sync done.
+struct Pair {
+    _publisher: Cluster,
+    subscriber: Cluster,
+    p: Client,
+    s: Client,
+}
+
+fn pair(name: &str, port: u16, owned: &[&str], attacker_sql: &str) -> Pair {
+    let publisher = Cluster::start_with(&format!("{name}_pub"), port, &["wal_level = logical"]);
+    let subscriber = Cluster::start(&format!("{name}_sub"), port + 1);
+    let mut p = publisher.connect();
+    p.batch_execute(&format!(
+        "CREATE EXTENSION pg_lease; {POKER}
+         CREATE TABLE events (id serial PRIMARY KEY, note text);
+         CREATE PUBLICATION game FOR TABLE tables, payouts, events;"
+    ))
+    .unwrap();
+    schema_only_copy(publisher.port, "postgres", subscriber.port, "postgres");
+    let mut s = subscriber.connect();
+    s.batch_execute(
+        "SELECT lease.protect('payouts', '{table_id}', 'fencing_token');
+         CREATE ROLE migrator LOGIN;
+         GRANT CREATE ON SCHEMA public TO migrator;
+         GRANT INSERT ON payouts TO migrator;
+         GRANT USAGE ON SEQUENCE payouts_id_seq TO migrator;",
+    )
+    .unwrap();
+    for t in owned {
+        s.batch_execute(&format!("ALTER TABLE {t} OWNER TO migrator")).unwrap();
+    }
+    {
+        let mut m = Client::connect(
+            &format!("host=127.0.0.1 port={} user=migrator dbname=postgres", subscriber.port),
+            postgres::NoTls,
+        )
+        .unwrap();
+        m.batch_execute(attacker_sql).unwrap();
+    }
+    subscribe(&mut s, publisher.port);
+    Pair { _publisher: publisher, subscriber, p, s }
+}
+
+/// Subscription `game` of publication `game` on `publisher_port`, owned by
+/// the superuser `postgres` (trusted), its initial sync done.
+fn subscribe(s: &mut Client, publisher_port: u16) {
+    s.batch_execute(&format!(
+        "CREATE SUBSCRIPTION game CONNECTION 'host=127.0.0.1 port={publisher_port} user=postgres dbname=postgres' PUBLICATION game"
+    ))
+    .unwrap();
+    wait_for("the initial sync", Duration::from_secs(90), || {
+        one_i64(s, "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'") == 0
+            && one_i64(s, "SELECT count(*) FROM tables") == 2
+    });
+}
+
+/// SQL that the table owner runs: a BEFORE `event` row trigger on `table`
+/// (named to fire before pg_lease's, `ENABLE ALWAYS` so that it fires in the
+/// apply worker) running the PL/pgSQL statements `body`, then RETURN NEW.
+fn always_before_trigger(table: &str, event: &str, body: &str) -> String {
+    format!(
+        "CREATE FUNCTION public.a_{table}_hook() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN {body} RETURN NEW; END $$;
+         CREATE TRIGGER a_hook BEFORE {event} ON {table} FOR EACH ROW EXECUTE FUNCTION public.a_{table}_hook();
+         ALTER TABLE {table} ENABLE ALWAYS TRIGGER a_hook;"
+    )
+}
+
+/// Either the apply worker applied the publisher's change (`applied` holds),
+/// or pg_lease refused something while it applied (the subscriber's log has
+/// the refusal's HINT).
+fn wait_applied_or_refused(pair: &mut Pair, applied: &str) {
+    let Pair { subscriber, s, .. } = pair;
+    wait_for("the apply worker to apply or refuse the change", Duration::from_secs(60), || {
+        one_i64(s, applied) > 0 || subscriber.server_log().contains("Applied by logical replication subscription")
+    });
+}
+
+/// **FAILS at 07aea47. Critical: a stale write commits.** A trigger on the
+/// subscriber (on an unfenced replicated table, owned by the table owner,
+/// `ENABLE ALWAYS`) writes a payout with a stale token through a
+/// data-modifying CTE while the apply worker applies a change: the CTE's
+/// INSERT runs in ExecutorFinish (ExecPostprocessPlan), outside the
+/// ExecutorRun nesting pg_lease counts, so the fence takes it for the
+/// worker's own change and lets it through unjudged (and counts it in
+/// `lease.stats.replicated`). The same INSERT without the CTE is refused
+/// (LF001), as replication.rs checks. Expected: refused like any write user
+/// code makes; the worker retries, nothing stale commits.
+#[test]
+fn a_data_modifying_cte_run_by_a_trigger_in_the_apply_worker_is_judged() {
+    let mut pair = pair(
+        "a9_cte",
+        54520,
+        &["events"],
+        &always_before_trigger(
+            "events",
+            "INSERT",
+            "WITH w AS (INSERT INTO public.payouts (table_id, amount, fencing_token) VALUES (1, 666, 1) RETURNING 1) SELECT 1 INTO NEW.note;",
+        ),
+    );
+    // The same statement from a client is judged.
+    expect_error(
+        &mut pair.s,
+        "WITH w AS (INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 666, 1) RETURNING 1) SELECT 1",
+        "LF001",
+    );
+    pair.p.batch_execute("INSERT INTO events (note) VALUES ('go')").unwrap();
+    wait_applied_or_refused(&mut pair, "SELECT count(*) FROM events");
+    assert_eq!(
+        one_i64(&mut pair.s, "SELECT count(*) FROM payouts WHERE amount = 666"),
+        0,
+        "a payout at token 1 (current token 5) committed on the subscriber, written by a trigger's CTE inside the apply worker"
+    );
+    assert!(pair.subscriber.server_log().contains("LF001"), "{}", pair.subscriber.server_log());
+}
+
+/// **FAILS at 07aea47. Critical: a stale write commits.** The owner of the
+/// fenced table on the subscriber adds a BEFORE INSERT trigger (named to
+/// fire before `pg_lease_fence`, `ENABLE ALWAYS`) that rewrites every
+/// replicated payout: another resource, a stale token, another amount. The
+/// fence trusts the row because the worker applies it, though it is no
+/// longer the publisher's row: a payout at token 1 for table 2 (current
+/// token 5) commits. The same trigger on a client's insert is judged after
+/// the rewrite. Expected: the row the fence would let through unjudged is
+/// the row the publisher sent; a row user code changed is judged.
+#[test]
+fn a_trigger_that_rewrites_a_replicated_payout_does_not_slip_a_stale_row_through() {
+    let mut pair = pair(
+        "a9_rewrite",
+        54522,
+        &["payouts"],
+        &always_before_trigger(
+            "payouts",
+            "INSERT",
+            "NEW.table_id := 2; NEW.fencing_token := 1; NEW.amount := 1000000;",
+        ),
+    );
+    // A client's row is judged as the trigger left it.
+    expect_error(&mut pair.s, "INSERT INTO payouts (table_id, fencing_token) VALUES (1, 5)", "LF001");
+    pair.p.batch_execute("INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 10, 5)").unwrap();
+    wait_applied_or_refused(&mut pair, "SELECT count(*) FROM payouts");
+    assert_eq!(
+        one_i64(&mut pair.s, "SELECT count(*) FROM payouts WHERE fencing_token = 1"),
+        0,
+        "a payout at token 1 for table 2 (current token 5) committed on the subscriber"
+    );
+}
+
+/// **FAILS at 07aea47. Critical: tokens go backwards.** The owner of the
+/// owner table on the subscriber adds a BEFORE UPDATE trigger that sets
+/// every replicated owner row's token to 1. The owner guard trusts the
+/// worker's change, so the publisher's bump 5 -> 7 lands as 7 -> ... 1 on
+/// the subscriber (LF004 for every other writer, even a superuser's direct
+/// UPDATE), and from then on the subscriber's own writers are judged
+/// against token 1: a payout at token 1, stale since the bump, commits.
+/// Expected: the owner guard judges a row user code changed; a token never
+/// goes down.
+#[test]
+fn a_trigger_that_rewrites_a_replicated_owner_row_cannot_lower_its_token() {
+    let mut pair = pair(
+        "a9_lower",
+        54524,
+        &["tables"],
+        &always_before_trigger("tables", "UPDATE", "NEW.owner_fencing_token := 1;"),
+    );
+    // Nobody can lower it directly.
+    expect_error(&mut pair.s, "UPDATE tables SET owner_fencing_token = 1 WHERE id = 1", "LF004");
+    pair.p.batch_execute("UPDATE tables SET owner_fencing_token = 7 WHERE id = 1").unwrap();
+    wait_applied_or_refused(&mut pair, "SELECT count(*) FROM tables WHERE id = 1 AND owner_fencing_token <> 5");
+    let token = one_i64(&mut pair.s, "SELECT owner_fencing_token FROM tables WHERE id = 1");
+    assert!(token >= 5, "the subscriber's owner token went from 5 down to {token}");
+    // And so a payout at token 1 is not accepted on the subscriber.
+    expect_error(&mut pair.s, "INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 1, 1)", "LF001");
+}
+
+/// **FAILS at 07aea47. Lower: accounting.** A trigger inside the apply
+/// worker tries a stale payout and catches the refusal (an `EXCEPTION WHEN
+/// SQLSTATE 'LF001'` block): nothing replicated was refused and replication
+/// never stopped (the event applies), yet `lease.audit_status()` reports
+/// that the subscription "had 1 replicated change(s) refused by the fence
+/// ...: its worker retries the change until it goes through, holding back
+/// every later one". Any table owner on the subscriber can raise that alarm
+/// at will (and, by refusing in a loop, keep it fresh). Expected: the
+/// status names a subscription only for refusals that stopped its worker
+/// (or says what it counts).
+#[test]
+fn a_refusal_user_code_caught_inside_the_worker_is_no_held_back_replicated_change() {
+    let mut pair = pair(
+        "a9_status",
+        54526,
+        &["events"],
+        &always_before_trigger(
+            "events",
+            "INSERT",
+            "BEGIN INSERT INTO public.payouts (table_id, amount, fencing_token) VALUES (1, 5, 0); EXCEPTION WHEN SQLSTATE 'LF001' THEN NULL; END;",
+        ),
+    );
+    pair.p.batch_execute("INSERT INTO events (note) VALUES ('x')").unwrap();
+    wait_for("the event to apply", Duration::from_secs(60), || {
+        one_i64(&mut pair.s, "SELECT count(*) FROM events") == 1
+    });
+    assert_eq!(one_i64(&mut pair.s, "SELECT count(*) FROM payouts"), 0);
+    let status: String = pair.s.query_one("SELECT status FROM lease.audit_status()", &[]).unwrap().get(0);
+    assert!(
+        !status.contains("replicated change(s) refused"),
+        "replication went on, nothing replicated was refused, yet: {status}"
+    );
+}
+
+/// **FAILS at 07aea47. Lower (message; borders on "stuck without a clear
+/// way out").** A replicated change refused on a partition of a protected
+/// partitioned table: the HINT's ways out name the partition
+/// (`lease.judge_replicated('public.bets_lo', false)`, "lease.unprotect the
+/// table"), and both fail there (`42704 not protected`, `LF008`): only the
+/// partitioned table `public.bets` is protected. Expected: the HINT names
+/// the table those calls take, and the call it names works.
+#[test]
+fn a_refusal_on_a_partition_names_a_way_out_that_works() {
+    let publisher = Cluster::start_with("a9_part_pub", 54528, &["wal_level = logical"]);
+    let subscriber = Cluster::start("a9_part_sub", 54529);
+    let mut p = publisher.connect();
+    p.batch_execute(&format!(
+        "CREATE EXTENSION pg_lease; {POKER}
+         CREATE TABLE bets (table_id int NOT NULL, amount int, fencing_token bigint) PARTITION BY RANGE (table_id);
+         CREATE TABLE bets_lo PARTITION OF bets FOR VALUES FROM (0) TO (100);
+         SELECT lease.protect('bets', '{{table_id}}', 'fencing_token');
+         CREATE PUBLICATION game FOR TABLE tables, bets;"
+    ))
+    .unwrap();
+    schema_only_copy(publisher.port, "postgres", subscriber.port, "postgres");
+    let mut s = subscriber.connect();
+    s.batch_execute(
+        "SELECT lease.protect('bets', '{table_id}', 'fencing_token');
+         SELECT lease.judge_replicated('bets', true);",
+    )
+    .unwrap();
+    subscribe(&mut s, publisher.port);
+    // The subscriber fences on its own (judge_replicated): its owner row
+    // moved on, the publisher's bet at 5 is stale here.
+    s.batch_execute("UPDATE tables SET owner_fencing_token = 9 WHERE id = 1").unwrap();
+    p.batch_execute("INSERT INTO bets VALUES (1, 1, 5)").unwrap();
+    wait_for("the refusal", Duration::from_secs(60), || {
+        subscriber.server_log().contains("Applied by logical replication subscription")
+    });
+    let log = subscriber.server_log();
+    let hint = log
+        .lines()
+        .find(|l| l.contains("HINT:  Applied by logical replication subscription"))
+        .unwrap_or_default()
+        .to_owned();
+    // The call the HINT names must be one that works.
+    let named = hint.split("lease.judge_replicated('").nth(1).and_then(|r| r.split('\'').next()).unwrap_or_default();
+    let tried = try_sql(&mut s, &format!("SELECT lease.judge_replicated('{named}', false)"));
+    assert_eq!(tried, "", "the HINT's way out fails ({tried}): {hint}");
+}

@@ -297,3 +297,42 @@ fn a_refusal_on_a_partition_names_a_way_out_that_works() {
     let tried = try_sql(&mut s, &format!("SELECT lease.judge_replicated('{named}', false)"));
     assert_eq!(tried, "", "the HINT's way out fails ({tried}): {hint}");
 }
+
+/// **FAILS at 07aea47. Critical: tokens go backwards (after a cutover).** A
+/// high-water table on the subscriber set to trust replicated changes
+/// (`lease.judge_replicated(ledger, false)`, the way out the refusal HINT
+/// names) takes the publisher's rows unjudged, and with them none of their
+/// tokens: the subscriber's high-water marks stay where they were (here:
+/// none), since pg_lease's own tables stay local. After cutting over, the
+/// subscriber accepts for resource 2 a token 2 although it holds a row the
+/// publisher accepted at token 12: the resource's token went from 12 back
+/// to 2. Owner tables carry their tokens over (README's cutover promise:
+/// "a writer's stale token is refused on the new side too"); high-water
+/// tables must as well. Expected: a trusted replicated row still raises the
+/// subscriber's mark (without being judged).
+#[test]
+fn a_trusted_replicated_high_water_row_still_raises_the_subscribers_mark() {
+    let publisher = Cluster::start_with("a9_hw_pub", 54530, &["wal_level = logical"]);
+    let subscriber = Cluster::start("a9_hw_sub", 54531);
+    let ledger = "CREATE EXTENSION pg_lease;
+         CREATE TABLE ledger (k int PRIMARY KEY, token bigint);
+         SELECT lease.protect_high_water('ledger', '{k}', 'token');";
+    let mut p = publisher.connect();
+    p.batch_execute(&format!("{ledger} INSERT INTO ledger VALUES (1, 9); CREATE PUBLICATION game FOR TABLE ledger;"))
+        .unwrap();
+    let mut s = subscriber.connect();
+    s.batch_execute(&format!("{ledger} SELECT lease.judge_replicated('ledger', false);")).unwrap();
+    s.batch_execute(&format!(
+        "CREATE SUBSCRIPTION game CONNECTION 'host=127.0.0.1 port={} user=postgres dbname=postgres' PUBLICATION game",
+        publisher.port
+    ))
+    .unwrap();
+    p.batch_execute("INSERT INTO ledger VALUES (2, 12)").unwrap();
+    wait_for("the sync and the change", Duration::from_secs(90), || {
+        one_i64(&mut s, "SELECT count(*) FROM ledger") == 2
+    });
+    // Cut over.
+    s.batch_execute("DROP SUBSCRIPTION game").unwrap();
+    expect_error(&mut s, "UPDATE ledger SET token = 2 WHERE k = 2", "LF001");
+    expect_error(&mut s, "UPDATE ledger SET token = 8 WHERE k = 1", "LF001");
+}

@@ -336,3 +336,54 @@ fn a_trusted_replicated_high_water_row_still_raises_the_subscribers_mark() {
     expect_error(&mut s, "UPDATE ledger SET token = 2 WHERE k = 2", "LF001");
     expect_error(&mut s, "UPDATE ledger SET token = 8 WHERE k = 1", "LF001");
 }
+
+/// **FAILS at 07aea47. Lower (message; a stuck table sync pointed at a way
+/// out that cannot work).** An untrusted subscription (its owner a demoted
+/// superuser) copies payouts whose tokens are stale on the subscriber: the
+/// table sync worker's COPY is refused and retried. Its HINT says to "skip
+/// the change (ALTER SUBSCRIPTION game SKIP)", but PostgreSQL's SKIP only
+/// skips a remote transaction the apply worker applies, by the finish LSN
+/// in the error's CONTEXT, and a table sync's COPY has neither (its CONTEXT
+/// is "COPY payouts, line 1"); issue #17 says so too ("ALTER SUBSCRIPTION
+/// … SKIP cannot help a table sync"). Expected: in a table sync the HINT
+/// names only ways out that work there (a trusted owner,
+/// `lease.judge_replicated`, `lease.unprotect` while it syncs).
+#[test]
+fn a_table_sync_refusal_does_not_point_at_alter_subscription_skip() {
+    let publisher = Cluster::start_with("a9_sync_pub", 54532, &["wal_level = logical"]);
+    let subscriber = Cluster::start("a9_sync_sub", 54533);
+    let mut p = publisher.connect();
+    p.batch_execute(&format!(
+        "CREATE EXTENSION pg_lease; {POKER}
+         INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 10, 5);
+         CREATE PUBLICATION game FOR TABLE payouts;"
+    ))
+    .unwrap();
+    schema_only_copy(publisher.port, "postgres", subscriber.port, "postgres");
+    let mut s = subscriber.connect();
+    // The subscriber's owner row is ahead: the copied payout is stale here.
+    s.batch_execute(
+        "SELECT lease.protect('payouts', '{table_id}', 'fencing_token');
+         INSERT INTO tables VALUES (1, 7);
+         CREATE ROLE repl LOGIN SUPERUSER;
+         GRANT ALL ON ALL TABLES IN SCHEMA public TO repl;",
+    )
+    .unwrap();
+    s.batch_execute(&format!(
+        "CREATE SUBSCRIPTION game CONNECTION 'host=127.0.0.1 port={} user=postgres dbname=postgres' PUBLICATION game
+             WITH (enabled = false)",
+        publisher.port
+    ))
+    .unwrap();
+    s.batch_execute("ALTER SUBSCRIPTION game OWNER TO repl; ALTER ROLE repl NOSUPERUSER; ALTER SUBSCRIPTION game ENABLE")
+        .unwrap();
+    wait_for("the table sync to refuse the history", Duration::from_secs(60), || {
+        subscriber.server_log().contains("HINT:  Applied by logical replication subscription")
+    });
+    let log = subscriber.server_log();
+    let lines: Vec<&str> = log.lines().collect();
+    let at = lines.iter().position(|l| l.contains("HINT:  Applied by logical replication subscription")).unwrap();
+    let context = lines.get(at + 1).copied().unwrap_or_default();
+    assert!(context.contains("COPY payouts"), "a table sync's refusal: {context}");
+    assert!(!lines[at].contains("SKIP"), "the HINT points a table sync at ALTER SUBSCRIPTION ... SKIP: {}", lines[at]);
+}

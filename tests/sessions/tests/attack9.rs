@@ -4,7 +4,19 @@
 //!
 //! **Every test in this file FAILS at 07aea47** (the commit it was written
 //! against): each reproduces a finding, see the test's doc comment for the
-//! severity and the reason.
+//! severity and the reason. In short:
+//!
+//! - critical: a data-modifying CTE run by a subscriber trigger inside a
+//!   trusted apply worker is not judged (a stale payout commits);
+//! - critical: a subscriber BEFORE trigger that rewrites a replicated
+//!   payout (stale payout commits) or owner row (token goes down) is trusted;
+//! - critical: a high-water table trusting replicated rows
+//!   (`judge_replicated(..., false)`) keeps no marks for them: after cutover
+//!   its tokens go backwards;
+//! - lower: `lease.audit_status()` reports refusals that user code caught
+//!   inside the worker as held-back replicated changes;
+//! - lower: refusal HINTs name ways out that fail (a partition instead of
+//!   its protected root; ALTER SUBSCRIPTION ... SKIP for a table sync).
 //!
 //! The attacker in the first three is a table owner on the subscriber (no
 //! superuser, no right to write the fenced tables with a stale token

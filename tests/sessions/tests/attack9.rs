@@ -13,6 +13,8 @@
 //! - critical: a high-water table trusting replicated rows
 //!   (`judge_replicated(..., false)`) keeps no marks for them: after cutover
 //!   its tokens go backwards;
+//! - high: a trusted subscription's initial sync of a high-water table whose
+//!   history is stored out of token order is refused and loops forever;
 //! - lower: `lease.audit_status()` reports refusals that user code caught
 //!   inside the worker as held-back replicated changes;
 //! - lower: refusal HINTs name ways out that fail (a partition instead of
@@ -463,4 +465,53 @@ fn owner_guard_and_truncate_refusals_of_replicated_changes_name_the_subscription
     for hint in [owner_hint, truncate_hint] {
         assert!(hint.contains("subscription \"game\""), "a replicated change's refusal does not name it: {hint}");
     }
+}
+
+/// **FAILS at 07aea47. High: stuck replication (the issue's "history is
+/// refused and the initial sync loops forever", back for high-water
+/// tables).** A fenced publisher's high-water table, its history accepted
+/// there in token order (5, then 6, for one resource), but stored in another
+/// physical order (here after `CLUSTER`; a resource spread over partitions
+/// that sync separately does the same). A trusted (superuser) subscription's
+/// table sync copies it in physical order and the subscriber, judging by
+/// default, refuses the 5 after the 6 (LF001): the sync retries forever. The
+/// HINT's ways out lose the marks (`judge_replicated(..., false)`, see
+/// `a_trusted_replicated_high_water_row_still_raises_the_subscribers_mark`;
+/// `lease.unprotect` while it syncs) or do not apply to a table sync
+/// (`ALTER SUBSCRIPTION ... SKIP`). Expected: the initial sync of history a
+/// trusted publisher accepted completes, and the subscriber's mark for the
+/// resource is the highest token copied (6).
+#[test]
+fn a_trusted_initial_sync_of_high_water_history_in_any_physical_order_completes() {
+    let publisher = Cluster::start_with("a9_order_pub", 54536, &["wal_level = logical"]);
+    let subscriber = Cluster::start("a9_order_sub", 54537);
+    let ledger = "CREATE EXTENSION pg_lease;
+         CREATE TABLE ledger (id int PRIMARY KEY, k int, token bigint);
+         SELECT lease.protect_high_water('ledger', '{k}', 'token');";
+    let mut p = publisher.connect();
+    p.batch_execute(&format!(
+        "{ledger} INSERT INTO ledger VALUES (1, 1, 5); INSERT INTO ledger VALUES (2, 1, 6);
+         CREATE INDEX ledger_newest_first ON ledger (token DESC);
+         CLUSTER ledger USING ledger_newest_first;
+         CREATE PUBLICATION game FOR TABLE ledger;"
+    ))
+    .unwrap();
+    let mut s = subscriber.connect();
+    s.batch_execute(ledger).unwrap();
+    s.batch_execute(&format!(
+        "CREATE SUBSCRIPTION game CONNECTION 'host=127.0.0.1 port={} user=postgres dbname=postgres' PUBLICATION game",
+        publisher.port
+    ))
+    .unwrap();
+    let start = Instant::now();
+    while one_i64(&mut s, "SELECT count(*) FROM ledger") < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the initial sync is stuck:\n{}",
+            hint_after(&subscriber, "ERROR:  StaleOwnerBoundaryWrite")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    s.batch_execute("DROP SUBSCRIPTION game").unwrap();
+    expect_error(&mut s, "INSERT INTO ledger VALUES (3, 1, 5)", "LF001");
 }

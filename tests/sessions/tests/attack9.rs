@@ -127,12 +127,13 @@ fn always_before_trigger(table: &str, event: &str, body: &str) -> String {
 }
 
 /// Either the apply worker applied the publisher's change (`applied` holds),
-/// or pg_lease refused something while it applied (the subscriber's log has
-/// the refusal's HINT).
+/// or the apply worker failed on it (the subscriber's log has an error whose
+/// CONTEXT is the worker's, whatever its HINT says).
 fn wait_applied_or_refused(pair: &mut Pair, applied: &str) {
     let Pair { subscriber, s, .. } = pair;
     wait_for("the apply worker to apply or refuse the change", Duration::from_secs(60), || {
-        one_i64(s, applied) > 0 || subscriber.server_log().contains("Applied by logical replication subscription")
+        one_i64(s, applied) > 0
+            || subscriber.server_log().contains("CONTEXT:  processing remote data for replication origin")
     });
 }
 

@@ -291,3 +291,25 @@ pub fn wait_until_blocked(observer: &mut Client, pid: i32) {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// `pg_dump --schema-only` of database `from` on `from_port`, restored into
+/// database `into` on `into_port` (psql, stopping at the first error).
+pub fn schema_only_copy(from_port: u16, from: &str, into_port: u16, into: &str) {
+    let dump = std::process::Command::new(pg_bin("pg_dump"))
+        .args(["-h", "127.0.0.1", "-p", &from_port.to_string(), "-U", "postgres", "--schema-only", from])
+        .output()
+        .expect("pg_dump");
+    assert!(dump.status.success(), "pg_dump: {}", String::from_utf8_lossy(&dump.stderr));
+    let mut psql = std::process::Command::new(pg_bin("psql"))
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", &into_port.to_string(), "-U", "postgres"])
+        .arg(into)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("psql");
+    use std::io::Write;
+    psql.stdin.take().unwrap().write_all(&dump.stdout).unwrap();
+    let out = psql.wait_with_output().unwrap();
+    assert!(out.status.success(), "restore: {}", String::from_utf8_lossy(&out.stderr));
+}

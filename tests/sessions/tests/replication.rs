@@ -7,7 +7,6 @@
 
 use pg_lease_sessions::*;
 use postgres::Client;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
@@ -23,28 +22,6 @@ fn content(c: &mut Client, table: &str) -> String {
     c.query_one(&format!("SELECT coalesce(string_agg(t::text, ';' ORDER BY t::text), '') FROM {table} t"), &[])
         .unwrap()
         .get(0)
-}
-
-/// `pg_dump --schema-only` of database `from` on `from_port`, restored into
-/// database `into` on `into_port` (psql, stopping at the first error).
-fn schema_only_copy(from_port: u16, from: &str, into_port: u16, into: &str) {
-    let dump = Command::new(pg_bin("pg_dump"))
-        .args(["-h", "127.0.0.1", "-p", &from_port.to_string(), "-U", "postgres", "--schema-only", from])
-        .output()
-        .expect("pg_dump");
-    assert!(dump.status.success(), "pg_dump: {}", String::from_utf8_lossy(&dump.stderr));
-    let mut psql = Command::new(pg_bin("psql"))
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", &into_port.to_string(), "-U", "postgres"])
-        .arg(into)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("psql");
-    use std::io::Write;
-    psql.stdin.take().unwrap().write_all(&dump.stdout).unwrap();
-    let out = psql.wait_with_output().unwrap();
-    assert!(out.status.success(), "restore: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]

@@ -29,11 +29,12 @@ use pgrx::pg_sys;
 #[inline(always)]
 unsafe fn run(work: impl FnOnce() -> Outcome) -> pg_sys::Datum {
     let judged = || {
-        let outcome = work();
+        let mut outcome = work();
         audit::count(&outcome);
-        if let Err(refusal) = &outcome.result {
+        if let Err(refusal) = &mut outcome.result {
             audit::on_refusal(refusal);
             fence::replication::note_refusal();
+            fence::refusal::name_the_subscription(refusal);
         }
         outcome.result
     };

@@ -416,6 +416,33 @@ impl<'a> TriggerCall<'a> {
         }
     }
 
+    /// The name of the first trigger on this call's relation that fires
+    /// before this call's trigger (name order), is a BEFORE row trigger of
+    /// another function, and satisfies `pred`.
+    pub fn earlier_before_row_triggers(&self, pred: impl Fn(&pg_sys::Trigger) -> bool) -> Option<String> {
+        // SAFETY: tg_trigger is this call's trigger; tg_relation's trigdesc
+        // is null or holds `numtriggers` triggers, sorted by name as they
+        // fire, all owned by the relcache entry held open for the call.
+        unsafe {
+            let me = &*self.td.tg_trigger;
+            let desc = (*self.td.tg_relation).trigdesc;
+            if desc.is_null() {
+                return None;
+            }
+            let all = std::slice::from_raw_parts((*desc).triggers, (*desc).numtriggers as usize);
+            all.iter()
+                .take_while(|t| t.tgoid != me.tgoid)
+                .find(|t| {
+                    let kind = t.tgtype as u32;
+                    kind & pg_sys::TRIGGER_TYPE_ROW != 0
+                        && kind & pg_sys::TRIGGER_TYPE_TIMING_MASK == pg_sys::TRIGGER_TYPE_BEFORE
+                        && t.tgfoid != me.tgfoid
+                        && pred(t)
+                })
+                .map(|t| owned(t.tgname))
+        }
+    }
+
     /// The trigger's arguments (`tgargs`).
     pub fn args(&self) -> Vec<String> {
         // SAFETY: tg_trigger is non-null for every trigger call and belongs

@@ -146,6 +146,17 @@ fn replication_note(dboid: pg_sys::Oid) -> String {
     let show = |t: i64| timestamp(t).map(|t| t.to_string()).unwrap_or_default();
     shmem::replication_refusals(dboid)
         .into_iter()
+        // Subscriptions dropped since are not news any more.
+        .filter(|(name, ..)| {
+            pgrx::spi::Spi::get_one_with_args::<bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_subscription s
+                                 WHERE s.subdbid OPERATOR(pg_catalog.=) $1 AND s.subname OPERATOR(pg_catalog.=) $2)",
+                &[dboid.into(), name.as_str().into()],
+            )
+            .ok()
+            .flatten()
+            .unwrap_or(false)
+        })
         .map(|(name, refused, first, last)| {
             format!(
                 "; replication: subscription {} had {refused} replicated change(s) refused by the fence (first at {}, last at {}): its worker retries the change until it goes through, holding back every later one (the refusal's HINT in the server log says the way out)",

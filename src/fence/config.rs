@@ -87,6 +87,10 @@ pub struct FenceConfig {
 }
 
 impl FenceConfig {
+    pub fn is_high_water(&self) -> bool {
+        matches!(self.mode, Mode::HighWater)
+    }
+
     fn depends_on(&self, relid: pg_sys::Oid) -> bool {
         self.relid == relid || self.protected_relid == relid || matches!(&self.mode, Mode::Owner(o) if o.relid == relid)
     }

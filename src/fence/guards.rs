@@ -21,7 +21,7 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     if !config::is_owner_table(relid) {
         not_protected("lease.owner_guard", relid);
     }
-    if replication::trusted_apply() && !config::owner_table_judges_replicated(relid) {
+    if replication::trusted_row(call) && !config::owner_table_judges_replicated(relid) {
         // Judged where it was written (fence::replication).
         return Ok(call.pass());
     }
@@ -124,10 +124,11 @@ pub fn truncate_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     let relid = call.relid();
     let owner = call.args().first().map(String::as_str) == Some("owner");
     // Whether it is guarded, and whether it judges replicated changes.
-    let judges = if owner {
-        config::is_owner_table(relid).then(|| config::owner_table_judges_replicated(relid))
-    } else {
-        config::for_relation(relid).ok().map(|cfg| cfg.judge_replicated)
+    let target = if owner { None } else { config::for_relation(relid).ok() };
+    let judges = match &target {
+        Some(cfg) => Some(cfg.judge_replicated),
+        None if owner => config::is_owner_table(relid).then(|| config::owner_table_judges_replicated(relid)),
+        None => None,
     };
     let Some(judges) = judges else {
         not_protected("lease.truncate_guard", relid);
@@ -150,7 +151,16 @@ pub fn truncate_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
         )
     };
     let facts = refusal::facts(relid, &table, TriggerOp::Truncate, String::new(), None, None, None);
-    Err(refusal::on_relation(error, relid, summary, detail, facts))
+    let refused = refusal::on_relation(error, relid, summary, detail, facts);
+    // A replicated TRUNCATE of a fenced table names the table's way out.
+    let replicated = match &target {
+        Some(cfg) => refusal::replication_hint(Some((&display(cfg.protected_relid), cfg.is_high_water()))),
+        None => None,
+    };
+    Err(match replicated {
+        Some(hint) => refused.with_hint(hint),
+        None => refused,
+    })
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -16,7 +16,7 @@ mod high_water;
 pub(crate) mod identity;
 mod key;
 mod owner;
-mod refusal;
+pub(crate) mod refusal;
 pub(crate) mod register;
 pub(crate) mod replication;
 pub(crate) mod trigger;

@@ -5,7 +5,7 @@ use crate::audit;
 use crate::errors::{Facts, LeaseError, Refusal};
 use crate::fence::config::{FenceConfig, Mode, TokenSource};
 use crate::fence::{key, replication};
-use crate::pg::{owned, quote_ident, relation_names, Row, TriggerOp};
+use crate::pg::{display, owned, quote_ident, relation_names, Row, TriggerOp};
 use pgrx::pg_sys;
 
 /// A token as messages print it.
@@ -104,39 +104,76 @@ fn skip(subscription: &str) -> String {
     }
 }
 
+/// In a logical replication worker, the HINT of a refusal there: whose
+/// change it is, why it was judged here, and the way out (nothing may get
+/// stuck silently; lease.audit_status() shows it too). `table`: the
+/// protected table concerned, when the refusal is about one (`high_water`:
+/// in that mode, judging replicated changes by default). None elsewhere.
+pub fn replication_hint(table: Option<(&str, bool)>) -> Option<String> {
+    let sub = replication::subscription()?;
+    let name = &sub.name;
+    let skip = skip(name);
+    let (why, way_out) = if !replication::applying() {
+        (
+            "this write was made by code running inside the worker (a trigger or a default of a replicated table), not by a replicated change, so it is judged".to_owned(),
+            "remove or fix that code on the subscriber".to_owned(),
+        )
+    } else if let Some(trigger) = replication::last_rewriting_trigger() {
+        (
+            format!("trigger {} fires in the worker before pg_lease's and could rewrite the replicated row, so the row is judged", quote_ident(&trigger)),
+            format!("let that trigger fire on the origin only (ALTER TABLE ... ENABLE TRIGGER {}), {skip}or rename it to sort after pg_lease's triggers where it need not change the row", quote_ident(&trigger)),
+        )
+    } else if !sub.trusted {
+        (
+            format!(
+                "subscription \"{name}\" is owned by {}, neither a superuser nor a role named in pg_lease.trusted_subscription_owners, so its changes are judged here",
+                quote_ident(&sub.owner)
+            ),
+            format!("give the subscription a trusted owner (a superuser, or a role the DBA names in pg_lease.trusted_subscription_owners), {skip}or lease.unprotect the table while it syncs"),
+        )
+    } else {
+        match table {
+            Some((table, true)) => (
+                format!("{table} is a high-water table, which judges replicated changes too (or is set to: lease.judge_replicated)"),
+                format!("{skip}or take this table's replicated changes as judged at their origin, its marks still rising (lease.judge_replicated('{table}', false))"),
+            ),
+            Some((table, false)) => (
+                format!("{table} is set to judge replicated changes (lease.judge_replicated)"),
+                format!("{skip}trust this table's replicated changes (lease.judge_replicated('{table}', false)), or lease.unprotect the table while it syncs"),
+            ),
+            None => (
+                "a table fenced against this one is set to judge replicated changes (lease.judge_replicated)".to_owned(),
+                format!("{skip}or trust those tables' replicated changes (lease.judge_replicated(..., false))"),
+            ),
+        }
+    };
+    Some(format!(
+        "Applied by logical replication subscription \"{name}\": {why}. The worker retries until the write goes through: {way_out}."
+    ))
+}
+
+/// A refusal raised in a logical replication worker names the subscription
+/// and the way out, whatever refused it (the fence's row refusals already
+/// do, with the table's own ways out; the guards' do not).
+pub fn name_the_subscription(refusal: &mut Refusal) {
+    if !replication::subscription_applies()
+        || refusal.hint.as_deref().is_some_and(|h| h.starts_with("Applied by logical replication"))
+    {
+        return;
+    }
+    if let Some(hint) = replication_hint(None) {
+        refusal.hint = Some(hint.into_boxed_str());
+    }
+}
+
 /// A hint for this table and case where the error's general one would
-/// mislead: which way this table takes tokens, or that a resource never had one.
+/// mislead: whose replicated change it is, which way this table takes
+/// tokens, or that a resource never had one.
 fn hint(error: LeaseError, cfg: &FenceConfig, op: TriggerOp, current: Option<i64>) -> Option<String> {
-    if let Some(sub) = replication::subscription() {
-        // Nothing may get stuck silently: say whose change this is, why it
-        // was judged here, and the way out (lease.audit_status() shows it too).
-        let name = &sub.name;
-        let table = &cfg.display;
-        let (why, way_out) = if !replication::applying() {
-            (
-                "this write was made by code running inside the worker (a trigger or a default of a replicated table), not by a replicated change, so it is judged".to_owned(),
-                "remove or fix that code on the subscriber".to_owned(),
-            )
-        } else if cfg.judge_replicated {
-            (
-                match &cfg.mode {
-                    Mode::HighWater => format!("{table} is a high-water table, which judges replicated changes too"),
-                    Mode::Owner(_) => format!("{table} is set to judge replicated changes (lease.judge_replicated)"),
-                },
-                format!("{}trust this table's replicated changes (lease.judge_replicated('{table}', false)), or lease.unprotect the table while it syncs", skip(name)),
-            )
-        } else {
-            (
-                format!(
-                    "subscription \"{name}\" is owned by {}, neither a superuser nor a role named in pg_lease.trusted_subscription_owners, so its changes are judged here",
-                    quote_ident(&sub.owner)
-                ),
-                format!("give the subscription a trusted owner (a superuser, or a role the DBA names in pg_lease.trusted_subscription_owners), {}or lease.unprotect the table while it syncs", skip(name)),
-            )
-        };
-        return Some(format!(
-            "Applied by logical replication subscription \"{name}\": {why}. The worker retries until the write goes through: {way_out}."
-        ));
+    if replication::subscription_applies() {
+        let protected =
+            if cfg.protected_relid == cfg.relid { cfg.display.clone() } else { display(cfg.protected_relid) };
+        return replication_hint(Some((&protected, matches!(cfg.mode, Mode::HighWater))));
     }
     match (error, &cfg.token) {
         (LeaseError::MissingFencingToken, TokenSource::Column { attnum, .. }) if op != TriggerOp::Delete => {

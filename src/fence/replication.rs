@@ -15,9 +15,11 @@
 //! replicated table, running a statement) is judged like any other. The
 //! worker applies its changes without the executor's ExecutorRun or
 //! ProcessUtility (ExecSimpleRelationInsert, CopyFrom, ExecuteTruncateGuts),
-//! while user code's statements go through them (SPI), so pg_lease counts
-//! how deep this process is in those two hooks and trusts only what happens
-//! outside them. High-water tables, fenced for sinks of
+//! while user code's statements go through them (SPI; a data-modifying CTE
+//! may finish in ExecutorFinish), so pg_lease counts how deep this process is
+//! in those hooks and trusts only what happens outside them. A row that user
+//! code could have rewritten before the fence sees it (a BEFORE row trigger
+//! that fires in the worker and sorts before pg_lease's) is judged too. High-water tables, fenced for sinks of
 //! untrusted logs, judge replicated changes like any other.
 
 use crate::errors::Invalid;
@@ -27,8 +29,13 @@ use std::cell::Cell;
 use std::sync::OnceLock;
 
 thread_local! {
-    /// How many ExecutorRun / ProcessUtility calls this process is inside.
+    /// How many ExecutorRun / ExecutorFinish / ProcessUtility calls this process is inside.
     static DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// The subscription of a refusal raised in this transaction, noted if
+    /// the transaction aborts (see `on_xact`).
+    static PENDING: std::cell::RefCell<Option<(pg_sys::Oid, String)>> = const { std::cell::RefCell::new(None) };
+    /// See [`last_rewriting_trigger`].
+    static REWRITER: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
     /// Whether this process is a table synchronization worker (once known).
     static TABLESYNC: Cell<Option<bool>> = const { Cell::new(None) };
     /// Whether this worker has logged that it skips changes to pg_lease's tables.
@@ -39,6 +46,7 @@ thread_local! {
 
 static PREV_RUN: OnceLock<pg_sys::ExecutorRun_hook_type> = OnceLock::new();
 static PREV_UTILITY: OnceLock<pg_sys::ProcessUtility_hook_type> = OnceLock::new();
+static PREV_FINISH: OnceLock<pg_sys::ExecutorFinish_hook_type> = OnceLock::new();
 
 // The executor's and ProcessUtility's standard implementations, bound
 // directly: pgrx's bindings turn a Postgres error into a Rust panic, which
@@ -59,6 +67,8 @@ extern "C-unwind" {
     #[cfg(feature = "pg18")]
     #[link_name = "standard_ExecutorRun"]
     fn standard_executor_run(query_desc: *mut pg_sys::QueryDesc, direction: pg_sys::ScanDirection::Type, count: u64);
+    #[link_name = "standard_ExecutorFinish"]
+    fn standard_executor_finish(query_desc: *mut pg_sys::QueryDesc);
     #[link_name = "standard_ProcessUtility"]
     fn standard_process_utility(
         pstmt: *mut pg_sys::PlannedStmt,
@@ -90,15 +100,27 @@ pub fn init() {
         pg_sys::ExecutorRun_hook = Some(executor_run);
         PREV_UTILITY.get_or_init(|| pg_sys::ProcessUtility_hook);
         pg_sys::ProcessUtility_hook = Some(process_utility);
+        PREV_FINISH.get_or_init(|| pg_sys::ExecutorFinish_hook);
+        pg_sys::ExecutorFinish_hook = Some(executor_finish);
         pg_sys::RegisterXactCallback(Some(on_xact), std::ptr::null_mut());
         pg_sys::RegisterSubXactCallback(Some(on_subxact), std::ptr::null_mut());
     }
 }
 
 /// A transaction ended: no statement of it runs any more.
-extern "C-unwind" fn on_xact(_event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+/// A transaction ended: no statement of it runs any more. A refusal raised
+/// in a logical replication worker that aborts the transaction is noted for
+/// `lease.audit_status()` now (a refusal that user code caught, letting the
+/// transaction go on, held nothing back).
+extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     DEPTH.with(|d| d.set(0));
     SAVED.with(|s| s.borrow_mut().clear());
+    let pending = PENDING.with(|p| p.borrow_mut().take());
+    if let Some((oid, name)) = pending {
+        if event == pg_sys::XactEvent::XACT_EVENT_ABORT {
+            crate::audit::note_replication_refusal(oid, &name);
+        }
+    }
 }
 
 /// A subtransaction started (remember the depth), ended (forget it) or
@@ -158,6 +180,20 @@ unsafe extern "C-unwind" fn executor_run(
         match PREV_RUN.get().copied().flatten() {
             Some(prev) => prev(query_desc, direction, count),
             None => standard_executor_run(query_desc, direction, count),
+        }
+    }
+    leave();
+}
+
+/// ExecutorFinish runs what a statement left to do after ExecutorRun: the
+/// data-modifying CTEs it did not read to the end, and its AFTER triggers.
+unsafe extern "C-unwind" fn executor_finish(query_desc: *mut pg_sys::QueryDesc) {
+    enter();
+    // SAFETY: as in `executor_run`, for ExecutorFinish's argument.
+    unsafe {
+        match PREV_FINISH.get().copied().flatten() {
+            Some(prev) => prev(query_desc),
+            None => standard_executor_finish(query_desc),
         }
     }
     leave();
@@ -239,15 +275,52 @@ pub fn trusted_apply() -> bool {
     applying() && trusted_owner(subscription_owner())
 }
 
+/// Whether `call`'s row is trusted as applied by a trusted subscription:
+/// [`trusted_apply`], and no other BEFORE INSERT/UPDATE row trigger that
+/// fires in the worker (ENABLE ALWAYS or ENABLE REPLICA) runs before this
+/// one, since it could have rewritten the row the worker applies (triggers
+/// that sort after pg_lease's are refused by the fence check).
+pub fn trusted_row(call: &TriggerCall) -> bool {
+    if !trusted_apply() {
+        return false;
+    }
+    let rewriter = rewriting_trigger(call);
+    let trusted = rewriter.is_none();
+    REWRITER.with(|r| *r.borrow_mut() = rewriter);
+    trusted
+}
+
+/// The trigger that made the last [`trusted_row`] call judge its row, for
+/// the refusal's message.
+pub fn last_rewriting_trigger() -> Option<String> {
+    REWRITER.with(|r| r.borrow().clone())
+}
+
+/// The first BEFORE INSERT/UPDATE row trigger on `call`'s relation that fires
+/// in a logical replication worker and runs before `call`'s trigger.
+pub fn rewriting_trigger(call: &TriggerCall) -> Option<String> {
+    call.earlier_before_row_triggers(|t| {
+        (t.tgenabled as u8 == pg_sys::TRIGGER_FIRES_ALWAYS || t.tgenabled as u8 == pg_sys::TRIGGER_FIRES_ON_REPLICA)
+            && t.tgtype as u32 & (pg_sys::TRIGGER_TYPE_INSERT | pg_sys::TRIGGER_TYPE_UPDATE) != 0
+    })
+}
+
 /// A logical replication worker's subscription, for messages (slow path).
 pub struct Subscription {
     pub oid: pg_sys::Oid,
     pub name: String,
     pub owner: String,
+    pub trusted: bool,
 }
 
-/// In a logical replication worker: which subscription it applies and who
-/// owns it. None elsewhere.
+/// Whether this process is a logical replication worker.
+pub fn subscription_applies() -> bool {
+    // SAFETY: as in `applying`.
+    unsafe { pg_sys::IsLogicalWorker() }
+}
+
+/// In a logical replication worker: which subscription it applies, who owns
+/// it and whether it is trusted. None elsewhere.
 pub fn subscription() -> Option<Subscription> {
     // SAFETY: as in `applying`.
     if !unsafe { pg_sys::IsLogicalWorker() } {
@@ -265,15 +338,17 @@ pub fn subscription() -> Option<Subscription> {
         oid: oid.unwrap_or(pg_sys::InvalidOid),
         name: name.unwrap_or_else(|| "(unknown)".to_owned()),
         owner: role_name(role),
+        trusted: trusted_owner(role),
     })
 }
 
 /// A refusal is being raised: in a logical replication worker, its
-/// subscription is noted for `lease.audit_status()` (the worker retries the
-/// change until it goes through, so it must not stay unnoticed).
+/// subscription is noted for `lease.audit_status()` when the transaction
+/// aborts (the worker then retries the change until it goes through, so it
+/// must not stay unnoticed).
 pub fn note_refusal() {
     if let Some(sub) = subscription() {
-        crate::audit::note_replication_refusal(sub.oid, &sub.name);
+        PENDING.with(|p| *p.borrow_mut() = Some((sub.oid, sub.name)));
     }
 }
 
@@ -291,7 +366,7 @@ pub fn local_state(call: &TriggerCall) -> Result<pg_sys::Datum, Invalid> {
             );
         refusal.hint = Some(match subscription() {
             Some(sub) => {
-                crate::audit::note_replication_refusal(sub.oid, &sub.name);
+                note_refusal();
                 format!(
                     "Applied by logical replication subscription \"{}\", whose publisher truncated its {table}: skip it (ALTER SUBSCRIPTION {} SKIP (lsn = ...), the LSN is in this error's CONTEXT) and publish only your own tables there.",
                     sub.name,
@@ -318,9 +393,7 @@ pub fn local_state(call: &TriggerCall) -> Result<pg_sys::Datum, Invalid> {
         // NULL: the row is skipped.
         return Ok(pg_sys::Datum::from(0usize));
     }
-    if let Some(sub) = &sub {
-        crate::audit::note_replication_refusal(sub.oid, &sub.name);
-    }
+    note_refusal();
     let mut refusal = Invalid::new(
         "55000",
         format!("pg_lease: logical replication subscription \"{name}\" would overwrite a row of {table} this node wrote"),

@@ -31,31 +31,41 @@ pub fn fence_row(call: &TriggerCall) -> Outcome {
         Ok(cfg) => cfg,
         Err(refusal) => return Outcome::from(Err(refusal)),
     };
-    if !cfg.judge_replicated && replication::trusted_apply() {
-        // Judged where it was written (fence::replication).
-        return Outcome { stats: cfg.stats, result: Ok(call.pass()), replicated: true };
-    }
-    let result = judge(&cfg, call).map(|()| call.pass());
-    Outcome { stats: cfg.stats, result, replicated: false }
+    // A trusted subscription's own row, as its worker applies it (judged
+    // where it was written: fence::replication).
+    let trusted = replication::trusted_row(call);
+    let adopting = match cfg.mode {
+        Mode::Owner(_) if trusted && !cfg.judge_replicated => {
+            return Outcome { stats: cfg.stats, result: Ok(call.pass()), replicated: true };
+        }
+        Mode::Owner(_) => false,
+        // High-water marks must still rise to what is applied, even when
+        // the table trusts replicated rows; and a table's initial copy is a
+        // snapshot in no order (a row at 9 can come before one at 5): every
+        // such row is taken, its token raising the mark.
+        Mode::HighWater => trusted && (!cfg.judge_replicated || replication::initial_copy()),
+    };
+    let result = judge(&cfg, call, adopting).map(|()| call.pass());
+    Outcome { stats: cfg.stats, result, replicated: adopting }
 }
 
-fn judge(cfg: &FenceConfig, call: &TriggerCall) -> Result<(), Refusal> {
+fn judge(cfg: &FenceConfig, call: &TriggerCall, adopting: bool) -> Result<(), Refusal> {
     let op = call.op();
     let old = call.trigtuple().expect("a row trigger has a row");
     match op {
-        TriggerOp::Insert => check(cfg, old, presented_token(cfg, old), op),
+        TriggerOp::Insert => check(cfg, old, presented_token(cfg, old), op, adopting),
         TriggerOp::Update => {
             let new = call.newtuple().expect("an UPDATE has a new row");
             let token = presented_token(cfg, new);
-            check(cfg, new, token, op)?;
+            check(cfg, new, token, op, adopting)?;
             if key::same_resource(cfg, old, new) {
                 Ok(())
             } else {
                 // Moving a row between resources needs the right to write both.
-                check(cfg, old, token, op)
+                check(cfg, old, token, op, adopting)
             }
         }
-        TriggerOp::Delete => check(cfg, old, gucs::bound_token(), op),
+        TriggerOp::Delete => check(cfg, old, gucs::bound_token(), op, adopting),
         TriggerOp::Truncate => pgrx::error!("lease.fence_trigger() does not handle TRUNCATE"),
     }
 }
@@ -93,16 +103,11 @@ fn known(cfg: &FenceConfig, row: Row) -> Known {
     })
 }
 
-/// The verdict on writing `row` with `token`.
-fn check(cfg: &FenceConfig, row: Row, token: Option<i64>, op: TriggerOp) -> Result<(), Refusal> {
+/// The verdict on writing `row` with `token`. `copying` (high-water mode):
+/// the row is taken whatever its token, the mark raised to it.
+fn check(cfg: &FenceConfig, row: Row, token: Option<i64>, op: TriggerOp, copying: bool) -> Result<(), Refusal> {
     let known = known(cfg, row);
     let refuse = |error, current| Err(refusal::of_row(error, cfg, row, op, token, current));
-    // A high-water table's initial copy by a trusted subscription is a
-    // snapshot of rows in no order: each is taken, and the marks rise to the
-    // highest token copied (what the publisher's marks at least were), so
-    // that later changes are judged against them. (An untrusted
-    // subscription's copy is judged like any client's writes.)
-    let copying = matches!(cfg.mode, Mode::HighWater) && replication::initial_copy() && replication::trusted_apply();
     let Some(token) = token else {
         if copying {
             return Ok(());

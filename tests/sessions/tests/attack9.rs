@@ -2,9 +2,13 @@
 //! the behaviour pg_lease should have, over a real publisher/subscriber pair
 //! (PostgreSQL's own logical replication, pg_lease preloaded on both).
 //!
-//! **Every test in this file FAILS at 07aea47** (the commit it was written
-//! against): each reproduces a finding, see the test's doc comment for the
-//! severity and the reason. In short:
+//! **Every test in this file failed at 07aea47** (the commit it was written
+//! against); all pass since the fixes that followed (ExecutorFinish counted
+//! as nesting, rows a replica-firing BEFORE trigger could rewrite judged,
+//! high-water marks raised by trusted and copied rows, one replication HINT
+//! for every refusal naming the protected table, refusals noted only when
+//! they abort the worker's transaction). Each reproduces a finding, see the
+//! test's doc comment for the severity and the reason. In short:
 //!
 //! - critical: a data-modifying CTE run by a subscriber trigger inside a
 //!   trusted apply worker is not judged (a stale payout commits);
@@ -132,12 +136,11 @@ fn always_before_trigger(table: &str, event: &str, body: &str) -> String {
 fn wait_applied_or_refused(pair: &mut Pair, applied: &str) {
     let Pair { subscriber, s, .. } = pair;
     wait_for("the apply worker to apply or refuse the change", Duration::from_secs(60), || {
-        one_i64(s, applied) > 0
-            || subscriber.server_log().contains("CONTEXT:  processing remote data for replication origin")
+        one_i64(s, applied) > 0 || subscriber.server_log().contains("processing remote data for replication origin")
     });
 }
 
-/// **FAILS at 07aea47. Critical: a stale write commits.** A trigger on the
+/// **Failed at 07aea47 (fixed since).** Critical: a stale write commits.** A trigger on the
 /// subscriber (on an unfenced replicated table, owned by the table owner,
 /// `ENABLE ALWAYS`) writes a payout with a stale token through a
 /// data-modifying CTE while the apply worker applies a change: the CTE's
@@ -175,7 +178,7 @@ fn a_data_modifying_cte_run_by_a_trigger_in_the_apply_worker_is_judged() {
     assert!(pair.subscriber.server_log().contains("LF001"), "{}", pair.subscriber.server_log());
 }
 
-/// **FAILS at 07aea47. Critical: a stale write commits.** The owner of the
+/// **Failed at 07aea47 (fixed since).** Critical: a stale write commits.** The owner of the
 /// fenced table on the subscriber adds a BEFORE INSERT trigger (named to
 /// fire before `pg_lease_fence`, `ENABLE ALWAYS`) that rewrites every
 /// replicated payout: another resource, a stale token, another amount. The
@@ -207,7 +210,7 @@ fn a_trigger_that_rewrites_a_replicated_payout_does_not_slip_a_stale_row_through
     );
 }
 
-/// **FAILS at 07aea47. Critical: tokens go backwards.** The owner of the
+/// **Failed at 07aea47 (fixed since).** Critical: tokens go backwards.** The owner of the
 /// owner table on the subscriber adds a BEFORE UPDATE trigger that sets
 /// every replicated owner row's token to 1. The owner guard trusts the
 /// worker's change, so the publisher's bump 5 -> 7 lands as 7 -> ... 1 on
@@ -234,7 +237,7 @@ fn a_trigger_that_rewrites_a_replicated_owner_row_cannot_lower_its_token() {
     expect_error(&mut pair.s, "INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 1, 1)", "LF001");
 }
 
-/// **FAILS at 07aea47. Lower: accounting.** A trigger inside the apply
+/// **Failed at 07aea47 (fixed since).** Lower: accounting.** A trigger inside the apply
 /// worker tries a stale payout and catches the refusal (an `EXCEPTION WHEN
 /// SQLSTATE 'LF001'` block): nothing replicated was refused and replication
 /// never stopped (the event applies), yet `lease.audit_status()` reports
@@ -268,7 +271,7 @@ fn a_refusal_user_code_caught_inside_the_worker_is_no_held_back_replicated_chang
     );
 }
 
-/// **FAILS at 07aea47. Lower (message; borders on "stuck without a clear
+/// **Failed at 07aea47 (fixed since).** Lower (message; borders on "stuck without a clear
 /// way out").** A replicated change refused on a partition of a protected
 /// partitioned table: the HINT's ways out name the partition
 /// (`lease.judge_replicated('public.bets_lo', false)`, "lease.unprotect the
@@ -315,7 +318,7 @@ fn a_refusal_on_a_partition_names_a_way_out_that_works() {
     assert_eq!(tried, "", "the HINT's way out fails ({tried}): {hint}");
 }
 
-/// **FAILS at 07aea47. Critical: tokens go backwards (after a cutover).** A
+/// **Failed at 07aea47 (fixed since).** Critical: tokens go backwards (after a cutover).** A
 /// high-water table on the subscriber set to trust replicated changes
 /// (`lease.judge_replicated(ledger, false)`, the way out the refusal HINT
 /// names) takes the publisher's rows unjudged, and with them none of their
@@ -354,7 +357,7 @@ fn a_trusted_replicated_high_water_row_still_raises_the_subscribers_mark() {
     expect_error(&mut s, "UPDATE ledger SET token = 8 WHERE k = 1", "LF001");
 }
 
-/// **FAILS at 07aea47. Lower (message; a stuck table sync pointed at a way
+/// **Failed at 07aea47 (fixed since).** Lower (message; a stuck table sync pointed at a way
 /// out that cannot work).** An untrusted subscription (its owner a demoted
 /// superuser) copies payouts whose tokens are stale on the subscriber: the
 /// table sync worker's COPY is refused and retried. Its HINT says to "skip
@@ -392,8 +395,10 @@ fn a_table_sync_refusal_does_not_point_at_alter_subscription_skip() {
         publisher.port
     ))
     .unwrap();
-    s.batch_execute("ALTER SUBSCRIPTION game OWNER TO repl; ALTER ROLE repl NOSUPERUSER; ALTER SUBSCRIPTION game ENABLE")
-        .unwrap();
+    s.batch_execute(
+        "ALTER SUBSCRIPTION game OWNER TO repl; ALTER ROLE repl NOSUPERUSER; ALTER SUBSCRIPTION game ENABLE",
+    )
+    .unwrap();
     wait_for("the table sync to refuse the history", Duration::from_secs(60), || {
         subscriber.server_log().contains("HINT:  Applied by logical replication subscription")
     });
@@ -413,7 +418,7 @@ fn hint_after(cluster: &Cluster, needle: &str) -> String {
     lines[at..].iter().find(|l| l.contains("HINT:")).map(|l| (*l).to_owned()).unwrap_or_default()
 }
 
-/// **FAILS at 07aea47. Lower (message), borders on high (a stuck worker
+/// **Failed at 07aea47 (fixed since).** Lower (message), borders on high (a stuck worker
 /// whose error does not say it is replication's nor the way out).** README:
 /// "A replicated change that is refused says so: its HINT names the
 /// subscription, why it was judged here, and the ways out". That holds for
@@ -468,7 +473,7 @@ fn owner_guard_and_truncate_refusals_of_replicated_changes_name_the_subscription
     }
 }
 
-/// **FAILS at 07aea47. High: stuck replication (the issue's "history is
+/// **Failed at 07aea47 (fixed since).** High: stuck replication (the issue's "history is
 /// refused and the initial sync loops forever", back for high-water
 /// tables).** A fenced publisher's high-water table, its history accepted
 /// there in token order (5, then 6, for one resource), but stored in another

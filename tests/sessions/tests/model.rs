@@ -2272,10 +2272,18 @@ impl Runner<'_> {
             Prim::Insert { tab, id, slot, form, token } => {
                 let cols = key.column_names().join(", ");
                 let lits = key.literals(*slot, *form).join(", ");
-                if tab.bound() {
+                let insert = if tab.bound() {
                     format!("INSERT INTO {} (id, {cols}) VALUES ({id}, {lits})", n.tab(*tab))
                 } else {
                     format!("INSERT INTO {} (id, {cols}, tok) VALUES ({id}, {lits}, {})", n.tab(*tab), num(*token))
+                };
+                // Every fourth insert is a data-modifying CTE the statement
+                // does not read, which PostgreSQL runs in ExecutorFinish
+                // rather than ExecutorRun (attack review 9): judged the same.
+                if id % 4 == 3 {
+                    format!("WITH w AS ({insert}) SELECT 1")
+                } else {
+                    insert
                 }
             }
             Prim::Update { tab, ids: list, slot, form, token } => {

@@ -5,6 +5,8 @@
 //! comment for the severity and the reason.
 
 use pg_lease_sessions::*;
+use postgres::Client;
+use std::time::{Duration, Instant};
 
 /// **Fails at 672b040. Critical: tokens go backwards (a token at or below
 /// the ceiling is issued after `lease.issue_tokens_above` committed).**
@@ -56,4 +58,71 @@ fn an_acquire_in_an_older_snapshot_issues_no_token_below_issue_tokens_above() {
     }
     let stored = one_i64(&mut green, "SELECT coalesce(max(token), 0) FROM lease.lease_state");
     assert!(stored == 0 || stored > blue_ceiling, "lease.lease_state holds token {stored} <= {blue_ceiling}");
+}
+
+fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn status(c: &mut Client) -> String {
+    c.query_one("SELECT status FROM lease.audit_status()", &[]).unwrap().get(0)
+}
+
+/// **Fails at 672b040. Lower: accounting (a false alarm that stays).**
+/// `lease.audit_status()` notes a subscription whose worker had a
+/// transaction aborted by a refusal under the subscription's oid, but shows
+/// it while a subscription of that *name* exists ("for existing
+/// subscriptions only"). Drop the stuck subscription and create a new one
+/// under the same name (re-subscribing after fixing the cause, or the next
+/// blue/green round's `green`): the new subscription, which never had
+/// anything refused (here it is not even connected), is reported as having
+/// "1 replicated change(s) refused by the fence ...: its worker retries the
+/// change until it goes through, holding back every later one", until
+/// someone calls `lease.stats_reset()` (which also zeroes every table's
+/// counters). Expected: the note belongs to the subscription it was taken
+/// for (its oid), and goes away with it.
+#[test]
+fn a_new_subscription_under_a_dropped_ones_name_inherits_no_refusals() {
+    let publisher = Cluster::start_with("a10_name_pub", 54540, &["wal_level = logical"]);
+    let subscriber = Cluster::start("a10_name_sub", 54541);
+    let mut p = publisher.connect();
+    p.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER} CREATE PUBLICATION game FOR TABLE tables, payouts;"))
+        .unwrap();
+    schema_only_copy(publisher.port, "postgres", subscriber.port, "postgres");
+    let mut s = subscriber.connect();
+    s.batch_execute(
+        "SELECT lease.protect('payouts', '{table_id}', 'fencing_token');
+         SELECT lease.judge_replicated('payouts', true);",
+    )
+    .unwrap();
+    let conninfo = format!("host=127.0.0.1 port={} user=postgres dbname=postgres", publisher.port);
+    s.batch_execute(&format!("CREATE SUBSCRIPTION game CONNECTION '{conninfo}' PUBLICATION game")).unwrap();
+    wait_for("the initial sync", Duration::from_secs(90), || {
+        one_i64(&mut s, "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'") == 0
+            && one_i64(&mut s, "SELECT count(*) FROM tables") == 2
+    });
+    // The subscriber judges on its own and moved table 1 on: the
+    // publisher's payout at 5 is refused here, and the worker is stuck.
+    s.batch_execute("UPDATE tables SET owner_fencing_token = 9 WHERE id = 1").unwrap();
+    p.batch_execute("INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 1, 5)").unwrap();
+    wait_for("the refusal to be noted", Duration::from_secs(60), || {
+        status(&mut s).contains("replicated change(s) refused")
+    });
+    // Gone with the subscription.
+    s.batch_execute("DROP SUBSCRIPTION game").unwrap();
+    assert!(!status(&mut s).contains("replicated change(s) refused"), "{}", status(&mut s));
+    // A new subscription that never applied anything, under the same name.
+    s.batch_execute(&format!(
+        "CREATE SUBSCRIPTION game CONNECTION '{conninfo}' PUBLICATION game WITH (connect = false)"
+    ))
+    .unwrap();
+    let now = status(&mut s);
+    assert!(
+        !now.contains("replicated change(s) refused"),
+        "a subscription that never applied a change is reported as held back: {now}"
+    );
 }

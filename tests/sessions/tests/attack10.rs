@@ -126,3 +126,94 @@ fn a_new_subscription_under_a_dropped_ones_name_inherits_no_refusals() {
         "a subscription that never applied a change is reported as held back: {now}"
     );
 }
+
+/// A publisher (POKER plus an unfenced `events` table, all three published)
+/// and a subscriber with the same schema, `payouts` protected there too,
+/// whose non-superuser `migrator` owns `owned` and runs `attacker_sql` as
+/// itself; then a subscription owned by the superuser `postgres` (trusted),
+/// its initial sync done. (attack9.rs's layout.)
+fn pair(name: &str, port: u16, owned: &[&str], attacker_sql: &str) -> (Cluster, Cluster, Client, Client) {
+    let publisher = Cluster::start_with(&format!("{name}_pub"), port, &["wal_level = logical"]);
+    let subscriber = Cluster::start(&format!("{name}_sub"), port + 1);
+    let mut p = publisher.connect();
+    p.batch_execute(&format!(
+        "CREATE EXTENSION pg_lease; {POKER}
+         CREATE TABLE events (id serial PRIMARY KEY, note text);
+         CREATE PUBLICATION game FOR TABLE tables, payouts, events;"
+    ))
+    .unwrap();
+    schema_only_copy(publisher.port, "postgres", subscriber.port, "postgres");
+    let mut s = subscriber.connect();
+    s.batch_execute(
+        "SELECT lease.protect('payouts', '{table_id}', 'fencing_token');
+         CREATE ROLE migrator LOGIN;
+         GRANT CREATE ON SCHEMA public TO migrator;",
+    )
+    .unwrap();
+    for t in owned {
+        s.batch_execute(&format!("ALTER TABLE {t} OWNER TO migrator")).unwrap();
+    }
+    Client::connect(&format!("host=127.0.0.1 port={} user=migrator dbname=postgres", subscriber.port), postgres::NoTls)
+        .unwrap()
+        .batch_execute(attacker_sql)
+        .unwrap();
+    s.batch_execute(&format!(
+        "CREATE SUBSCRIPTION game CONNECTION 'host=127.0.0.1 port={} user=postgres dbname=postgres' PUBLICATION game",
+        publisher.port
+    ))
+    .unwrap();
+    wait_for("the initial sync", Duration::from_secs(90), || {
+        one_i64(&mut s, "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'") == 0
+            && one_i64(&mut s, "SELECT count(*) FROM tables") == 2
+    });
+    (publisher, subscriber, p, s)
+}
+
+/// **Fails at 672b040. Critical: a stale write commits (the owner token
+/// stays behind on the subscriber).** The attack-9 fix judges a replicated
+/// owner row that a replica-firing BEFORE trigger sorting before the owner
+/// guard could have rewritten: such a trigger that sets the token to 1 is
+/// refused (LF004). The same trigger that instead *skips* the row (RETURN
+/// NULL) is never judged: a BEFORE trigger returning NULL stops the row
+/// there, so pg_lease's owner guard never fires, nothing is refused or
+/// logged, and replication goes on. The publisher's bump 5 -> 7 (a new
+/// lease holder) never lands on the subscriber, whose fence goes on
+/// accepting payouts at token 5, stale since the bump: from the subscriber's
+/// own writers now, and after a cutover from the old holder, which README
+/// promises is refused ("the owner rows carry their tokens over, so a
+/// writer's stale token is refused on the new side too"). The attacker is
+/// the owner table's owner on the subscriber (no superuser; it cannot lower
+/// a token by UPDATE, LF004). Expected: a replicated owner-token change
+/// either lands or stops replication with a refusal (e.g. the guard judges
+/// or refuses a table with such a trigger), never vanishes.
+#[test]
+fn a_trigger_that_skips_a_replicated_owner_bump_does_not_keep_a_stale_token_current() {
+    let (_publisher, _subscriber, mut p, mut s) = pair(
+        "a10_skip",
+        54542,
+        &["tables"],
+        "CREATE FUNCTION public.a_skip() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+         CREATE TRIGGER a_hook BEFORE UPDATE ON tables FOR EACH ROW EXECUTE FUNCTION public.a_skip();
+         ALTER TABLE tables ENABLE ALWAYS TRIGGER a_hook;",
+    );
+    // The publisher's new holder bumps table 1, then a later change shows
+    // that the worker applied everything before it.
+    p.batch_execute(
+        "UPDATE tables SET owner_fencing_token = 7 WHERE id = 1; INSERT INTO events (note) VALUES ('after')",
+    )
+    .unwrap();
+    let start = Instant::now();
+    while one_i64(&mut s, "SELECT count(*) FROM events") == 0 && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let token = one_i64(&mut s, "SELECT owner_fencing_token FROM tables WHERE id = 1");
+    // Either the bump landed, or replication stopped on it (the later event
+    // did not apply): never both behind and applied past.
+    let applied_past = one_i64(&mut s, "SELECT count(*) FROM events") > 0;
+    assert!(
+        token == 7 || !applied_past,
+        "the publisher bumped table 1 to 7, the subscriber applied past it and still holds {token}"
+    );
+    // A payout at the stale token 5 is refused on the subscriber.
+    expect_error(&mut s, "INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 666, 5)", "LF001");
+}

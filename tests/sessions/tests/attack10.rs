@@ -2,7 +2,19 @@
 //! replication rules and the blue/green token functions, attacked again.
 //! Each test states the behaviour pg_lease should have and **fails at
 //! 672b040** (the commit it was written against); see each test's doc
-//! comment for the severity and the reason.
+//! comment for the severity and the reason. In short:
+//!
+//! - critical: an acquire in a REPEATABLE READ (or SERIALIZABLE) snapshot
+//!   taken before `lease.issue_tokens_above(c)` committed issues and commits
+//!   a token at or below `c` (the blue/green cutover's promise broken);
+//! - critical: a subscriber BEFORE trigger (sorting before pg_lease's,
+//!   firing in the worker) that *skips* a replicated row (RETURN NULL) is
+//!   never judged: an owner-token bump vanishes (the stale token stays
+//!   current on the subscriber) and a high-water row's mark is left behind
+//!   (tokens go backwards after a cutover). `lease.acquire` already treats
+//!   a swallowed bump as tampering (LF008); replication does not;
+//! - lower: `lease.audit_status()` shows a dropped subscription's refusals
+//!   under a new subscription of the same name.
 
 use pg_lease_sessions::*;
 use postgres::Client;
@@ -216,4 +228,59 @@ fn a_trigger_that_skips_a_replicated_owner_bump_does_not_keep_a_stale_token_curr
     );
     // A payout at the stale token 5 is refused on the subscriber.
     expect_error(&mut s, "INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 666, 5)", "LF001");
+}
+
+/// **Fails at 672b040. Critical: tokens go backwards after a cutover (a
+/// high-water mark left behind).** The high-water variant of
+/// `a_trigger_that_skips_a_replicated_owner_bump_does_not_keep_a_stale_token_current`:
+/// the subscriber's table owner adds a BEFORE INSERT trigger on the
+/// high-water table that skips every row (RETURN NULL), `ENABLE REPLICA` so
+/// that it fires only in the apply worker and the subscriber's own writers
+/// see nothing. The publisher's row at token 12 for resource 2 never lands,
+/// so the subscriber's mark for it never rises (the attack-9 fix raises
+/// marks from rows the fence sees; this one it never sees), nothing is
+/// refused or logged, and after the cutover the subscriber accepts token 2
+/// for resource 2. Expected: a replicated row of a protected table lands
+/// (raising its mark) or stops replication with a refusal.
+#[test]
+fn a_trigger_that_skips_replicated_high_water_rows_leaves_no_mark_behind() {
+    let publisher = Cluster::start_with("a10_hwskip_pub", 54546, &["wal_level = logical"]);
+    let subscriber = Cluster::start("a10_hwskip_sub", 54547);
+    let ledger = "CREATE EXTENSION pg_lease;
+         CREATE TABLE ledger (id int PRIMARY KEY, k int, token bigint);
+         CREATE TABLE events (id int PRIMARY KEY);
+         SELECT lease.protect_high_water('ledger', '{k}', 'token');";
+    let mut p = publisher.connect();
+    p.batch_execute(&format!("{ledger} CREATE PUBLICATION game FOR TABLE ledger, events;")).unwrap();
+    let mut s = subscriber.connect();
+    s.batch_execute(&format!(
+        "{ledger} CREATE ROLE migrator LOGIN; GRANT CREATE ON SCHEMA public TO migrator; ALTER TABLE ledger OWNER TO migrator;"
+    ))
+    .unwrap();
+    Client::connect(&format!("host=127.0.0.1 port={} user=migrator dbname=postgres", subscriber.port), postgres::NoTls)
+        .unwrap()
+        .batch_execute(
+            "CREATE FUNCTION public.a_skip() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+             CREATE TRIGGER a_hook BEFORE INSERT ON ledger FOR EACH ROW EXECUTE FUNCTION public.a_skip();
+             ALTER TABLE ledger ENABLE REPLICA TRIGGER a_hook;",
+        )
+        .unwrap();
+    s.batch_execute(&format!(
+        "CREATE SUBSCRIPTION game CONNECTION 'host=127.0.0.1 port={} user=postgres dbname=postgres' PUBLICATION game",
+        publisher.port
+    ))
+    .unwrap();
+    wait_for("the initial sync", Duration::from_secs(90), || {
+        one_i64(&mut s, "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'") == 0
+    });
+    // The publisher accepts resource 2 at token 12; a later change shows the
+    // worker applied everything before it.
+    p.batch_execute("INSERT INTO ledger VALUES (1, 2, 12); INSERT INTO events VALUES (1)").unwrap();
+    let start = Instant::now();
+    while one_i64(&mut s, "SELECT count(*) FROM events") == 0 && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Cut over (whether or not replication stopped on it).
+    s.batch_execute("DROP SUBSCRIPTION game").unwrap();
+    expect_error(&mut s, "INSERT INTO ledger VALUES (2, 2, 2)", "LF001");
 }

@@ -181,6 +181,26 @@ fn pair(name: &str, port: u16, owned: &[&str], attacker_sql: &str) -> (Cluster, 
     (publisher, subscriber, p, s)
 }
 
+/// Waits (30 s at most) for the publisher's `events` row that follows the
+/// change under test: true once it applied (the worker went past the
+/// change); false if the worker stopped before it, which must then be
+/// loud (an apply worker error in the subscriber's log).
+fn applied_or_stopped_loudly(subscriber: &Cluster, s: &mut Client) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        if one_i64(s, "SELECT count(*) FROM events") > 0 {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = subscriber.server_log();
+    assert!(
+        log.contains("processing remote data for replication origin"),
+        "the change neither applied nor stopped the worker with an error:\n{log}"
+    );
+    false
+}
+
 /// **Fails at 672b040. Critical: a stale write commits (the owner token
 /// stays behind on the subscriber).** The attack-9 fix judges a replicated
 /// owner row that a replica-firing BEFORE trigger sorting before the owner
@@ -200,7 +220,7 @@ fn pair(name: &str, port: u16, owned: &[&str], attacker_sql: &str) -> (Cluster, 
 /// or refuses a table with such a trigger), never vanishes.
 #[test]
 fn a_trigger_that_skips_a_replicated_owner_bump_does_not_keep_a_stale_token_current() {
-    let (_publisher, _subscriber, mut p, mut s) = pair(
+    let (_publisher, subscriber, mut p, mut s) = pair(
         "a10_skip",
         54542,
         &["tables"],
@@ -214,18 +234,11 @@ fn a_trigger_that_skips_a_replicated_owner_bump_does_not_keep_a_stale_token_curr
         "UPDATE tables SET owner_fencing_token = 7 WHERE id = 1; INSERT INTO events (note) VALUES ('after')",
     )
     .unwrap();
-    let start = Instant::now();
-    while one_i64(&mut s, "SELECT count(*) FROM events") == 0 && start.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(100));
+    if !applied_or_stopped_loudly(&subscriber, &mut s) {
+        return; // replication stopped on it, with an error: not silent
     }
     let token = one_i64(&mut s, "SELECT owner_fencing_token FROM tables WHERE id = 1");
-    // Either the bump landed, or replication stopped on it (the later event
-    // did not apply): never both behind and applied past.
-    let applied_past = one_i64(&mut s, "SELECT count(*) FROM events") > 0;
-    assert!(
-        token == 7 || !applied_past,
-        "the publisher bumped table 1 to 7, the subscriber applied past it and still holds {token}"
-    );
+    assert_eq!(token, 7, "the publisher bumped table 1 to 7, the subscriber applied past it and still holds {token}");
     // A payout at the stale token 5 is refused on the subscriber.
     expect_error(&mut s, "INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 666, 5)", "LF001");
 }
@@ -276,11 +289,10 @@ fn a_trigger_that_skips_replicated_high_water_rows_leaves_no_mark_behind() {
     // The publisher accepts resource 2 at token 12; a later change shows the
     // worker applied everything before it.
     p.batch_execute("INSERT INTO ledger VALUES (1, 2, 12); INSERT INTO events VALUES (1)").unwrap();
-    let start = Instant::now();
-    while one_i64(&mut s, "SELECT count(*) FROM events") == 0 && start.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(100));
+    if !applied_or_stopped_loudly(&subscriber, &mut s) {
+        return; // replication stopped on it, with an error: not silent
     }
-    // Cut over (whether or not replication stopped on it).
+    // Cut over.
     s.batch_execute("DROP SUBSCRIPTION game").unwrap();
     expect_error(&mut s, "INSERT INTO ledger VALUES (2, 2, 2)", "LF001");
 }

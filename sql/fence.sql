@@ -412,7 +412,10 @@ COMMENT ON FUNCTION lease.judge_replicated(regclass, boolean) IS
 -- on another function), 'renamed' (one of our trigger
 -- functions under another name), 'altered' (one of our triggers no longer
 -- fires on every row and event, or has other arguments), 'order' (another
--- BEFORE row trigger runs after ours), 'column' (a fenced column is gone, retyped,
+-- BEFORE row trigger runs after ours), 'replica' (another BEFORE row trigger
+-- runs before ours in logical replication workers: it could rewrite or skip
+-- a replicated row, a token bump, a high-water row, before pg_lease sees
+-- it), 'column' (a fenced column is gone, retyped,
 -- generated, or of a type or collation that cannot identify a resource),
 -- 'constraint' (no unique constraint on the owner key), 'inherits' (an
 -- inheritance child of a fenced or owner table, unguarded), 'relation' (a
@@ -531,6 +534,22 @@ BEGIN
                            WHERE x.tgrelid = e.rel AND x.tgtype & 3 = 3 AND x.tgtype & 20 <> 0
                              AND x.tgenabled <> 'D' AND NOT x.tgisinternal
                              AND x.tgname COLLATE "C" > e.tgname COLLATE "C"
+                             AND x.tgfoid NOT IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+                          OFFSET 0) t
+     WHERE e.tgtype = 31
+    UNION ALL
+    -- In a logical replication worker only ENABLE ALWAYS and ENABLE REPLICA
+    -- triggers fire; one that runs before ours there could change or skip
+    -- (RETURN NULL) a replicated row before pg_lease judges or trusts it.
+    SELECT DISTINCT ON (e.rel, t.tgname) e.relid::regclass, e.rel::regclass, 'replica',
+           format('trigger %s on %s fires in logical replication workers (ENABLE %s) before %s and could change or skip a replicated row there (let it fire on the origin only: ALTER TABLE %s ENABLE TRIGGER %s)',
+                  quote_ident(t.tgname), e.rel::regclass, CASE t.tgenabled WHEN 'A' THEN 'ALWAYS' ELSE 'REPLICA' END,
+                  e.tgname, e.rel::regclass, quote_ident(t.tgname))
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.tgname, x.tgenabled FROM pg_trigger x
+                           WHERE x.tgrelid = e.rel AND x.tgtype & 3 = 3 AND x.tgtype & 28 <> 0
+                             AND x.tgenabled IN ('A', 'R') AND NOT x.tgisinternal
+                             AND x.tgname COLLATE "C" < e.tgname COLLATE "C"
                              AND x.tgfoid NOT IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
                           OFFSET 0) t
      WHERE e.tgtype = 31

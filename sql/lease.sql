@@ -276,6 +276,14 @@ BEGIN
     -- Epoch = base + timeline, raised above a stored token's or an issued
     -- epoch when needed: the rule is lease._next_token's.
     stored := greatest(cur.token, owner_token, 0);
+    -- A REPEATABLE READ or SERIALIZABLE transaction reads the epoch in its
+    -- snapshot, which may be older than a raise (lease.issue_tokens_above,
+    -- another acquire's): every raise writes the issued-epoch row, so locking
+    -- it is a serialization failure then (and when the row is newer than the
+    -- snapshot altogether, the upsert below is).
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+        PERFORM FROM lease.token_epoch_issued i FOR SHARE;
+    END IF;
     SELECT n.token, n.epoch, n.issued, n.raise_base INTO new_token, epoch, issued, high
       FROM lease._next_token(stored, timeline) n;
     raise_base := high IS NOT NULL;
@@ -454,6 +462,11 @@ BEGIN
                             format('Tokens are epoch << 40 | counter, epochs below 2^23; this server is on timeline %s.', timeline));
     END IF;
     INSERT INTO lease.token_epoch (base) VALUES (p_token >> 40) ON CONFLICT DO NOTHING;
+    -- The new epoch counts as issued (only ever higher: a later timeline
+    -- restart still goes above it), and writing the row makes an acquire
+    -- whose snapshot predates this raise fail to serialize (see acquire).
+    INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES ((p_token >> 40) + timeline)
+    ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
     SELECT n.token INTO lowest FROM lease._next_token(0, timeline) n;
     RETURN lowest;
 END $$;

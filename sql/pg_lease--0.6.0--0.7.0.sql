@@ -10,6 +10,7 @@
 -- blue/green cutover (the token rule moves into lease._next_token).
 \echo Use "ALTER EXTENSION pg_lease UPDATE TO '0.7.0'" to load this file. \quit
 
+
 ALTER TABLE lease.protected ADD COLUMN judge_replicated boolean;
 
 CREATE  FUNCTION "_judge_replicated"(
@@ -33,58 +34,154 @@ END $$;
 COMMENT ON FUNCTION lease.judge_replicated(regclass, boolean) IS
     'Whether target''s fence judges changes applied by logical replication (true), trusts them (false), or follows its mode (NULL).';
 
-CREATE FUNCTION lease._local_state() RETURNS trigger
-    LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_local_state';
-COMMENT ON FUNCTION lease._local_state() IS
-    'Keeps pg_lease''s own tables local: skips replicated changes, refuses TRUNCATE (internal).';
-REVOKE EXECUTE ON FUNCTION lease._local_state() FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION lease.judge_replicated(regclass, boolean) FROM PUBLIC;
-
-DO $$
-DECLARE
-    t text;
+CREATE OR REPLACE FUNCTION lease._fence_problems(among oid[] DEFAULT NULL)
+RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
 BEGIN
-    FOREACH t IN ARRAY ARRAY['protected', 'high_water', 'rejected_writes', 'lost_leases', 'token_epoch',
-                             'token_epoch_issued', 'deferred_checks', 'lease_state', 'session_state'] LOOP
-        IF t IN ('lease_state', 'session_state') THEN
-            EXECUTE format('CREATE TRIGGER pg_lease_local BEFORE INSERT OR DELETE ON lease.%I
-                            FOR EACH ROW EXECUTE FUNCTION lease._local_state()', t);
-            EXECUTE format('CREATE TRIGGER pg_lease_local_update AFTER UPDATE ON lease.%I
-                            FOR EACH ROW EXECUTE FUNCTION lease._local_state()', t);
-            EXECUTE format('ALTER TABLE lease.%I ENABLE REPLICA TRIGGER pg_lease_local_update', t);
-        ELSE
-            EXECUTE format('CREATE TRIGGER pg_lease_local BEFORE INSERT OR UPDATE OR DELETE ON lease.%I
-                            FOR EACH ROW EXECUTE FUNCTION lease._local_state()', t);
-        END IF;
-        EXECUTE format('ALTER TABLE lease.%I ENABLE REPLICA TRIGGER pg_lease_local', t);
-        EXECUTE format('CREATE TRIGGER pg_lease_local_truncate BEFORE TRUNCATE ON lease.%I
-                        FOR EACH STATEMENT EXECUTE FUNCTION lease._local_state()', t);
-        EXECUTE format('ALTER TABLE lease.%I ENABLE ALWAYS TRIGGER pg_lease_local_truncate', t);
-    END LOOP;
+    RETURN QUERY
+    WITH p AS (
+        SELECT * FROM lease.protected p
+         WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid OFFSET 0)
+           AND (among IS NULL OR p.relid::oid = ANY (among) OR p.owner_table::oid = ANY (among))
+    ),
+    -- A table and, when partitioned, every partition (pg_partition_tree
+    -- returns nothing for a table that is not in a partition tree).
+    roots (r) AS (SELECT relid::oid FROM p UNION SELECT owner_table::oid FROM p WHERE owner_table IS NOT NULL),
+    tree (root, rel) AS (
+        SELECT r, r FROM roots
+        UNION
+        SELECT roots.r, t.relid FROM roots, pg_partition_tree(roots.r) t
+    ),
+    -- The triggers pg_lease keeps on these tables (lease._expected_triggers).
+    expected_triggers AS (SELECT * FROM lease._expected_triggers(among)),
+    expected_columns (relid, rel, col, is_token, typ, high_water) AS (
+        SELECT p.relid, p.relid, k.col, false, p.key_types[k.n], p.mode = 'high_water'
+          FROM p, unnest(p.key_columns) WITH ORDINALITY k(col, n)
+        UNION ALL
+        SELECT p.relid, p.relid, p.token_column, true, p.token_type, false FROM p WHERE p.token_column IS NOT NULL
+        UNION ALL
+        SELECT p.relid, p.owner_table, k.col, false, p.owner_key_types[k.n], false
+          FROM p, unnest(p.owner_key_columns) WITH ORDINALITY k(col, n) WHERE p.owner_table IS NOT NULL
+        UNION ALL
+        SELECT p.relid, p.owner_table, p.owner_token_column, true, p.owner_token_type, false FROM p WHERE p.owner_table IS NOT NULL
+    ),
+    -- (LATERAL lookups by key: the plan is generic, and must stay cheap
+    -- however few tables `among` names.)
+    actual_columns AS (
+        SELECT e.*, a.cur, a.attgenerated, a.attcollation
+          FROM expected_columns e
+          LEFT JOIN LATERAL (SELECT x.atttypid::regtype AS cur, x.attgenerated, x.attcollation FROM pg_attribute x
+                              WHERE x.attrelid = e.rel AND x.attname = e.col AND x.attnum > 0 AND NOT x.attisdropped
+                             OFFSET 0) a ON true
+    )
+    SELECT e.relid::regclass, e.rel::regclass,
+           CASE WHEN t.oid IS NULL THEN 'missing' WHEN t.tgfoid <> e.func THEN 'replaced' ELSE 'disabled' END,
+           format('trigger %s on %s %s', e.tgname, e.rel::regclass,
+                  CASE WHEN t.oid IS NULL THEN 'is missing'
+                       WHEN t.tgfoid <> e.func THEN format('runs %s instead of %s', t.tgfoid::regproc, e.func)
+                       ELSE 'is not ENABLE ALWAYS' END)
+      FROM expected_triggers e
+      LEFT JOIN LATERAL (SELECT x.oid, x.tgenabled, x.tgfoid FROM pg_trigger x
+                          WHERE x.tgrelid = e.rel AND x.tgname = e.tgname OFFSET 0) t ON true
+     WHERE t.oid IS NULL OR t.tgenabled <> 'A' OR t.tgfoid <> e.func
+    UNION ALL
+    SELECT e.relid::regclass, e.rel::regclass, 'altered',
+           format('trigger %s on %s no longer fires on every %s', e.tgname, e.rel::regclass,
+                  CASE WHEN e.tgtype = 31 THEN 'INSERT, UPDATE and DELETE of every row' ELSE 'TRUNCATE' END)
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.* FROM pg_trigger x
+                           WHERE x.tgrelid = e.rel AND x.tgname = e.tgname AND x.tgfoid = e.func OFFSET 0) t
+     WHERE t.tgtype <> e.tgtype OR t.tgqual IS NOT NULL OR cardinality(t.tgattr::int2[]) > 0
+        OR CASE WHEN e.tgname = 'pg_lease_owner_guard' THEN
+                -- The token column, and at least every key column expected
+                -- (more while a protect extends the guard).
+                NOT coalesce((string_to_array(left(encode(t.tgargs, 'escape'), -4), E'\\000'))[1] = (string_to_array(e.args, E'\\000'))[1]
+                    AND (string_to_array(left(encode(t.tgargs, 'escape'), -4), E'\\000'))[2:]
+                        @> (string_to_array(e.args, E'\\000'))[2:], false)
+           ELSE left(encode(t.tgargs, 'escape'), -4) IS DISTINCT FROM e.args AND NOT (e.args = '' AND t.tgnargs = 0) END
+    UNION ALL
+    -- Row triggers fire in name order: a BEFORE INSERT/UPDATE row trigger
+    -- named after ours runs after the fence or owner guard has judged the
+    -- row, and could change the row it judged.
+    SELECT DISTINCT ON (e.rel, t.tgname) e.relid::regclass, e.rel::regclass, 'order',
+           format('trigger %s on %s runs after %s and could change the row it checked (name it to sort before %s)',
+                  quote_ident(t.tgname), e.rel::regclass, e.tgname, e.tgname)
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.tgname FROM pg_trigger x
+                           WHERE x.tgrelid = e.rel AND x.tgtype & 3 = 3 AND x.tgtype & 20 <> 0
+                             AND x.tgenabled <> 'D' AND NOT x.tgisinternal
+                             AND x.tgname COLLATE "C" > e.tgname COLLATE "C"
+                             AND x.tgfoid NOT IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+                          OFFSET 0) t
+     WHERE e.tgtype = 31
+    UNION ALL
+    -- In a logical replication worker only ENABLE ALWAYS and ENABLE REPLICA
+    -- triggers fire; one that runs before ours there could change or skip
+    -- (RETURN NULL) a replicated row before pg_lease judges or trusts it.
+    SELECT DISTINCT ON (e.rel, t.tgname) e.relid::regclass, e.rel::regclass, 'replica',
+           format('trigger %s on %s fires in logical replication workers (ENABLE %s) before %s and could change or skip a replicated row there (let it fire on the origin only: ALTER TABLE %s ENABLE TRIGGER %s)',
+                  quote_ident(t.tgname), e.rel::regclass, CASE t.tgenabled WHEN 'A' THEN 'ALWAYS' ELSE 'REPLICA' END,
+                  e.tgname, e.rel::regclass, quote_ident(t.tgname))
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.tgname, x.tgenabled FROM pg_trigger x
+                           WHERE x.tgrelid = e.rel AND x.tgtype & 3 = 3 AND x.tgtype & 28 <> 0
+                             AND x.tgenabled IN ('A', 'R') AND NOT x.tgisinternal
+                             AND x.tgname COLLATE "C" < e.tgname COLLATE "C"
+                             AND x.tgfoid NOT IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+                          OFFSET 0) t
+     WHERE e.tgtype = 31
+    UNION ALL
+    SELECT DISTINCT e.relid::regclass, t.tgrelid::regclass, 'renamed',
+           format('trigger %s on %s runs %s under another name', t.tgname, t.tgrelid::regclass, t.tgfoid::regproc)
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.* FROM pg_trigger x WHERE x.tgrelid = e.rel AND x.tgfoid = e.func OFFSET 0) t
+     WHERE NOT EXISTS (SELECT 1 FROM expected_triggers x WHERE x.rel = t.tgrelid AND x.tgname = t.tgname)
+    UNION ALL
+    SELECT e.relid, e.rel, 'column',
+           format('%s column "%s" of %s is %s', CASE WHEN e.is_token THEN 'token' ELSE 'key' END, e.col, e.rel,
+                  CASE WHEN e.cur IS NULL THEN 'missing'
+                       WHEN e.attgenerated <> '' THEN 'a generated column'
+                       WHEN e.typ IS NOT NULL AND e.cur <> e.typ THEN format('of type %s, was %s', e.cur, e.typ)
+                       WHEN e.high_water THEN lease._key_identity_problem(e.cur, e.attcollation)
+                       ELSE 'of type ' || e.cur::text END)
+      FROM actual_columns e
+     WHERE e.cur IS NULL
+        OR e.attgenerated <> ''
+        OR (e.typ IS NOT NULL AND e.cur <> e.typ)
+        OR (e.typ IS NULL AND e.is_token AND NOT lease._is_token_type(e.cur))
+        OR (e.high_water AND lease._key_identity_problem(e.cur, e.attcollation) IS NOT NULL)
+    UNION ALL
+    SELECT p.relid, p.owner_table, 'constraint',
+           format('owner table %s has no unique constraint on %s under the equality the fence compares %s keys with', p.owner_table, p.owner_key_columns, p.relid)
+      FROM p
+     CROSS JOIN LATERAL (SELECT lease._owner_key_index(p.owner_table, p.owner_key_columns,
+                                ARRAY(SELECT lease._column_type(p.relid, k.c)::oid
+                                        FROM unnest(p.key_columns) WITH ORDINALITY k(c, n) ORDER BY k.n)) IS NOT NULL AS ok) u
+     WHERE p.owner_table IS NOT NULL AND NOT u.ok
+    UNION ALL
+    SELECT DISTINCT ON (x.relid, i.inhrelid) x.relid, i.inhrelid::regclass, 'inherits',
+           format('table %s inherits from %s, so writes through it bypass the fence', i.inhrelid::regclass, i.inhparent::regclass)
+      FROM (SELECT p.relid, t.rel FROM p JOIN tree t ON t.root IN (p.relid::oid, p.owner_table::oid)) x
+      JOIN pg_inherits i ON i.inhparent = x.rel
+      JOIN pg_class c ON c.oid = i.inhrelid
+     WHERE NOT c.relispartition
+    UNION ALL
+    SELECT p.relid, c.oid::regclass, 'relation', format('%s is no longer a table', c.oid::regclass)
+      FROM p JOIN pg_class c ON c.oid IN (p.relid::oid, p.owner_table::oid)
+     WHERE c.relkind NOT IN ('r', 'p')
+    UNION ALL
+    -- Owner rows hold the current tokens: a crash (or a promoted standby)
+    -- empties an UNLOGGED table, and tokens would start over.
+    SELECT DISTINCT x.relid, c.oid::regclass, 'relation',
+           format('owner table %s is %s: a crash or failover empties it, and its fencing tokens with it',
+                  c.oid::regclass, CASE c.relpersistence WHEN 'u' THEN 'UNLOGGED' ELSE 'TEMPORARY' END)
+      FROM (SELECT p.relid, t.rel FROM p JOIN tree t ON t.root = p.owner_table::oid) x
+      JOIN pg_class c ON c.oid = x.rel
+     WHERE c.relpersistence <> 'p';
 END $$;
 
--- pg_lease deletes from this table (without a primary key): a publication
--- that publishes deletes needs a replica identity for it.
-ALTER TABLE lease.deferred_checks REPLICA IDENTITY FULL;
-
--- Blue/green: tokens above the old cluster's.
--- The token rule moves out of lease.acquire into lease._next_token, which
--- lease.token_ceiling and lease.issue_tokens_above share with it.
-
--- The token rule, in one place: lease.acquire issues with it, and
--- lease.token_ceiling / lease.issue_tokens_above (blue/green cutover) judge
--- with it. For a lease whose highest stored token (its own, its owner row's)
--- is `stored`, on WAL timeline `timeline`: the epoch is the highest base
--- recorded in lease.token_epoch (0 without any) + the timeline; a stored
--- token from a higher epoch, or a higher epoch issued before (restored from a
--- dump, or carried through pg_upgrade, where timelines restart), raises base
--- to that epoch (`raise_base`: the caller records it when it issues), and the
--- epoch is then above it, and above what any earlier, lower timeline computed
--- from the same stored token. The next token is max(stored, epoch << 40) + 1,
--- NULL when none is left (stored at bigint's top, or epoch 2^23 reached).
--- `issued` is lease.token_epoch_issued's epoch. A SQL-standard body, bound
--- when created and inlined into the caller's query (one statement, as before
--- it was factored out of acquire).
 CREATE FUNCTION lease._next_token(stored bigint, timeline bigint)
 RETURNS TABLE (token bigint, epoch bigint, issued bigint, raise_base bigint)
 LANGUAGE sql STABLE PARALLEL SAFE
@@ -200,6 +297,14 @@ BEGIN
     -- Epoch = base + timeline, raised above a stored token's or an issued
     -- epoch when needed: the rule is lease._next_token's.
     stored := greatest(cur.token, owner_token, 0);
+    -- A REPEATABLE READ or SERIALIZABLE transaction reads the epoch in its
+    -- snapshot, which may be older than a raise (lease.issue_tokens_above,
+    -- another acquire's): every raise writes the issued-epoch row, so locking
+    -- it is a serialization failure then (and when the row is newer than the
+    -- snapshot altogether, the upsert below is).
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+        PERFORM FROM lease.token_epoch_issued i FOR SHARE;
+    END IF;
     SELECT n.token, n.epoch, n.issued, n.raise_base INTO new_token, epoch, issued, high
       FROM lease._next_token(stored, timeline) n;
     raise_base := high IS NOT NULL;
@@ -291,21 +396,7 @@ BEGIN
     END IF;
     RETURN NEXT;
 END $$;
-COMMENT ON FUNCTION lease.acquire(text, text, integer, regclass, text[]) IS
-    'Takes (or re-takes) a lease with a new, higher fencing token; LF005 when another live owner holds it.';
 
--- Leases and the token epoch are per database and not replicated: on a new cluster fed by logical
--- replication, an owner-bound lease's first token is above its owner row's
--- replicated token, but an unbound lease starts over. At cutover, the old
--- side's ceiling (read once its writers have stopped) is handed to the new
--- side, whose every later token is then above it (README, "Blue/green major
--- upgrade").
-
--- Above every token this database has issued: max(the highest lease token,
--- the current epoch << 40) + 1 by lease._next_token's rule, i.e. what an
--- acquire of the lease holding the highest token would issue now. Waits for
--- acquires in flight (their row locks) first. In a REPEATABLE READ or
--- SERIALIZABLE transaction it sees the tokens of that transaction's snapshot.
 CREATE FUNCTION lease.token_ceiling() RETURNS bigint
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -328,14 +419,6 @@ END $$;
 COMMENT ON FUNCTION lease.token_ceiling() IS
     'A fencing token above every token this database has issued (blue/green cutover: hand it to lease.issue_tokens_above on the new side).';
 
--- From now on every token this database issues, for any lease, bound or not,
--- is above `token`: when the lowest token it could issue is not, the epoch
--- base rises to token's epoch (recorded in lease.token_epoch, as acquire's
--- own raises are, so it holds across failover, pg_upgrade and dumps).
--- Only ever raises; returns the lowest token it can now issue (a fresh
--- lease's next one). Waits for acquires in flight (each holds
--- lease.token_epoch from the moment it read the epoch) and holds later ones
--- until it commits.
 CREATE FUNCTION lease.issue_tokens_above(token bigint) RETURNS bigint
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -365,10 +448,62 @@ BEGIN
                             format('Tokens are epoch << 40 | counter, epochs below 2^23; this server is on timeline %s.', timeline));
     END IF;
     INSERT INTO lease.token_epoch (base) VALUES (p_token >> 40) ON CONFLICT DO NOTHING;
+    -- The new epoch counts as issued (only ever higher: a later timeline
+    -- restart still goes above it), and writing the row makes an acquire
+    -- whose snapshot predates this raise fail to serialize (see acquire).
+    INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES ((p_token >> 40) + timeline)
+    ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
     SELECT n.token INTO lowest FROM lease._next_token(0, timeline) n;
     RETURN lowest;
 END $$;
 COMMENT ON FUNCTION lease.issue_tokens_above(bigint) IS
     'Makes every fencing token this database issues from now on, for any lease, higher than token (only ever raises); returns the lowest it can now issue.';
-
 REVOKE EXECUTE ON FUNCTION lease.token_ceiling(), lease.issue_tokens_above(bigint) FROM PUBLIC;
+
+CREATE FUNCTION lease._local_state() RETURNS trigger
+    LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_local_state';
+COMMENT ON FUNCTION lease._local_state() IS
+    'Keeps pg_lease''s own tables local: skips replicated changes, refuses TRUNCATE (internal).';
+REVOKE EXECUTE ON FUNCTION lease._local_state() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION lease.judge_replicated(regclass, boolean) FROM PUBLIC;
+
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['protected', 'high_water', 'rejected_writes', 'lost_leases', 'token_epoch',
+                             'token_epoch_issued', 'deferred_checks', 'lease_state', 'session_state'] LOOP
+        IF t IN ('lease_state', 'session_state') THEN
+            EXECUTE format('CREATE TRIGGER pg_lease_local BEFORE INSERT OR DELETE ON lease.%I
+                            FOR EACH ROW EXECUTE FUNCTION lease._local_state()', t);
+            EXECUTE format('CREATE TRIGGER pg_lease_local_update AFTER UPDATE ON lease.%I
+                            FOR EACH ROW EXECUTE FUNCTION lease._local_state()', t);
+            EXECUTE format('ALTER TABLE lease.%I ENABLE REPLICA TRIGGER pg_lease_local_update', t);
+        ELSE
+            EXECUTE format('CREATE TRIGGER pg_lease_local BEFORE INSERT OR UPDATE OR DELETE ON lease.%I
+                            FOR EACH ROW EXECUTE FUNCTION lease._local_state()', t);
+        END IF;
+        EXECUTE format('ALTER TABLE lease.%I ENABLE REPLICA TRIGGER pg_lease_local', t);
+        EXECUTE format('CREATE TRIGGER pg_lease_local_truncate BEFORE TRUNCATE ON lease.%I
+                        FOR EACH STATEMENT EXECUTE FUNCTION lease._local_state()', t);
+        EXECUTE format('ALTER TABLE lease.%I ENABLE ALWAYS TRIGGER pg_lease_local_truncate', t);
+    END LOOP;
+END $$;
+
+-- pg_lease deletes from this table (without a primary key): a publication
+-- that publishes deletes needs a replica identity for it.
+ALTER TABLE lease.deferred_checks REPLICA IDENTITY FULL;
+
+-- A BEFORE row trigger that fires in logical replication workers ahead of
+-- pg_lease's could change or skip a replicated row before the fence sees it;
+-- 0.7.0's fence check refuses new ones (kind 'replica'). Existing ones are
+-- reported now, not at the next DDL (rows they could rewrite are judged).
+DO $$
+DECLARE
+    p record;
+BEGIN
+    FOR p IN SELECT f.relid, f.problem FROM lease._fence_problems() f WHERE f.kind = 'replica' LOOP
+        RAISE WARNING 'pg_lease: 0.7.0 finds a problem with the fence on %: %', p.relid, p.problem
+            USING HINT = 'Let that trigger fire on the origin only (ALTER TABLE ... ENABLE TRIGGER), or rename it to sort after pg_lease''s triggers where it need not change the row.';
+    END LOOP;
+END $$;

@@ -664,7 +664,10 @@ COMMENT ON FUNCTION lease.judge_replicated(regclass, boolean) IS
 -- on another function), 'renamed' (one of our trigger
 -- functions under another name), 'altered' (one of our triggers no longer
 -- fires on every row and event, or has other arguments), 'order' (another
--- BEFORE row trigger runs after ours), 'column' (a fenced column is gone, retyped,
+-- BEFORE row trigger runs after ours), 'replica' (another BEFORE row trigger
+-- runs before ours in logical replication workers: it could rewrite or skip
+-- a replicated row, a token bump, a high-water row, before pg_lease sees
+-- it), 'column' (a fenced column is gone, retyped,
 -- generated, or of a type or collation that cannot identify a resource),
 -- 'constraint' (no unique constraint on the owner key), 'inherits' (an
 -- inheritance child of a fenced or owner table, unguarded), 'relation' (a
@@ -783,6 +786,22 @@ BEGIN
                            WHERE x.tgrelid = e.rel AND x.tgtype & 3 = 3 AND x.tgtype & 20 <> 0
                              AND x.tgenabled <> 'D' AND NOT x.tgisinternal
                              AND x.tgname COLLATE "C" > e.tgname COLLATE "C"
+                             AND x.tgfoid NOT IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+                          OFFSET 0) t
+     WHERE e.tgtype = 31
+    UNION ALL
+    -- In a logical replication worker only ENABLE ALWAYS and ENABLE REPLICA
+    -- triggers fire; one that runs before ours there could change or skip
+    -- (RETURN NULL) a replicated row before pg_lease judges or trusts it.
+    SELECT DISTINCT ON (e.rel, t.tgname) e.relid::regclass, e.rel::regclass, 'replica',
+           format('trigger %s on %s fires in logical replication workers (ENABLE %s) before %s and could change or skip a replicated row there (let it fire on the origin only: ALTER TABLE %s ENABLE TRIGGER %s)',
+                  quote_ident(t.tgname), e.rel::regclass, CASE t.tgenabled WHEN 'A' THEN 'ALWAYS' ELSE 'REPLICA' END,
+                  e.tgname, e.rel::regclass, quote_ident(t.tgname))
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.tgname, x.tgenabled FROM pg_trigger x
+                           WHERE x.tgrelid = e.rel AND x.tgtype & 3 = 3 AND x.tgtype & 28 <> 0
+                             AND x.tgenabled IN ('A', 'R') AND NOT x.tgisinternal
+                             AND x.tgname COLLATE "C" < e.tgname COLLATE "C"
                              AND x.tgfoid NOT IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
                           OFFSET 0) t
      WHERE e.tgtype = 31
@@ -1513,6 +1532,14 @@ BEGIN
     -- Epoch = base + timeline, raised above a stored token's or an issued
     -- epoch when needed: the rule is lease._next_token's.
     stored := greatest(cur.token, owner_token, 0);
+    -- A REPEATABLE READ or SERIALIZABLE transaction reads the epoch in its
+    -- snapshot, which may be older than a raise (lease.issue_tokens_above,
+    -- another acquire's): every raise writes the issued-epoch row, so locking
+    -- it is a serialization failure then (and when the row is newer than the
+    -- snapshot altogether, the upsert below is).
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+        PERFORM FROM lease.token_epoch_issued i FOR SHARE;
+    END IF;
     SELECT n.token, n.epoch, n.issued, n.raise_base INTO new_token, epoch, issued, high
       FROM lease._next_token(stored, timeline) n;
     raise_base := high IS NOT NULL;
@@ -1691,6 +1718,11 @@ BEGIN
                             format('Tokens are epoch << 40 | counter, epochs below 2^23; this server is on timeline %s.', timeline));
     END IF;
     INSERT INTO lease.token_epoch (base) VALUES (p_token >> 40) ON CONFLICT DO NOTHING;
+    -- The new epoch counts as issued (only ever higher: a later timeline
+    -- restart still goes above it), and writing the row makes an acquire
+    -- whose snapshot predates this raise fail to serialize (see acquire).
+    INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES ((p_token >> 40) + timeline)
+    ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
     SELECT n.token INTO lowest FROM lease._next_token(0, timeline) n;
     RETURN lowest;
 END $$;
@@ -1913,7 +1945,7 @@ REVOKE EXECUTE ON FUNCTION lease.token_ceiling(), lease.issue_tokens_above(bigin
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:164
+-- src/audit/status.rs:176
 -- pg_lease::audit::status::audit_databases
 CREATE  FUNCTION "audit_databases"() RETURNS TABLE (
 	"database" TEXT,  /* String */
@@ -1957,7 +1989,7 @@ AS 'MODULE_PATHNAME', 'audit_status_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:439
+-- src/audit/status.rs:451
 -- pg_lease::audit::status::stats_reset
 CREATE  FUNCTION "stats_reset"() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE

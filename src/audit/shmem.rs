@@ -1007,9 +1007,9 @@ pub fn note_replication_refusal(subid: pg_sys::Oid, name: &str, now: i64) {
     n.last_at = now;
 }
 
-/// Database `dboid`'s subscriptions with refused changes: (name, refused,
-/// first, last), most recent first.
-pub fn replication_refusals(dboid: pg_sys::Oid) -> Vec<(String, u64, i64, i64)> {
+/// Database `dboid`'s subscriptions with refused changes: (oid, name,
+/// refused, first, last), most recent first.
+pub fn replication_refusals(dboid: pg_sys::Oid) -> Vec<(pg_sys::Oid, String, u64, i64, i64)> {
     if shared().is_none() {
         return Vec::new();
     }
@@ -1019,9 +1019,9 @@ pub fn replication_refusals(dboid: pg_sys::Oid) -> Vec<(String, u64, i64, i64)> 
         .subscriptions
         .iter()
         .filter(|n| n.in_use && n.dboid == dboid.to_u32())
-        .map(|n| (n.name.as_str().to_owned(), n.refused, n.first_at, n.last_at))
+        .map(|n| (pg_sys::Oid::from(n.subid), n.name.as_str().to_owned(), n.refused, n.first_at, n.last_at))
         .collect();
-    found.sort_by_key(|&(_, _, _, last)| std::cmp::Reverse(last));
+    found.sort_by_key(|&(.., last)| std::cmp::Reverse(last));
     found
 }
 

@@ -146,16 +146,17 @@ fn replication_note(dboid: pg_sys::Oid) -> String {
     let show = |t: i64| timestamp(t).map(|t| t.to_string()).unwrap_or_default();
     shmem::replication_refusals(dboid)
         .into_iter()
-        // Subscriptions dropped since are not news any more.
-        .filter(|(name, ..)| {
-            pgrx::spi::Spi::get_one_with_args::<bool>(
-                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_subscription s
-                                 WHERE s.subdbid OPERATOR(pg_catalog.=) $1 AND s.subname OPERATOR(pg_catalog.=) $2)",
-                &[dboid.into(), name.as_str().into()],
+        // Subscriptions dropped since (a new one may have the name) are not
+        // news any more; a renamed one is shown under its name now.
+        .filter_map(|(oid, _, refused, first, last)| {
+            let name = pgrx::spi::Spi::get_one_with_args::<String>(
+                "SELECT s.subname::pg_catalog.text FROM pg_catalog.pg_subscription s
+                  WHERE s.oid OPERATOR(pg_catalog.=) $1 AND s.subdbid OPERATOR(pg_catalog.=) $2",
+                &[oid.into(), dboid.into()],
             )
             .ok()
-            .flatten()
-            .unwrap_or(false)
+            .flatten()?;
+            Some((name, refused, first, last))
         })
         .map(|(name, refused, first, last)| {
             format!(

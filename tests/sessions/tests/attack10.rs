@@ -1,8 +1,12 @@
 //! Attack review 10 (0.7.0 after the attack-9 fixes, issue #17): logical
 //! replication rules and the blue/green token functions, attacked again.
-//! Each test states the behaviour pg_lease should have and **fails at
-//! 672b040** (the commit it was written against); see each test's doc
-//! comment for the severity and the reason. In short:
+//! Each test states the behaviour pg_lease should have and **failed at
+//! 672b040** (the commit it was written against); all pass since the fixes
+//! that followed (an acquire at REPEATABLE READ or above locks the
+//! issued-epoch row every raise writes; a BEFORE row trigger firing in
+//! replication workers ahead of pg_lease's is refused by the DDL guard,
+//! LF008 'replica'; audit_status follows subscriptions by oid). See each
+//! test's doc comment for the severity and the reason. In short:
 //!
 //! - critical: an acquire in a REPEATABLE READ (or SERIALIZABLE) snapshot
 //!   taken before `lease.issue_tokens_above(c)` committed issues and commits
@@ -20,7 +24,7 @@ use pg_lease_sessions::*;
 use postgres::Client;
 use std::time::{Duration, Instant};
 
-/// **Fails at 672b040. Critical: tokens go backwards (a token at or below
+/// **Failed at 672b040 (fixed since). Critical: tokens go backwards (a token at or below
 /// the ceiling is issued after `lease.issue_tokens_above` committed).**
 /// README (Blue/green, step 5): after `SELECT
 /// lease.issue_tokens_above(:blue_ceiling)` "every token [green] issues from
@@ -84,7 +88,7 @@ fn status(c: &mut Client) -> String {
     c.query_one("SELECT status FROM lease.audit_status()", &[]).unwrap().get(0)
 }
 
-/// **Fails at 672b040. Lower: accounting (a false alarm that stays).**
+/// **Failed at 672b040 (fixed since). Lower: accounting (a false alarm that stays).**
 /// `lease.audit_status()` notes a subscription whose worker had a
 /// transaction aborted by a refusal under the subscription's oid, but shows
 /// it while a subscription of that *name* exists ("for existing
@@ -139,6 +143,22 @@ fn a_new_subscription_under_a_dropped_ones_name_inherits_no_refusals() {
     );
 }
 
+/// Runs the attacker's `sql` as the subscriber's `migrator`: it either
+/// succeeds or is refused by pg_lease's DDL guard (LF008: a trigger that
+/// would fire before pg_lease's in replication workers), which is the fix
+/// for the skip findings (since 7a9ab54).
+fn as_migrator(subscriber: &Cluster, sql: &str) {
+    let mut m = Client::connect(
+        &format!("host=127.0.0.1 port={} user=migrator dbname=postgres", subscriber.port),
+        postgres::NoTls,
+    )
+    .unwrap();
+    if let Err(e) = m.batch_execute(sql) {
+        let code = e.as_db_error().map(|d| d.code().code().to_owned()).unwrap_or_default();
+        assert_eq!(code, "LF008", "the attacker's setup failed otherwise: {e:?}");
+    }
+}
+
 /// A publisher (POKER plus an unfenced `events` table, all three published)
 /// and a subscriber with the same schema, `payouts` protected there too,
 /// whose non-superuser `migrator` owns `owned` and runs `attacker_sql` as
@@ -165,10 +185,7 @@ fn pair(name: &str, port: u16, owned: &[&str], attacker_sql: &str) -> (Cluster, 
     for t in owned {
         s.batch_execute(&format!("ALTER TABLE {t} OWNER TO migrator")).unwrap();
     }
-    Client::connect(&format!("host=127.0.0.1 port={} user=migrator dbname=postgres", subscriber.port), postgres::NoTls)
-        .unwrap()
-        .batch_execute(attacker_sql)
-        .unwrap();
+    as_migrator(&subscriber, attacker_sql);
     s.batch_execute(&format!(
         "CREATE SUBSCRIPTION game CONNECTION 'host=127.0.0.1 port={} user=postgres dbname=postgres' PUBLICATION game",
         publisher.port
@@ -201,7 +218,7 @@ fn applied_or_stopped_loudly(subscriber: &Cluster, s: &mut Client) -> bool {
     false
 }
 
-/// **Fails at 672b040. Critical: a stale write commits (the owner token
+/// **Failed at 672b040 (fixed since). Critical: a stale write commits (the owner token
 /// stays behind on the subscriber).** The attack-9 fix judges a replicated
 /// owner row that a replica-firing BEFORE trigger sorting before the owner
 /// guard could have rewritten: such a trigger that sets the token to 1 is
@@ -243,7 +260,7 @@ fn a_trigger_that_skips_a_replicated_owner_bump_does_not_keep_a_stale_token_curr
     expect_error(&mut s, "INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 666, 5)", "LF001");
 }
 
-/// **Fails at 672b040. Critical: tokens go backwards after a cutover (a
+/// **Failed at 672b040 (fixed since). Critical: tokens go backwards after a cutover (a
 /// high-water mark left behind).** The high-water variant of
 /// `a_trigger_that_skips_a_replicated_owner_bump_does_not_keep_a_stale_token_current`:
 /// the subscriber's table owner adds a BEFORE INSERT trigger on the
@@ -270,14 +287,12 @@ fn a_trigger_that_skips_replicated_high_water_rows_leaves_no_mark_behind() {
         "{ledger} CREATE ROLE migrator LOGIN; GRANT CREATE ON SCHEMA public TO migrator; ALTER TABLE ledger OWNER TO migrator;"
     ))
     .unwrap();
-    Client::connect(&format!("host=127.0.0.1 port={} user=migrator dbname=postgres", subscriber.port), postgres::NoTls)
-        .unwrap()
-        .batch_execute(
-            "CREATE FUNCTION public.a_skip() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
-             CREATE TRIGGER a_hook BEFORE INSERT ON ledger FOR EACH ROW EXECUTE FUNCTION public.a_skip();
-             ALTER TABLE ledger ENABLE REPLICA TRIGGER a_hook;",
-        )
-        .unwrap();
+    as_migrator(
+        &subscriber,
+        "CREATE FUNCTION public.a_skip() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+         CREATE TRIGGER a_hook BEFORE INSERT ON ledger FOR EACH ROW EXECUTE FUNCTION public.a_skip();
+         ALTER TABLE ledger ENABLE REPLICA TRIGGER a_hook;",
+    );
     s.batch_execute(&format!(
         "CREATE SUBSCRIPTION game CONNECTION 'host=127.0.0.1 port={} user=postgres dbname=postgres' PUBLICATION game",
         publisher.port

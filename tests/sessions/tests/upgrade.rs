@@ -272,3 +272,58 @@ fn upgrading_from_0_5_0_reports_owner_keys_that_are_not_unique_under_the_fence()
     c.batch_execute("ALTER TABLE players ADD CONSTRAINT players_key UNIQUE (name)").unwrap();
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected_tables WHERE enforced"), 2);
 }
+
+/// 0.6.0 -> 0.7.0 with data: a BEFORE row trigger that fires in logical
+/// replication workers ahead of pg_lease's fence (ENABLE ALWAYS), which 0.6.0
+/// accepted, is reported by the upgrade and shown as not enforced; the
+/// protection config gains `judge_replicated` (NULL: the mode's default);
+/// pg_lease's own tables refuse TRUNCATE; tokens keep rising.
+#[test]
+fn upgrading_from_0_6_0_reports_triggers_that_fire_before_the_fence_in_replication() {
+    let db = TestDb::new("upgrade_060");
+    let notices = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = notices.clone();
+    let mut c = pg_lease_sessions::postgres::Config::new()
+        .host("127.0.0.1")
+        .port(port())
+        .user("postgres")
+        .dbname(&db.name)
+        .notice_callback(move |n| sink.lock().unwrap().push(format!("{}: {}", n.severity(), n.message())))
+        .connect(pg_lease_sessions::postgres::NoTls)
+        .unwrap();
+    c.batch_execute("DROP EXTENSION pg_lease; CREATE EXTENSION pg_lease VERSION '0.6.0'").unwrap();
+    c.batch_execute(&format!(
+        "{POKER}
+         CREATE FUNCTION stamp() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;
+         CREATE TRIGGER a_stamp BEFORE INSERT ON payouts FOR EACH ROW EXECUTE FUNCTION stamp();
+         ALTER TABLE payouts ENABLE ALWAYS TRIGGER a_stamp;
+         INSERT INTO payouts (table_id, fencing_token) VALUES (1, 5);"
+    ))
+    .unwrap();
+    let before = one_i64(&mut c, "SELECT token FROM lease.acquire('job', 'h', 60000)");
+    c.batch_execute("ALTER EXTENSION pg_lease UPDATE TO '0.7.0'").unwrap();
+    let seen = notices.lock().unwrap().clone();
+    assert!(
+        seen.iter().any(|n| n.starts_with("WARNING: pg_lease: 0.7.0 finds a problem with the fence on public.payouts")
+            && n.contains("a_stamp")),
+        "{seen:?}"
+    );
+    assert!(!c
+        .query_one("SELECT enforced FROM lease.protected_tables WHERE table_name = 'payouts'::regclass", &[])
+        .unwrap()
+        .get::<_, bool>(0));
+    assert_eq!(
+        c.query_one("SELECT judge_replicated FROM lease.protected", &[]).unwrap().get::<_, Option<bool>>(0),
+        None
+    );
+    expect_error(&mut c, "TRUNCATE lease.rejected_writes", "0A000");
+    expect_error(&mut c, "INSERT INTO payouts (table_id, fencing_token) VALUES (1, 4)", "LF001");
+    // Origin-only: the fence is whole again.
+    c.batch_execute("ALTER TABLE payouts ENABLE TRIGGER a_stamp").unwrap();
+    assert!(c
+        .query_one("SELECT enforced FROM lease.protected_tables WHERE table_name = 'payouts'::regclass", &[])
+        .unwrap()
+        .get::<_, bool>(0));
+    let after = one_i64(&mut c, "SELECT token FROM lease.acquire('job', 'h', 60000)");
+    assert!(after > before);
+}

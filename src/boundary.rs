@@ -380,3 +380,15 @@ unsafe fn release(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fai
     Ok(lease_calls::release(unsafe { definer(fcinfo) }, name, owner, token).into())
 }
 c_function!(pg_lease_release, pg_finfo_pg_lease_release, release, run_lease);
+
+/// `lease.release_all(owner text) → integer` (crate::lease_calls).
+///
+/// # Safety
+/// `fcinfo` carries the SQL declaration's one argument.
+unsafe fn release_all(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Failure> {
+    // SAFETY: the caller's contract: owner is argument 0, text.
+    let owner = unsafe { label_arg(fcinfo, 0, "owner") }?;
+    // SAFETY: as above.
+    Ok(lease_calls::release_all(unsafe { definer(fcinfo) }, owner).into())
+}
+c_function!(pg_lease_release_all, pg_finfo_pg_lease_release_all, release_all, run_lease);

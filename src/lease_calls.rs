@@ -1,4 +1,5 @@
-//! The hot lease calls in Rust: `lease.renew` and `lease.release` (issue #13).
+//! The hot lease calls in Rust: `lease.renew`, `lease.release` and
+//! `lease.release_all` (issue #13).
 //!
 //! They keep the PL/pgSQL versions' contract (sql/lease.sql) exactly: the
 //! same statements, now saved SPI plans prepared once per backend (the plan
@@ -42,6 +43,9 @@ struct Plans {
     /// renew's write after the judgement.
     renew_judged: pg_sys::SPIPlanPtr,
     release: pg_sys::SPIPlanPtr,
+    /// release_all's three statements, in the lock order of every lease
+    /// function: lease rows, then the session row, then lost_leases.
+    release_all: [pg_sys::SPIPlanPtr; 3],
 }
 
 thread_local! {
@@ -120,6 +124,34 @@ fn plans() -> Plans {
             &mut [TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID],
             "lease.release",
         ),
+        release_all: [
+            prepare_saved(
+                c"WITH held AS (
+                    SELECT l.name, lease._expiry(l.expires_at, s.live_since, s.expires_at) OPERATOR(pg_catalog.>) $2 AS was_live
+                      FROM lease.lease_state l LEFT JOIN lease.session_state s ON s.owner OPERATOR(pg_catalog.=) l.owner
+                     WHERE l.owner OPERATOR(pg_catalog.=) $1 AND l.released_at IS NULL FOR UPDATE OF l
+                  ), done AS (
+                    UPDATE lease.lease_state l SET released_at = $2, expires_at = LEAST(l.expires_at, $2)
+                      FROM held WHERE l.name OPERATOR(pg_catalog.=) held.name
+                    RETURNING held.was_live
+                  )
+                  SELECT pg_catalog.count(*) FILTER (WHERE d.was_live)::pg_catalog.int4 FROM done d",
+                &mut [TEXTOID, TIMESTAMPTZOID],
+                "lease.release_all",
+            ),
+            // The process is going away: so does its session.
+            prepare_saved(
+                c"UPDATE lease.session_state s SET expires_at = $2
+                   WHERE s.owner OPERATOR(pg_catalog.=) $1 AND s.expires_at OPERATOR(pg_catalog.>) $2",
+                &mut [TEXTOID, TIMESTAMPTZOID],
+                "lease.release_all",
+            ),
+            prepare_saved(
+                c"DELETE FROM lease.lost_leases x WHERE x.owner OPERATOR(pg_catalog.=) $1",
+                &mut [TEXTOID],
+                "lease.release_all",
+            ),
+        ],
     };
     PLANS.with(|c| c.set(Some(p)));
     p
@@ -221,6 +253,28 @@ pub fn release(definer: pg_sys::Oid, name: Label, owner: Label, token: Option<i6
             // the RETURNING row has one boolean column.
             unsafe {
                 exec_saved(plans().release, &params, "lease.release") && result_datum(1).is_some_and(|d| d.value() != 0)
+            }
+        })
+    })
+}
+
+/// `lease.release_all(owner)` as the function's owner `definer`: how many of
+/// owner's leases were live when released.
+pub fn release_all(definer: pg_sys::Oid, owner: Label) -> i32 {
+    let now_ts = now();
+    as_definer(definer, || {
+        spi_connected(|| {
+            let [leases, session, lost] = plans().release_all;
+            let params = [Some(owner.0), Some(now_ts.into())];
+            // SAFETY: inside spi_connected, parameters of the plans' types;
+            // the first returns one row with one int4 column (a count, never
+            // NULL), read before the next statement runs.
+            unsafe {
+                exec_saved(leases, &params, "lease.release_all");
+                let released = result_datum(1).map_or(0, |d| d.value() as i32);
+                exec_saved(session, &params, "lease.release_all");
+                exec_saved(lost, &params[..1], "lease.release_all");
+                released
             }
         })
     })

@@ -183,7 +183,7 @@ pub fn spi_connected<R>(f: impl FnOnce() -> R) -> R {
 
 /// Executes the saved `plan` with `params` (None: NULL) in the current SPI
 /// connection, read-write (a fresh snapshot per statement, as PL/pgSQL
-/// runs it), for at most one row; whether it returned or changed a row.
+/// runs it), to completion; whether it returned or changed a row.
 ///
 /// # Safety
 /// Call inside [`spi_connected`]; `plan` is a saved plan taking exactly
@@ -195,7 +195,7 @@ pub unsafe fn exec_saved(plan: pg_sys::SPIPlanPtr, params: &[Option<pg_sys::Datu
     // SAFETY: the caller's contract for the plan, its parameters and the
     // connection; `values` and `nulls` hold one entry per parameter, which
     // SPI only reads during the call.
-    let rc = unsafe { pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), false, 1) };
+    let rc = unsafe { pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), false, 0) };
     if rc < 0 {
         pgrx::error!("pg_lease: {what} failed (SPI code {rc})");
     }

@@ -1704,30 +1704,12 @@ CREATE FUNCTION lease.release(name text, owner text, token bigint) RETURNS boole
 COMMENT ON FUNCTION lease.release(text, text, bigint) IS
     'Releases a live lease held by owner with token; anyone may take it at once. False if not held.';
 
+-- Every lease of owner, locked and released (counting the live ones), then
+-- its session ends and its lost_leases reports go: the lock order of every
+-- lease function (lease rows, then session rows, then lost_leases). Rust
+-- (src/lease_calls.rs, since 0.7.0), as lease.renew.
 CREATE FUNCTION lease.release_all(owner text) RETURNS integer
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    now_ts timestamptz := clock_timestamp();
-    p_owner text COLLATE "default" := lease._label('owner', owner);   -- see the convention at the top
-    released integer;
-BEGIN
-    WITH held AS (
-        SELECT l.name, lease._expiry(l.expires_at, s.live_since, s.expires_at) > now_ts AS was_live
-          FROM lease.lease_state l LEFT JOIN lease.session_state s ON s.owner = l.owner
-         WHERE l.owner = p_owner AND l.released_at IS NULL FOR UPDATE OF l
-    ), done AS (
-        UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
-          FROM held WHERE l.name = held.name
-        RETURNING held.was_live
-    )
-    SELECT count(*) FILTER (WHERE d.was_live) INTO released FROM done d;
-    -- The process is going away: so does its session. Lock order, as in
-    -- every lease function: lease rows, then session rows, then lost_leases.
-    UPDATE lease.session_state s SET expires_at = now_ts WHERE s.owner = p_owner AND s.expires_at > now_ts;
-    DELETE FROM lease.lost_leases x WHERE x.owner = p_owner;
-    RETURN released;
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_release_all';
 COMMENT ON FUNCTION lease.release_all(text) IS 'Releases every lease of owner (the SIGTERM path); returns how many were live.';
 
 -- Lease operations write pg_lease's state and bound owner rows as the

@@ -1,4 +1,5 @@
-//! The lease calls written in Rust (lease.renew, lease.release since 0.7.0,
+//! The lease calls written in Rust (lease.renew, lease.release and
+//! lease.release_all since 0.7.0,
 //! issue #13) keep what their SECURITY DEFINER PL/pgSQL versions guaranteed:
 //! they run as the function's owner (the caller needs no table privileges,
 //! and is itself again after the call, also after an error it caught), the
@@ -33,7 +34,8 @@ fn renew_and_release_run_as_the_owner_and_restore_the_caller() {
     c.batch_execute(&format!(
         "CREATE ROLE {role} LOGIN;
          GRANT EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]),
-               lease.renew(text, text, bigint, integer), lease.release(text, text, bigint) TO {role};"
+               lease.renew(text, text, bigint, integer), lease.release(text, text, bigint),
+               lease.release_all(text) TO {role};"
     ))
     .unwrap();
     let mut r = db.connect_as(&role);
@@ -55,6 +57,11 @@ fn renew_and_release_run_as_the_owner_and_restore_the_caller() {
     assert_eq!(who, role);
     assert!(release(&mut r, "a", "host-a", &t.to_string()));
     assert!(!release(&mut r, "a", "host-a", &t.to_string()), "released once");
+    token(&mut r, "b", "host-a");
+    token(&mut r, "c", "host-a");
+    assert_eq!(one_i64(&mut r, "SELECT lease.release_all('host-a')::bigint"), 2);
+    let who: String = r.query_one("SELECT current_user::text", &[]).unwrap().get(0);
+    assert_eq!(who, role);
     drop(r);
     c.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).unwrap();
 }
@@ -80,6 +87,10 @@ fn the_callers_search_path_cannot_redirect_renew_or_release() {
     assert!(detail.contains(&format!("it was taken by host-a with token {t}")), "{detail}");
     assert!(!release(&mut c, "b", "host-b", &u.to_string()));
     assert!(release(&mut c, "b", "host-a", &u.to_string()));
+    // release_all counts only host-a's live lease, not host-b's.
+    token(&mut c, "c", "host-b");
+    assert_eq!(one_i64(&mut c, "SELECT lease.release_all('host-a')::bigint"), 1);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE live"), 1);
     let shown: String = c.query_one("SELECT current_setting('search_path')", &[]).unwrap().get(0);
     assert_eq!(shown, "public, pg_temp, pg_catalog", "the caller's search_path is untouched");
 }

@@ -507,3 +507,15 @@ BEGIN
             USING HINT = 'Let that trigger fire on the origin only (ALTER TABLE ... ENABLE TRIGGER), or rename it to sort after pg_lease''s triggers where it need not change the row.';
     END LOOP;
 END $$;
+
+-- Lease calls in Rust (#13).
+-- lease.renew, lease.release and lease.release_all are C functions
+-- (src/lease_calls.rs): the same statements as saved plans, run as the
+-- function's owner as SECURITY DEFINER ran them. CREATE OR REPLACE keeps
+-- their owner, grants and comments.
+CREATE OR REPLACE FUNCTION lease.renew(name text, owner text, token bigint, ttl_ms integer) RETURNS timestamptz
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_renew';
+CREATE OR REPLACE FUNCTION lease.release(name text, owner text, token bigint) RETURNS boolean
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_release';
+CREATE OR REPLACE FUNCTION lease.release_all(owner text) RETURNS integer
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_release_all';

@@ -14,9 +14,10 @@
 //!    ([`errors::raise`]).
 
 use crate::audit::{self, Outcome};
-use crate::errors::{self, Invalid, LeaseError, Refusal};
+use crate::errors::{self, Failure, Invalid, LeaseError, Refusal};
 use crate::fence;
 use crate::lease;
+use crate::lease_calls::{self, Label};
 use crate::pg::{owned, TriggerCall};
 use pgrx::pg_sys;
 
@@ -70,6 +71,29 @@ unsafe fn run_checked(work: impl FnOnce() -> Result<pg_sys::Datum, Invalid>) -> 
         Ok(datum) => datum,
         // SAFETY: as in `run`.
         Err(invalid) => unsafe { errors::raise(invalid) },
+    }
+}
+
+/// Runs a lease call under pgrx's guard: bad input is raised as by
+/// [`run_checked`], a refusal as by [`run`] (audited, then raised).
+///
+/// # Safety
+/// As for [`run`].
+#[inline(always)]
+unsafe fn run_lease(work: impl FnOnce() -> Result<pg_sys::Datum, Failure>) -> pg_sys::Datum {
+    let judged = || {
+        let result = work();
+        if let Err(Failure::Refused(refusal)) = &result {
+            audit::on_refusal(refusal);
+            fence::replication::note_refusal();
+        }
+        result
+    };
+    // SAFETY: as in `run`.
+    match unsafe { pgrx::pg_sys::panic::pgrx_extern_c_guard(judged) } {
+        Ok(datum) => datum,
+        // SAFETY: as in `run`.
+        Err(failure) => unsafe { errors::raise(failure) },
     }
 }
 
@@ -236,25 +260,31 @@ c_function!(pg_lease_check_label, pg_finfo_pg_lease_check_label, check_label, ru
 /// # Safety
 /// `fcinfo` carries two text-or-NULL arguments.
 unsafe fn label(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Invalid> {
-    // SAFETY: the caller's contract.
-    let (what, value) = unsafe { (text_arg(fcinfo, 0).unwrap_or_default(), utf8_text_arg(fcinfo, 1)) };
-    lease::check_label(&what, value.as_deref())?;
-    // SAFETY: argument 1 exists and is not NULL (the rule refuses NULL); its
-    // datum stays valid for the caller, which handed it in.
-    Ok(unsafe { (*(*fcinfo).args.as_ptr().add(1)).value })
+    // SAFETY: the caller's contract; the datum stays valid for the caller,
+    // which handed it in.
+    unsafe { label_arg(fcinfo, 1, &text_arg(fcinfo, 0).unwrap_or_default()) }.map(|label| label.0)
 }
 c_function!(pg_lease_label, pg_finfo_pg_lease_label, label, run_checked);
+
+/// Argument `i` (a by-value integer: int4 or int8), None when NULL.
+///
+/// # Safety
+/// `fcinfo` is the call's and argument `i` exists and is an int4 or int8.
+unsafe fn int_arg(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> Option<i64> {
+    // SAFETY: the caller's contract: int4 and int8 datums are by value.
+    unsafe {
+        let a = &*(*fcinfo).args.as_ptr().add(i);
+        (!a.isnull).then(|| a.value.value() as i64)
+    }
+}
 
 /// `lease._check_ttl(ttl_ms integer) → integer` (crate::lease).
 ///
 /// # Safety
 /// `fcinfo` carries one int4-or-NULL argument.
 unsafe fn check_ttl(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Invalid> {
-    // SAFETY: the caller's contract: an int4 datum is by value.
-    let ttl = unsafe {
-        let a = &*(*fcinfo).args.as_ptr();
-        (!a.isnull).then(|| a.value.value() as i32)
-    };
+    // SAFETY: the caller's contract.
+    let ttl = unsafe { int_arg(fcinfo, 0) }.map(|t| t as i32);
     lease::check_ttl(ttl).map(pg_sys::Datum::from)
 }
 c_function!(pg_lease_check_ttl, pg_finfo_pg_lease_check_ttl, check_ttl, run_checked);
@@ -292,3 +322,74 @@ pub unsafe extern "C-unwind" fn pg_lease_fenced_boundary_write(fcinfo: pg_sys::F
     // SAFETY: as for the first step.
     unsafe { pgrx::pg_sys::panic::pgrx_extern_c_guard(|| finish(&prepared, total)) }
 }
+
+/// Argument `i` as a lease name or owner (`what`), once it passes the rule
+/// (crate::lease), as `lease._label` checks it.
+///
+/// # Safety
+/// `fcinfo` is the call's and argument `i` exists and is text.
+unsafe fn label_arg(fcinfo: pg_sys::FunctionCallInfo, i: usize, what: &str) -> Result<Label, Invalid> {
+    // SAFETY: the caller's contract.
+    lease::check_label(what, unsafe { utf8_text_arg(fcinfo, i) }.as_deref())?;
+    // SAFETY: argument i exists and is not NULL (the rule refuses NULL); its
+    // datum stays valid for the call.
+    Ok(Label(unsafe { (*(*fcinfo).args.as_ptr().add(i)).value }))
+}
+
+/// The owner of the function being called: lease calls run as it, as their
+/// SECURITY DEFINER versions did.
+///
+/// # Safety
+/// `fcinfo` is the call's.
+unsafe fn definer(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Oid {
+    // SAFETY: the function manager sets flinfo for every call.
+    crate::pg::function_owner(unsafe { (*(*fcinfo).flinfo).fn_oid })
+}
+
+/// `lease.renew(name text, owner text, token bigint, ttl_ms integer) →
+/// timestamptz` (crate::lease_calls). Arguments are checked in the order the
+/// PL/pgSQL version checked them: ttl_ms, name, owner, token.
+///
+/// # Safety
+/// `fcinfo` carries the SQL declaration's four arguments.
+unsafe fn renew(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Failure> {
+    // SAFETY: the caller's contract: ttl_ms is argument 3, an int4.
+    let ttl = lease::check_ttl(unsafe { int_arg(fcinfo, 3) }.map(|t| t as i32))?;
+    // SAFETY: name and owner are arguments 0 and 1, text; token is argument
+    // 2, an int8.
+    let (name, owner, token) =
+        unsafe { (label_arg(fcinfo, 0, "name")?, label_arg(fcinfo, 1, "owner")?, int_arg(fcinfo, 2)) };
+    let Some(token) = token else {
+        return Err(Invalid::new("22004", "pg_lease: token must not be NULL").expect("a valid SQLSTATE").into());
+    };
+    // SAFETY: as above.
+    Ok(lease_calls::renew(unsafe { definer(fcinfo) }, name, owner, token, ttl)?)
+}
+c_function!(pg_lease_renew, pg_finfo_pg_lease_renew, renew, run_lease);
+
+/// `lease.release(name text, owner text, token bigint) → boolean`
+/// (crate::lease_calls).
+///
+/// # Safety
+/// `fcinfo` carries the SQL declaration's three arguments.
+unsafe fn release(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Failure> {
+    // SAFETY: the caller's contract: name and owner are arguments 0 and 1,
+    // text; token is argument 2, an int8.
+    let (name, owner, token) =
+        unsafe { (label_arg(fcinfo, 0, "name")?, label_arg(fcinfo, 1, "owner")?, int_arg(fcinfo, 2)) };
+    // SAFETY: as above.
+    Ok(lease_calls::release(unsafe { definer(fcinfo) }, name, owner, token).into())
+}
+c_function!(pg_lease_release, pg_finfo_pg_lease_release, release, run_lease);
+
+/// `lease.release_all(owner text) → integer` (crate::lease_calls).
+///
+/// # Safety
+/// `fcinfo` carries the SQL declaration's one argument.
+unsafe fn release_all(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Failure> {
+    // SAFETY: the caller's contract: owner is argument 0, text.
+    let owner = unsafe { label_arg(fcinfo, 0, "owner") }?;
+    // SAFETY: as above.
+    Ok(lease_calls::release_all(unsafe { definer(fcinfo) }, owner).into())
+}
+c_function!(pg_lease_release_all, pg_finfo_pg_lease_release_all, release_all, run_lease);

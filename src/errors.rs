@@ -288,6 +288,33 @@ impl Raisable for Invalid {
     }
 }
 
+/// How a lease call (crate::lease_calls) can fail: bad input, or a refusal.
+pub enum Failure {
+    Invalid(Invalid),
+    Refused(Refusal),
+}
+
+impl From<Invalid> for Failure {
+    fn from(invalid: Invalid) -> Failure {
+        Failure::Invalid(invalid)
+    }
+}
+
+impl From<Refusal> for Failure {
+    fn from(refusal: Refusal) -> Failure {
+        Failure::Refused(refusal)
+    }
+}
+
+impl Raisable for Failure {
+    fn fields(&self) -> Fields<'_> {
+        match self {
+            Failure::Invalid(invalid) => invalid.fields(),
+            Failure::Refused(refusal) => refusal.fields(),
+        }
+    }
+}
+
 /// Builds the palloc'd `ErrorData`.
 fn build_error_data(f: Fields) -> *mut pg_sys::ErrorData {
     // SAFETY: palloc0 returns zeroed memory for an ErrorData in the current

@@ -11,6 +11,7 @@ mod gucs;
 mod errors;
 mod lease;
 mod lease_owner;
+mod lease_calls;
 mod audit;
 mod fence;
 mod boundary;

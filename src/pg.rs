@@ -144,6 +144,96 @@ pub fn as_role<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
     with_user(role, pg_sys::SECURITY_NOFORCE_RLS, f)
 }
 
+/// The owner of function `fn_oid`: the role a SECURITY DEFINER function
+/// runs as (see [`as_definer`]).
+pub fn function_owner(fn_oid: pg_sys::Oid) -> pg_sys::Oid {
+    // SAFETY: SearchSysCache1 returns a pinned pg_proc tuple or NULL
+    // (checked); its data is a FormData_pg_proc, read before the tuple is
+    // released.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::PROCOID as i32, pg_sys::Datum::from(fn_oid));
+        if tuple.is_null() {
+            pgrx::error!("pg_lease: cache lookup failed for function {}", fn_oid.to_u32());
+        }
+        let owner = (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple)).proowner;
+        pg_sys::ReleaseSysCache(tuple);
+        owner
+    }
+}
+
+/// Runs `f` as `role` exactly as the function manager runs a SECURITY
+/// DEFINER function's body (fmgr_security_definer): the user switched with
+/// SECURITY_LOCAL_USERID_CHANGE, restored afterwards, and on error by the
+/// (sub)transaction abort.
+pub fn as_definer<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
+    with_user(role, 0, f)
+}
+
+/// Runs `f` inside its own SPI connection, where [`exec_saved`] runs saved
+/// plans and [`result_datum`] / [`result_text`] read their first row.
+pub fn spi_connected<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: SPI_connect and SPI_finish pair up around `f`; if `f` raises,
+    // the (sub)transaction abort cleans the connection up (AtEOXact_SPI).
+    unsafe { pg_sys::SPI_connect() };
+    let r = f();
+    // SAFETY: the connection opened above, still the innermost one.
+    unsafe { pg_sys::SPI_finish() };
+    r
+}
+
+/// Executes the saved `plan` with `params` (None: NULL) in the current SPI
+/// connection, read-write (a fresh snapshot per statement, as PL/pgSQL
+/// runs it), to completion; whether it returned or changed a row.
+///
+/// # Safety
+/// Call inside [`spi_connected`]; `plan` is a saved plan taking exactly
+/// `params.len()` parameters, each of the type of the datum given.
+pub unsafe fn exec_saved(plan: pg_sys::SPIPlanPtr, params: &[Option<pg_sys::Datum>], what: &str) -> bool {
+    let mut values: Vec<pg_sys::Datum> = params.iter().map(|p| p.unwrap_or(pg_sys::Datum::from(0))).collect();
+    let nulls: Vec<std::ffi::c_char> =
+        params.iter().map(|p| if p.is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
+    // SAFETY: the caller's contract for the plan, its parameters and the
+    // connection; `values` and `nulls` hold one entry per parameter, which
+    // SPI only reads during the call.
+    let rc = unsafe { pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), false, 0) };
+    if rc < 0 {
+        pgrx::error!("pg_lease: {what} failed (SPI code {rc})");
+    }
+    // SAFETY: SPI's global row count, set by the call above.
+    unsafe { pg_sys::SPI_processed > 0 }
+}
+
+/// Column `col` (from 1) of the first row [`exec_saved`] last returned,
+/// None when NULL. A by-reference value lives until the SPI connection ends.
+///
+/// # Safety
+/// The last [`exec_saved`] in this connection returned a row with at least
+/// `col` columns.
+pub unsafe fn result_datum(col: i32) -> Option<pg_sys::Datum> {
+    let mut isnull = false;
+    // SAFETY: the caller's contract: SPI_tuptable holds that row.
+    let datum = unsafe {
+        let table = &*pg_sys::SPI_tuptable;
+        pg_sys::SPI_getbinval(*table.vals, table.tupdesc, col, &mut isnull)
+    };
+    (!isnull).then_some(datum)
+}
+
+/// [`result_datum`]'s column as text (its type's output function), None
+/// when NULL.
+///
+/// # Safety
+/// As for [`result_datum`].
+pub unsafe fn result_text(col: i32) -> Option<String> {
+    // SAFETY: the caller's contract; SPI_getvalue returns NULL for NULL or a
+    // palloc'd C string, copied at once.
+    unsafe {
+        let table = &*pg_sys::SPI_tuptable;
+        let text = pg_sys::SPI_getvalue(*table.vals, table.tupdesc, col);
+        (!text.is_null()).then(|| owned(text))
+    }
+}
+
 /// A type's name as Postgres prints it (`numeric`, `character varying`).
 pub fn type_name(typid: pg_sys::Oid) -> String {
     // SAFETY: format_type_be returns a palloc'd C string or raises.

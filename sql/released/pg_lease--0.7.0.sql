@@ -7,7 +7,7 @@ The ordering of items is not stable, it is driven by a dependency graph.
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:22
+-- src/lib.rs:23
 -- bootstrap
 -- pg_lease state. Everything lives in schema "lease" (the control file's schema).
 
@@ -238,7 +238,7 @@ AS 'MODULE_PATHNAME', 'unregister_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:23
+-- src/lib.rs:24
 -- requires:
 --   schema
 --   fence::identity::key_identity_problem
@@ -1247,7 +1247,7 @@ REVOKE EXECUTE ON FUNCTION lease.protect(regclass, text[], name, regclass, text[
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:51
+-- src/lib.rs:52
 -- requires:
 --   fence
 --   lease::token_floor
@@ -1729,67 +1729,15 @@ END $$;
 COMMENT ON FUNCTION lease.issue_tokens_above(bigint) IS
     'Makes every fencing token this database issues from now on, for any lease, higher than token (only ever raises); returns the lowest it can now issue.';
 
+-- renew and release are Rust (src/lease_calls.rs, since 0.7.0): the same
+-- statements as saved plans, run as the function's owner as SECURITY DEFINER
+-- ran them, without the per-call cost of a SET clause. The common case of
+-- renew is one UPDATE: held by owner with token, not released, alive on its
+-- own, the clock read under the row lock. Otherwise the row is judged as a
+-- whole under its lock (and its owner's session row's, for a lease carried
+-- by its session): renewed, or LF006 with DETAIL saying why.
 CREATE FUNCTION lease.renew(name text, owner text, token bigint, ttl_ms integer) RETURNS timestamptz
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    ttl integer := lease._check_ttl(ttl_ms);
-    p_name text COLLATE "default" := lease._label('name', name);     -- see the convention at the top
-    p_owner text COLLATE "default" := lease._label('owner', owner);
-    cur lease.lease_state;
-    expiry timestamptz;
-    holder lease.session_state;
-    now_ts timestamptz;
-    why text;
-    new_expiry timestamptz;
-BEGIN
-    IF token IS NULL THEN
-        PERFORM lease._fail('22004', 'pg_lease: token must not be NULL');
-    END IF;
-    -- The common case in one statement: held by owner with token, not
-    -- released, alive on its own. The clock is read under the row lock (a
-    -- lock wait re-evaluates the row, and both reads, after it), once for
-    -- the check and once for the new bounds: the subquery refers to the row
-    -- so that it runs per row, after the wait. `(… = p_owner) IS TRUE` (the
-    -- same test: neither side is NULL) keeps the owner index out of the
-    -- plan, which a table not yet analyzed would pick over the primary key.
-    UPDATE lease.lease_state l
-       SET (renewed_at, expires_at) = (SELECT c.t, c.t + ttl * interval '1 millisecond'
-                                         FROM (SELECT clock_timestamp() AS t WHERE l.name IS NOT NULL) c)
-     WHERE l.name = p_name AND (l.owner = p_owner) IS TRUE AND l.token = renew.token AND l.released_at IS NULL
-       AND l.expires_at > clock_timestamp()
-    RETURNING l.expires_at INTO new_expiry;
-    IF FOUND THEN
-        RETURN new_expiry;
-    END IF;
-    -- Otherwise judged as a whole: carried by the owner's session, or lost.
-    SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
-    now_ts := clock_timestamp();
-    expiry := cur.expires_at;
-    IF cur.released_at IS NULL AND expiry <= now_ts AND cur.owner = p_owner THEN
-        -- Maybe carried by the owner's session: judged under its lock, as in acquire.
-        SELECT * INTO holder FROM lease.session_state s WHERE s.owner = cur.owner FOR SHARE;
-        now_ts := clock_timestamp();
-        expiry := lease._expiry(cur.expires_at, holder.live_since, holder.expires_at);
-    END IF;
-    why := CASE
-        WHEN cur.name IS NULL THEN 'it never existed'
-        WHEN cur.owner <> p_owner THEN format('it was taken by %s with token %s', cur.owner, cur.token)
-        WHEN cur.token > renew.token THEN format('%s re-acquired it since, with token %s', cur.owner, cur.token)
-        WHEN cur.token < renew.token THEN format('token %s was never issued for it (current token %s)', renew.token, cur.token)
-        WHEN cur.released_at IS NOT NULL THEN format('it was released at %s', cur.released_at)
-        WHEN expiry <= now_ts THEN format('it expired at %s, %s ago', expiry, date_trunc('millisecond', now_ts - expiry))
-    END;
-    IF why IS NOT NULL THEN
-        PERFORM lease._raise('LeaseLost',
-            format('%s no longer holds lease "%s" with token %s', renew.owner, renew.name, renew.token),
-            format('Lease %s: %s.', renew.name, why));
-    END IF;
-    UPDATE lease.lease_state l SET renewed_at = now_ts, expires_at = now_ts + ttl * interval '1 millisecond'
-     WHERE l.name = p_name
-    RETURNING l.expires_at INTO new_expiry;
-    RETURN new_expiry;
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_renew';
 COMMENT ON FUNCTION lease.renew(text, text, bigint, integer) IS
     'Extends a live lease held by owner with token; LF006 (DETAIL says why) otherwise.';
 
@@ -1881,55 +1829,22 @@ END $$;
 COMMENT ON FUNCTION lease.renew_all(text, integer) IS
     'Heartbeat: renews every live lease of owner; lost ones come back with renewed = false.';
 
+-- An expired lease of this holder is marked released too (it stops being
+-- reported as lost), but only a live one counts as released by this call:
+-- alive on its own (its expiry is cut to now), or carried by its owner's
+-- session (its own expiry, kept, is after the session's start). Rust
+-- (src/lease_calls.rs, since 0.7.0), as lease.renew.
 CREATE FUNCTION lease.release(name text, owner text, token bigint) RETURNS boolean
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    now_ts timestamptz := clock_timestamp();
-    p_name text COLLATE "default" := lease._label('name', name);     -- see the convention at the top
-    p_owner text COLLATE "default" := lease._label('owner', owner);
-    was_live boolean;
-BEGIN
-    -- An expired lease of this holder is marked released too (it stops being
-    -- reported as lost), but only a live one counts as released by this call:
-    -- alive on its own (its expiry is cut to now), or carried by its owner's
-    -- session (its own expiry, kept, is after the session's start).
-    -- (`IS TRUE`: by the primary key, as in lease.renew.)
-    UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
-     WHERE l.name = p_name AND (l.owner = p_owner) IS TRUE AND l.token = release.token AND l.released_at IS NULL
-    RETURNING l.expires_at = now_ts
-              OR EXISTS (SELECT FROM lease.session_state s
-                          WHERE s.owner = l.owner AND lease._expiry(l.expires_at, s.live_since, s.expires_at) > now_ts)
-    INTO was_live;
-    RETURN coalesce(was_live, false);
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_release';
 COMMENT ON FUNCTION lease.release(text, text, bigint) IS
     'Releases a live lease held by owner with token; anyone may take it at once. False if not held.';
 
+-- Every lease of owner, locked and released (counting the live ones), then
+-- its session ends and its lost_leases reports go: the lock order of every
+-- lease function (lease rows, then session rows, then lost_leases). Rust
+-- (src/lease_calls.rs, since 0.7.0), as lease.renew.
 CREATE FUNCTION lease.release_all(owner text) RETURNS integer
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    now_ts timestamptz := clock_timestamp();
-    p_owner text COLLATE "default" := lease._label('owner', owner);   -- see the convention at the top
-    released integer;
-BEGIN
-    WITH held AS (
-        SELECT l.name, lease._expiry(l.expires_at, s.live_since, s.expires_at) > now_ts AS was_live
-          FROM lease.lease_state l LEFT JOIN lease.session_state s ON s.owner = l.owner
-         WHERE l.owner = p_owner AND l.released_at IS NULL FOR UPDATE OF l
-    ), done AS (
-        UPDATE lease.lease_state l SET released_at = now_ts, expires_at = least(l.expires_at, now_ts)
-          FROM held WHERE l.name = held.name
-        RETURNING held.was_live
-    )
-    SELECT count(*) FILTER (WHERE d.was_live) INTO released FROM done d;
-    -- The process is going away: so does its session. Lock order, as in
-    -- every lease function: lease rows, then session rows, then lost_leases.
-    UPDATE lease.session_state s SET expires_at = now_ts WHERE s.owner = p_owner AND s.expires_at > now_ts;
-    DELETE FROM lease.lost_leases x WHERE x.owner = p_owner;
-    RETURN released;
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_release_all';
 COMMENT ON FUNCTION lease.release_all(text) IS 'Releases every lease of owner (the SIGTERM path); returns how many were live.';
 
 -- Lease operations write pg_lease's state and bound owner rows as the
@@ -1998,7 +1913,7 @@ AS 'MODULE_PATHNAME', 'stats_reset_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:38
+-- src/lib.rs:39
 -- requires:
 --   schema
 --   lease
@@ -2095,7 +2010,7 @@ END $$;
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:56
+-- src/lib.rs:57
 -- requires:
 --   schema
 --   fence

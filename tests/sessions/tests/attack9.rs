@@ -402,10 +402,15 @@ fn a_table_sync_refusal_does_not_point_at_alter_subscription_skip() {
          GRANT ALL ON ALL TABLES IN SCHEMA public TO repl;",
     )
     .unwrap();
+    // PostgreSQL 16 on: a non-superuser owner's worker needs
+    // password_required = false to connect without a password, and
+    // run_as_owner to apply as that owner.
+    let v16 = one_i64(&mut s, "SELECT current_setting('server_version_num')::bigint") >= 160000;
     s.batch_execute(&format!(
         "CREATE SUBSCRIPTION game CONNECTION 'host=127.0.0.1 port={} user=postgres dbname=postgres' PUBLICATION game
-             WITH (enabled = false)",
-        publisher.port
+             WITH (enabled = false{})",
+        publisher.port,
+        if v16 { ", password_required = false, run_as_owner = true" } else { "" }
     ))
     .unwrap();
     s.batch_execute(

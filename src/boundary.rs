@@ -34,8 +34,7 @@ unsafe fn run(work: impl FnOnce() -> Outcome) -> pg_sys::Datum {
         audit::count(&outcome);
         if let Err(refusal) = &mut outcome.result {
             audit::on_refusal(refusal);
-            fence::replication::note_refusal();
-            fence::refusal::name_the_subscription(refusal);
+            fence::refusal::in_replication_worker(refusal);
         }
         outcome.result
     };

@@ -190,15 +190,10 @@ pub fn is_owner_table(relid: pg_sys::Oid) -> bool {
     owner_table(relid).is_some()
 }
 
-/// Whether the owner guards of owner table `relid` judge changes applied by
-/// logical replication: when any table fenced against it does.
-pub fn owner_table_judges_replicated(relid: pg_sys::Oid) -> bool {
-    owner_table(relid).unwrap_or(true)
-}
-
 /// None when `relid` is not an owner table (or a partition of one), else
-/// whether any table fenced against it judges replicated changes.
-fn owner_table(relid: pg_sys::Oid) -> Option<bool> {
+/// whether its owner guards judge changes applied by logical replication:
+/// when any table fenced against it does.
+pub fn owner_table(relid: pg_sys::Oid) -> Option<bool> {
     flush_if_requested();
     if let Some(known) = OWNER_TABLES.with(|o| o.borrow().get(&relid).copied()) {
         return known;

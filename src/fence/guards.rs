@@ -18,10 +18,10 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
         pgrx::error!("lease.owner_guard() must be a BEFORE ... FOR EACH ROW trigger");
     }
     let relid = call.relid();
-    if !config::is_owner_table(relid) {
+    let Some(judges) = config::owner_table(relid) else {
         not_protected("lease.owner_guard", relid);
-    }
-    if replication::trusted_row(call) && !config::owner_table_judges_replicated(relid) {
+    };
+    if replication::trusted_row(call) && !judges {
         // Judged where it was written (fence::replication).
         return Ok(call.pass());
     }
@@ -127,7 +127,7 @@ pub fn truncate_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     let target = if owner { None } else { config::for_relation(relid).ok() };
     let judges = match &target {
         Some(cfg) => Some(cfg.judge_replicated),
-        None if owner => config::is_owner_table(relid).then(|| config::owner_table_judges_replicated(relid)),
+        None if owner => config::owner_table(relid),
         None => None,
     };
     let Some(judges) = judges else {
@@ -153,10 +153,10 @@ pub fn truncate_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     let facts = refusal::facts(relid, &table, TriggerOp::Truncate, String::new(), None, None, None);
     let refused = refusal::on_relation(error, relid, summary, detail, facts);
     // A replicated TRUNCATE of a fenced table names the table's way out.
-    let replicated = match &target {
-        Some(cfg) => refusal::replication_hint(Some((&display(cfg.protected_relid), cfg.is_high_water()))),
-        None => None,
-    };
+    let replicated = target.as_ref().and_then(|cfg| {
+        let sub = replication::subscription()?;
+        Some(refusal::replication_hint(&sub, Some((&display(cfg.protected_relid), cfg.is_high_water()))))
+    });
     Err(match replicated {
         Some(hint) => refused.with_hint(hint),
         None => refused,

@@ -104,13 +104,12 @@ fn skip(subscription: &str) -> String {
     }
 }
 
-/// In a logical replication worker, the HINT of a refusal there: whose
+/// The HINT of a refusal in the logical replication worker of `sub`: whose
 /// change it is, why it was judged here, and the way out (nothing may get
 /// stuck silently; lease.audit_status() shows it too). `table`: the
 /// protected table concerned, when the refusal is about one (`high_water`:
-/// in that mode, judging replicated changes by default). None elsewhere.
-pub fn replication_hint(table: Option<(&str, bool)>) -> Option<String> {
-    let sub = replication::subscription()?;
+/// in that mode, judging replicated changes by default).
+pub fn replication_hint(sub: &replication::Subscription, table: Option<(&str, bool)>) -> String {
     let name = &sub.name;
     let skip = skip(name);
     let (why, way_out) = if !replication::applying() {
@@ -147,22 +146,20 @@ pub fn replication_hint(table: Option<(&str, bool)>) -> Option<String> {
             ),
         }
     };
-    Some(format!(
+    format!(
         "Applied by logical replication subscription \"{name}\": {why}. The worker retries until the write goes through: {way_out}."
-    ))
+    )
 }
 
-/// A refusal raised in a logical replication worker names the subscription
-/// and the way out, whatever refused it (the fence's row refusals already
+/// A refusal raised in a logical replication worker: its subscription is
+/// noted for lease.audit_status() (replication::note), and the refusal names
+/// it and the way out, whatever refused it (the fence's row refusals already
 /// do, with the table's own ways out; the guards' do not).
-pub fn name_the_subscription(refusal: &mut Refusal) {
-    if !replication::subscription_applies()
-        || refusal.hint.as_deref().is_some_and(|h| h.starts_with("Applied by logical replication"))
-    {
-        return;
-    }
-    if let Some(hint) = replication_hint(None) {
-        refusal.hint = Some(hint.into_boxed_str());
+pub fn in_replication_worker(refusal: &mut Refusal) {
+    let Some(sub) = replication::subscription() else { return };
+    replication::note(&sub);
+    if !refusal.hint.as_deref().is_some_and(|h| h.starts_with("Applied by logical replication")) {
+        refusal.hint = Some(replication_hint(&sub, None).into_boxed_str());
     }
 }
 
@@ -170,10 +167,10 @@ pub fn name_the_subscription(refusal: &mut Refusal) {
 /// mislead: whose replicated change it is, which way this table takes
 /// tokens, or that a resource never had one.
 fn hint(error: LeaseError, cfg: &FenceConfig, op: TriggerOp, current: Option<i64>) -> Option<String> {
-    if replication::subscription_applies() {
+    if let Some(sub) = replication::subscription() {
         let protected =
             if cfg.protected_relid == cfg.relid { cfg.display.clone() } else { display(cfg.protected_relid) };
-        return replication_hint(Some((&protected, matches!(cfg.mode, Mode::HighWater))));
+        return Some(replication_hint(&sub, Some((&protected, cfg.is_high_water()))));
     }
     match (error, &cfg.token) {
         (LeaseError::MissingFencingToken, TokenSource::Column { attnum, .. }) if op != TriggerOp::Delete => {

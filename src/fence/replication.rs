@@ -221,12 +221,18 @@ unsafe extern "C-unwind" fn process_utility(
     leave();
 }
 
+/// Whether this process is a logical replication worker (table sync, apply
+/// or parallel apply).
+fn in_worker() -> bool {
+    // SAFETY: IsLogicalWorker reads this process's own worker slot pointer
+    // (set only by the logical replication launcher's workers).
+    unsafe { pg_sys::IsLogicalWorker() }
+}
+
 /// Whether this is a change a logical replication worker (of any
 /// subscription) applies itself, not one user code makes meanwhile.
 pub fn applying() -> bool {
-    // SAFETY: IsLogicalWorker reads this process's own worker slot pointer
-    // (set only by the logical replication launcher's workers).
-    DEPTH.with(|d| d.get()) == 0 && unsafe { pg_sys::IsLogicalWorker() }
+    DEPTH.with(|d| d.get()) == 0 && in_worker()
 }
 
 /// Whether this is the initial copy of a table (or its catch-up), applied
@@ -313,17 +319,10 @@ pub struct Subscription {
     pub trusted: bool,
 }
 
-/// Whether this process is a logical replication worker.
-pub fn subscription_applies() -> bool {
-    // SAFETY: as in `applying`.
-    unsafe { pg_sys::IsLogicalWorker() }
-}
-
 /// In a logical replication worker: which subscription it applies, who owns
 /// it and whether it is trusted. None elsewhere.
 pub fn subscription() -> Option<Subscription> {
-    // SAFETY: as in `applying`.
-    if !unsafe { pg_sys::IsLogicalWorker() } {
+    if !in_worker() {
         return None;
     }
     let role = subscription_owner();
@@ -342,13 +341,18 @@ pub fn subscription() -> Option<Subscription> {
     })
 }
 
-/// A refusal is being raised: in a logical replication worker, its
-/// subscription is noted for `lease.audit_status()` when the transaction
-/// aborts (the worker then retries the change until it goes through, so it
-/// must not stay unnoticed).
+/// A refusal is being raised in the worker of `sub`: noted for
+/// `lease.audit_status()` when the transaction aborts (the worker then
+/// retries the change until it goes through, so it must not stay unnoticed).
+pub fn note(sub: &Subscription) {
+    PENDING.with(|p| *p.borrow_mut() = Some((sub.oid, sub.name.clone())));
+}
+
+/// [`note`], in a logical replication worker (for refusals that do not name
+/// the subscription themselves).
 pub fn note_refusal() {
     if let Some(sub) = subscription() {
-        PENDING.with(|p| *p.borrow_mut() = Some((sub.oid, sub.name)));
+        note(&sub);
     }
 }
 
@@ -359,14 +363,15 @@ pub fn note_refusal() {
 pub fn local_state(call: &TriggerCall) -> Result<pg_sys::Datum, Invalid> {
     let table = display(call.relid());
     if call.op() == TriggerOp::Truncate {
+        let sub = subscription();
         let mut refusal = Invalid::new("0A000", format!("pg_lease: TRUNCATE of {table} is not allowed"))
             .expect("a valid SQLSTATE")
             .with_detail(
                 "pg_lease's own tables hold this node's fencing state (protections, high-water marks, leases and their tokens, the audit): a TRUNCATE would let tokens start over here, and a publication of the table would carry it to its subscribers.",
             );
-        refusal.hint = Some(match subscription() {
+        refusal.hint = Some(match sub {
             Some(sub) => {
-                note_refusal();
+                note(&sub);
                 format!(
                     "Applied by logical replication subscription \"{}\", whose publisher truncated its {table}: skip it (ALTER SUBSCRIPTION {} SKIP (lsn = ...), the LSN is in this error's CONTEXT) and publish only your own tables there.",
                     sub.name,
@@ -393,7 +398,9 @@ pub fn local_state(call: &TriggerCall) -> Result<pg_sys::Datum, Invalid> {
         // NULL: the row is skipped.
         return Ok(pg_sys::Datum::from(0usize));
     }
-    note_refusal();
+    if let Some(sub) = &sub {
+        note(sub);
+    }
     let mut refusal = Invalid::new(
         "55000",
         format!("pg_lease: logical replication subscription \"{name}\" would overwrite a row of {table} this node wrote"),

@@ -226,12 +226,71 @@ RETURNS text LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
      WHERE (lease._citus_table(target)).kind IS NOT NULL
 $$;
 
+-- Citus: what is wrong with pg_lease's triggers on this node's shards of the
+-- distributed table whose shell here is `shell` (every shard placed here, or
+-- only `shards`). Citus copies each row trigger of a distributed table to
+-- every shard, named with the shard id as suffix; each copy of pg_lease's
+-- fence and owner guard must be there, enabled ALWAYS and unchanged, since
+-- the shards are where the rows are written. Run at commit for shards that
+-- DDL reached on this node (lease._check_at_commit): a table owner connected
+-- to a worker could otherwise disable a shard's fence directly.
+CREATE FUNCTION lease._shard_problems(shell regclass, shards regclass[] DEFAULT NULL)
+RETURNS TABLE (rel regclass, problem text)
+    LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    shard regclass;
+    suffix text;
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NULL THEN
+        RETURN;
+    END IF;
+    IF shards IS NULL THEN
+        -- Dynamic: pg_lease does not depend on Citus.
+        EXECUTE $q$SELECT array_agg(pg_catalog.to_regclass(pg_catalog.shard_name(s.logicalrelid, s.shardid, false)))
+                     FROM pg_catalog.pg_dist_shard s
+                     JOIN pg_catalog.pg_dist_placement p ON p.shardid = s.shardid
+                     JOIN pg_catalog.pg_dist_local_group g ON g.groupid = p.groupid
+                    WHERE s.logicalrelid = $1$q$ INTO shards USING shell;
+    END IF;
+    FOREACH shard IN ARRAY coalesce(shards, '{}') LOOP
+        CONTINUE WHEN shard IS NULL OR lease._shard_of(shard) IS DISTINCT FROM shell::oid;
+        suffix := '_' || lease._shard_id(shard);
+        RETURN QUERY
+            SELECT shard, format('its copy %I of pg_lease''s trigger %I on %s is %s', t.tgname || suffix, t.tgname, shell,
+                                 CASE WHEN c.oid IS NULL THEN 'missing'
+                                      WHEN c.tgenabled <> 'A' THEN 'not enabled ALWAYS'
+                                      ELSE 'not the same trigger' END)
+              FROM pg_trigger t
+              LEFT JOIN pg_trigger c ON c.tgrelid = shard AND c.tgname = t.tgname || suffix
+             WHERE t.tgrelid = shell AND NOT t.tgisinternal
+               AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+               AND (c.oid IS NULL OR c.tgenabled <> 'A' OR c.tgfoid <> t.tgfoid OR c.tgtype <> t.tgtype
+                    OR c.tgargs <> t.tgargs OR c.tgattr <> t.tgattr OR c.tgqual IS NOT NULL);
+    END LOOP;
+END $$;
+
+-- Runs command, DDL of pg_lease's own triggers on rel. Citus refuses trigger
+-- DDL on its tables unless told it may (citus.enable_unsafe_triggers): on
+-- for this command only; pg_lease's fence is one Citus copies to every
+-- shard (lease._shard_config).
+CREATE FUNCTION lease._trigger_ddl(rel regclass, command text) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    unsafe text;
+BEGIN
+    IF (lease._citus_table(rel)).kind IS NULL THEN
+        EXECUTE command;
+        RETURN;
+    END IF;
+    unsafe := pg_catalog.current_setting('citus.enable_unsafe_triggers', true);
+    PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+    EXECUTE command;
+    PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', coalesce(unsafe, 'off'), true);
+END $$;
 CREATE FUNCTION lease._create_trigger(rel regclass, tgname name, func regproc, timing text, body text) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     existing regproc;
-    citus boolean;
-    unsafe text;
 BEGIN
     SELECT t.tgfoid INTO existing FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = _create_trigger.tgname;
     IF existing IS NOT NULL AND existing <> func THEN
@@ -239,19 +298,9 @@ BEGIN
             format('pg_lease: %s already has a trigger %I that is not pg_lease''s (it runs %s)', rel, tgname, existing),
             NULL, 'Rename or drop that trigger: the pg_lease_* trigger names are pg_lease''s.');
     END IF;
-    -- Citus refuses row triggers on its tables unless told it may: the
-    -- fence is one it copies to every shard (lease._shard_config).
-    citus := (lease._citus_table(rel)).kind IS NOT NULL;
-    IF citus THEN
-        unsafe := pg_catalog.current_setting('citus.enable_unsafe_triggers', true);
-        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
-    END IF;
-    EXECUTE format('CREATE %sTRIGGER %I %s ON %s %s',
-                   CASE WHEN existing IS NULL THEN '' ELSE 'OR REPLACE ' END, tgname, timing, rel, body);
-    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', rel, tgname);
-    IF citus THEN
-        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', coalesce(unsafe, 'off'), true);
-    END IF;
+    PERFORM lease._trigger_ddl(rel, format('CREATE %sTRIGGER %I %s ON %s %s',
+                   CASE WHEN existing IS NULL THEN '' ELSE 'OR REPLACE ' END, tgname, timing, rel, body));
+    PERFORM lease._trigger_ddl(rel, format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', rel, tgname));
 END $$;
 -- The last step of protect: the fence it set up is whole (a trigger of
 -- pg_lease's name that was there before and is not what pg_lease installs,
@@ -480,7 +529,7 @@ BEGIN
                AND g.tgname IN ('pg_lease_fence', 'pg_lease_truncate', 'pg_lease_owner_guard', 'pg_lease_owner_truncate')
                AND g.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.truncate_guard'::regproc, 'lease.owner_guard'::regproc)
         LOOP
-            EXECUTE format('DROP TRIGGER %I ON %s', leftover.tgname, leftover.rel);
+            PERFORM lease._trigger_ddl(leftover.rel, format('DROP TRIGGER %I ON %s', leftover.tgname, leftover.rel));
             dropped := dropped + 1;
         END LOOP;
         IF dropped > 0 THEN
@@ -490,14 +539,14 @@ BEGIN
         PERFORM lease._fail('42704', format('pg_lease: %s is not protected', target));
     END IF;
     PERFORM lease._unregister(target);
-    EXECUTE format('DROP TRIGGER pg_lease_fence ON %s', target);
+    PERFORM lease._trigger_ddl(target, format('DROP TRIGGER pg_lease_fence ON %s', target));
     FOR part IN SELECT t.relid FROM pg_partition_tree(target) t UNION SELECT target LOOP
-        EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_truncate ON %s', part);
+        PERFORM lease._trigger_ddl(part, format('DROP TRIGGER IF EXISTS pg_lease_truncate ON %s', part));
     END LOOP;
     IF p.owner_table IS NOT NULL AND NOT EXISTS (SELECT 1 FROM lease.protected o WHERE o.owner_table = p.owner_table) THEN
-        EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_owner_guard ON %s', p.owner_table);
+        PERFORM lease._trigger_ddl(p.owner_table, format('DROP TRIGGER IF EXISTS pg_lease_owner_guard ON %s', p.owner_table));
         FOR part IN SELECT t.relid FROM pg_partition_tree(p.owner_table) t UNION SELECT p.owner_table LOOP
-            EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_owner_truncate ON %s', part);
+            PERFORM lease._trigger_ddl(part, format('DROP TRIGGER IF EXISTS pg_lease_owner_truncate ON %s', part));
         END LOOP;
     ELSIF p.owner_table IS NOT NULL THEN
         -- Still guarding other fenced tables: watch only their key columns.
@@ -774,6 +823,16 @@ DECLARE
     gap record;
 BEGIN
     DELETE FROM lease.deferred_checks d WHERE d.rel = NEW.rel AND d.root = NEW.root;
+    -- A Citus shard (see lease._guard_ddl; NULL when dropped since).
+    IF lease._shard_of(NEW.rel) IS NOT DISTINCT FROM NEW.root::oid THEN
+        SELECT s.rel, s.problem INTO gap FROM lease._shard_problems(NEW.root, ARRAY[NEW.rel]) s LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('the transaction would commit shard %s of %s without pg_lease''s fence', NEW.rel, NEW.root),
+                format('Shard %s: %s. Change a distributed table''s fence on the Citus coordinator, with lease.protect and lease.unprotect.', gap.rel, gap.problem));
+        END IF;
+        RETURN NULL;
+    END IF;
     SELECT f.relid, f.problem INTO gap
       FROM lease._fence_problems(ARRAY[NEW.root::oid]) f
      WHERE f.rel = NEW.rel AND f.kind IN ('missing', 'disabled')
@@ -836,6 +895,22 @@ DECLARE
     bad boolean;
     match text;
 BEGIN
+    -- Citus: a shard on this node that the command reached is checked at
+    -- commit (Citus changes a table's shards in several commands; see
+    -- lease._shard_problems).
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
+        INSERT INTO lease.deferred_checks (rel, root)
+        SELECT DISTINCT x.rel, x.shell
+          FROM (SELECT c.objid::regclass AS rel, lease._shard_of(c.objid)::regclass AS shell
+                  FROM (SELECT CASE d.classid WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = d.objid)
+                                              ELSE d.objid END AS objid
+                          FROM pg_event_trigger_ddl_commands() d
+                         WHERE d.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass)) c
+                 WHERE c.objid IS NOT NULL) x
+         WHERE x.shell IS NOT NULL
+           AND EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = x.shell
+                          AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc));
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
     END IF;
@@ -850,7 +925,7 @@ BEGIN
              WHERE c.classid = 'pg_trigger'::regclass AND t.tgenabled <> 'A' AND t.tgparentid = 0
                AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
         LOOP
-            EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname);
+            PERFORM lease._trigger_ddl(broken.rel, format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname));
         END LOOP;
     END IF;
     SELECT array_agg(DISTINCT CASE c.classid
@@ -1006,6 +1081,19 @@ DECLARE
     orphan record;
     victim record;
 BEGIN
+    -- Citus: a trigger dropped from a shard on this node that stays is
+    -- checked at commit (lease._shard_problems).
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
+        INSERT INTO lease.deferred_checks (rel, root)
+        SELECT DISTINCT x.rel, x.shell
+          FROM (SELECT r.rel, lease._shard_of(r.rel)::regclass AS shell
+                  FROM pg_event_trigger_dropped_objects() d
+                  -- (by name: Citus hides shards from pg_class queries)
+                 CROSS JOIN LATERAL (SELECT pg_catalog.to_regclass(pg_catalog.quote_ident(d.address_names[1]) || '.'
+                                                                 || pg_catalog.quote_ident(d.address_names[2])) AS rel) r
+                 WHERE d.object_type = 'trigger' AND r.rel IS NOT NULL) x
+         WHERE x.shell IS NOT NULL;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
     END IF;
@@ -1024,7 +1112,7 @@ BEGIN
                    SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
            AND NOT (g.tgrelid = ANY (dropped_tables))
     LOOP
-        EXECUTE format('DROP TRIGGER %I ON %s', orphan.tgname, orphan.rel);
+        PERFORM lease._trigger_ddl(orphan.rel, format('DROP TRIGGER %I ON %s', orphan.tgname, orphan.rel));
     END LOOP;
     SELECT p.relid, p.owner_table INTO orphan FROM lease.protected p WHERE p.owner_table::oid = ANY (dropped_tables) LIMIT 1;
     IF FOUND THEN

@@ -126,9 +126,9 @@ END $$;
 -- schema-only dump and restore leaves, since the protection config is data.
 -- One of that name running anything else is refused.
 -- Citus (README, "Scale out with Citus"): how Citus distributes rel, when
--- Citus is installed and manages it. kind: 'hash' (distributed by
--- dist_column), 'reference', or 'other' (a Citus local, single-shard, append-
--- or range-distributed table); all NULL otherwise.
+-- Citus is installed and manages it. kind: 'distributed' (by hash of
+-- dist_column), 'reference', or 'other' (a Citus local, single-shard,
+-- append- or range-distributed table); all NULL otherwise.
 CREATE FUNCTION lease._citus_table(rel regclass, OUT kind text, OUT dist_column text, OUT colocation integer)
     LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -136,7 +136,7 @@ BEGIN
         RETURN;
     END IF;
     -- Dynamic: pg_lease does not depend on Citus.
-    EXECUTE $q$SELECT CASE WHEN d.partmethod = 'h' THEN 'hash'
+    EXECUTE $q$SELECT CASE WHEN d.partmethod = 'h' THEN 'distributed'
                            WHEN d.partmethod = 'n' AND d.repmodel = 't' THEN 'reference'
                            ELSE 'other' END,
                       CASE WHEN d.partmethod = 'h' THEN pg_catalog.column_to_column_name(d.logicalrelid, d.partkey) END,
@@ -144,6 +144,13 @@ BEGIN
                  FROM pg_catalog.pg_dist_partition d WHERE d.logicalrelid = $1$q$
        INTO kind, dist_column, colocation USING rel;
 END $$;
+
+-- How a refusal names a kind of lease._citus_table.
+CREATE FUNCTION lease._citus_kind(kind text) RETURNS text
+    LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE kind WHEN 'distributed' THEN 'Citus distributed' WHEN 'reference' THEN 'Citus reference'
+                     ELSE 'Citus local, single-shard, append- or range-distributed' END
+$$;
 
 -- Refuses (0A000) a fence the shards of Citus tables could not enforce on
 -- their own node: the row trigger runs on a shard and finds the owner row in
@@ -177,14 +184,14 @@ BEGIN
     IF t.kind IS NULL THEN
         PERFORM lease._fail('0A000',
             format('pg_lease: cannot fence %s against %s: the owner rows are not co-located with the rows they fence', target, owner),
-            format('%s is a Citus %s table, and %s is not distributed: its rows stay on this node. %s', owner, o.kind, target, rule),
+            format('%s is a %s table, and %s is not distributed: its rows stay on this node. %s', owner, lease._citus_kind(o.kind), target, rule),
             format('Distribute %s by its key column, co-located with %s (create_distributed_table(..., colocate_with => ''%s'')).', target, owner, owner));
     END IF;
     IF t.kind = 'other' OR (t.kind = 'reference' AND o.kind IS DISTINCT FROM 'reference') THEN
         PERFORM lease._fail('0A000',
             format('pg_lease: cannot fence %s against %s: the owner rows are not co-located with the rows they fence', target, owner),
-            format('%s is a Citus %s table and %s %s. %s', target, t.kind, owner,
-                   CASE WHEN o.kind IS NULL THEN 'is not distributed' ELSE 'is a Citus ' || o.kind || ' table' END, rule),
+            format('%s is a %s table and %s %s. %s', target, lease._citus_kind(t.kind), owner,
+                   CASE WHEN o.kind IS NULL THEN 'is not distributed' ELSE 'is a ' || lease._citus_kind(o.kind) || ' table' END, rule),
             CASE WHEN t.kind = 'reference' THEN format('Make %s a reference table too.', owner)
                  ELSE 'Distribute it by hash on a key column (create_distributed_table).' END);
     END IF;
@@ -198,12 +205,12 @@ BEGIN
             format('%s is distributed by %I, which is not one of its key columns %s. %s', target, t.dist_column, key_columns, rule),
             format('Distribute %s by one of its key columns, co-located with %s.', target, owner));
     END IF;
-    IF o.kind IS DISTINCT FROM 'hash' OR o.dist_column IS DISTINCT FROM owner_key_columns[i] OR o.colocation <> t.colocation THEN
+    IF o.kind IS DISTINCT FROM 'distributed' OR o.dist_column IS DISTINCT FROM owner_key_columns[i] OR o.colocation <> t.colocation THEN
         PERFORM lease._fail('0A000',
             format('pg_lease: cannot fence %s against %s: the owner rows are not co-located with the rows they fence', target, owner),
             format('%s is distributed by %I (co-location group %s); %s %s. %s', target, t.dist_column, t.colocation, owner,
                    CASE WHEN o.kind IS NULL THEN 'is not distributed'
-                        WHEN o.kind <> 'hash' THEN 'is a Citus ' || o.kind || ' table'
+                        WHEN o.kind <> 'distributed' THEN 'is a ' || lease._citus_kind(o.kind) || ' table'
                         ELSE format('is distributed by %I (co-location group %s)', o.dist_column, o.colocation) END, rule),
             format('Distribute %s by %I with colocate_with => ''%s'' (its key column %I pairs with owner key column %I), or make %s a reference table.',
                    owner, owner_key_columns[i], target, t.dist_column, owner_key_columns[i], owner));
@@ -455,11 +462,10 @@ BEGIN
     END IF;
 
     -- One owner guard per owner table, shared by every table fenced against it.
-    SELECT pg_catalog.encode(t.tgargs, 'escape') INTO existing_guard FROM pg_catalog.pg_trigger t
+    SELECT (lease._trigger_args(t.tgargs))[1] INTO existing_guard FROM pg_catalog.pg_trigger t
      WHERE t.tgrelid OPERATOR(pg_catalog.=) owner AND t.tgname OPERATOR(pg_catalog.=) 'pg_lease_owner_guard' AND NOT t.tgisinternal;
-    IF existing_guard IS NOT NULL
-       AND pg_catalog.split_part(existing_guard, E'\\000', 1) OPERATOR(pg_catalog.<>) owner_token_column THEN
-        PERFORM lease._fail('0A000', format('pg_lease: owner table %s already guards token column "%s"', owner, pg_catalog.split_part(existing_guard, E'\\000', 1)), 'All tables fenced against one owner table must use the same owner token column.');
+    IF existing_guard IS NOT NULL AND existing_guard OPERATOR(pg_catalog.<>) owner_token_column THEN
+        PERFORM lease._fail('0A000', format('pg_lease: owner table %s already guards token column "%s"', owner, existing_guard), 'All tables fenced against one owner table must use the same owner token column.');
     END IF;
     -- One guard per owner table, watching the key columns of every table
     -- fenced against it: installed, extended by this table's key columns, or
@@ -592,8 +598,28 @@ COMMENT ON FUNCTION lease.judge_replicated(regclass, boolean) IS
 -- The triggers pg_lease keeps on the tables protected (or owning protected
 -- tables) among `among` (all when NULL), on every partition: the one list
 -- of them, for lease._fence_problems and the drop guard.
+-- A trigger's arguments as pg_trigger.tgargs holds them (each NUL-terminated,
+-- in the database encoding). Compared as text, never through encode(...,
+-- 'escape'), which spells a backslash or a non-ASCII byte of a column name
+-- differently from the name itself.
+CREATE FUNCTION lease._trigger_args(args bytea) RETURNS text[]
+    LANGUAGE plpgsql STABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    result text[] := '{}';
+    rest bytea := args;
+    i integer;
+BEGIN
+    LOOP
+        i := position('\x00'::bytea IN rest);
+        EXIT WHEN i = 0;
+        result := result || convert_from(substr(rest, 1, i - 1), getdatabaseencoding());
+        rest := substr(rest, i + 1);
+    END LOOP;
+    RETURN result;
+END $$;
+
 CREATE FUNCTION lease._expected_triggers(among oid[] DEFAULT NULL)
-RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype integer, args text)
+RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype integer, args text[])
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
     WITH p AS (
         SELECT * FROM lease.protected p
@@ -607,20 +633,20 @@ RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype intege
         SELECT roots.r, t.relid FROM roots, pg_partition_tree(roots.r) t
     )
     -- tgtype: 31 = BEFORE, FOR EACH ROW, INSERT, UPDATE and DELETE;
-    -- 34 = BEFORE TRUNCATE, FOR EACH STATEMENT. args as tgargs holds them.
+    -- 34 = BEFORE TRUNCATE, FOR EACH STATEMENT. args: the trigger's arguments.
     SELECT p.relid, t.rel, 'pg_lease_fence'::name, 'lease.fence_trigger'::regproc, 31,
-           coalesce(lease._shard_config(p.relid, p.mode, p.key_columns, p.token_column, p.owner_table,
-                                        p.owner_key_columns, p.owner_token_column), '')
+           array_remove(ARRAY[lease._shard_config(p.relid, p.mode, p.key_columns, p.token_column, p.owner_table,
+                                                  p.owner_key_columns, p.owner_token_column)], NULL)
       FROM p JOIN tree t ON t.root = p.relid::oid
     UNION ALL
-    SELECT p.relid, t.rel, 'pg_lease_truncate'::name, 'lease.truncate_guard'::regproc, 34, 'target'
+    SELECT p.relid, t.rel, 'pg_lease_truncate'::name, 'lease.truncate_guard'::regproc, 34, ARRAY['target']
       FROM p JOIN tree t ON t.root = p.relid::oid
     UNION ALL
     SELECT p.relid, t.rel, 'pg_lease_owner_guard'::name, 'lease.owner_guard'::regproc, 31,
-           array_to_string(ARRAY[p.owner_token_column::text] || lease._owner_guard_keys(p.owner_table), E'\\000')
+           ARRAY[p.owner_token_column::text] || lease._owner_guard_keys(p.owner_table)
       FROM p JOIN tree t ON t.root = p.owner_table::oid
     UNION ALL
-    SELECT p.relid, t.rel, 'pg_lease_owner_truncate'::name, 'lease.truncate_guard'::regproc, 34, 'owner'
+    SELECT p.relid, t.rel, 'pg_lease_owner_truncate'::name, 'lease.truncate_guard'::regproc, 34, ARRAY['owner']
       FROM p JOIN tree t ON t.root = p.owner_table::oid
 $$;
 
@@ -687,10 +713,9 @@ BEGIN
         OR CASE WHEN e.tgname = 'pg_lease_owner_guard' THEN
                 -- The token column, and at least every key column expected
                 -- (more while a protect extends the guard).
-                NOT coalesce((string_to_array(left(encode(t.tgargs, 'escape'), -4), E'\\000'))[1] = (string_to_array(e.args, E'\\000'))[1]
-                    AND (string_to_array(left(encode(t.tgargs, 'escape'), -4), E'\\000'))[2:]
-                        @> (string_to_array(e.args, E'\\000'))[2:], false)
-           ELSE left(encode(t.tgargs, 'escape'), -4) IS DISTINCT FROM e.args AND NOT (e.args = '' AND t.tgnargs = 0) END
+                NOT coalesce((lease._trigger_args(t.tgargs))[1] = e.args[1]
+                    AND (lease._trigger_args(t.tgargs))[2:] @> e.args[2:], false)
+           ELSE lease._trigger_args(t.tgargs) IS DISTINCT FROM e.args END
     UNION ALL
     -- Row triggers fire in name order: a BEFORE INSERT/UPDATE row trigger
     -- named after ours runs after the fence or owner guard has judged the
@@ -924,8 +949,11 @@ BEGIN
               FROM pg_event_trigger_ddl_commands() c JOIN pg_trigger t ON t.oid = c.objid
              WHERE c.classid = 'pg_trigger'::regclass AND t.tgenabled <> 'A' AND t.tgparentid = 0
                AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+               -- (Not on a Citus table: Citus sends the CREATE to the other
+               -- nodes after this; lease._create_trigger enables it next.)
+               AND (lease._citus_table(t.tgrelid)).kind IS NULL
         LOOP
-            PERFORM lease._trigger_ddl(broken.rel, format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname));
+            EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname);
         END LOOP;
     END IF;
     SELECT array_agg(DISTINCT CASE c.classid

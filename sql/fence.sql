@@ -242,12 +242,16 @@ $$;
 -- Citus: what is wrong with pg_lease's triggers on this node's shards of the
 -- distributed table whose shell here is `shell` (every shard placed here, or
 -- only `shards`). Citus copies each row trigger of a distributed table to
--- every shard, named with the shard id as suffix; each copy of pg_lease's
--- fence and owner guard must be there, enabled ALWAYS and unchanged, since
--- the shards are where the rows are written. Run at commit for shards that
--- DDL reached on this node (lease._check_at_commit): a table owner connected
--- to a worker could otherwise disable a shard's fence directly.
-CREATE FUNCTION lease._shard_problems(shell regclass, shards regclass[] DEFAULT NULL)
+-- every shard, named with the shard id as suffix, and statement triggers to
+-- the shards it moves. Always judged: each copy of pg_lease's triggers a
+-- shard carries is enabled ALWAYS, unconditional and fires on what the
+-- original fires on. `complete` also requires a copy of each of the shell's
+-- row triggers (the fence, the owner guard) on every shard. Run at commit
+-- for shards DDL reached on this node (lease._check_at_commit; not complete
+-- there: Citus changes a table's shell and its shards over several
+-- connections, each its own transaction on the node, so one cannot see the
+-- others' changes), and complete across nodes by lease.cluster_fence_problems.
+CREATE FUNCTION lease._shard_problems(shell regclass, shards regclass[] DEFAULT NULL, complete boolean DEFAULT false)
 RETURNS TABLE (rel regclass, problem text)
     LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -269,16 +273,23 @@ BEGIN
         CONTINUE WHEN shard IS NULL OR lease._shard_of(shard) IS DISTINCT FROM shell::oid;
         suffix := '_' || lease._shard_id(shard);
         RETURN QUERY
-            SELECT shard, format('its copy %I of pg_lease''s trigger %I on %s is %s', t.tgname || suffix, t.tgname, shell,
-                                 CASE WHEN c.oid IS NULL THEN 'missing'
-                                      WHEN c.tgenabled <> 'A' THEN 'not enabled ALWAYS'
-                                      ELSE 'not the same trigger' END)
-              FROM pg_trigger t
-              LEFT JOIN pg_trigger c ON c.tgrelid = shard AND c.tgname = t.tgname || suffix
-             WHERE t.tgrelid = shell AND NOT t.tgisinternal
-               AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
-               AND (c.oid IS NULL OR c.tgenabled <> 'A' OR c.tgfoid <> t.tgfoid OR c.tgtype <> t.tgtype
-                    OR c.tgargs <> t.tgargs OR c.tgattr <> t.tgattr OR c.tgqual IS NOT NULL);
+            SELECT shard, format('its copy %I of pg_lease''s trigger is %s', c.tgname,
+                                 CASE WHEN c.tgenabled <> 'A' THEN 'not enabled ALWAYS'
+                                      ELSE 'changed (it no longer fires on every row and event)' END)
+              FROM pg_trigger c
+             WHERE c.tgrelid = shard AND NOT c.tgisinternal
+               AND c.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+               AND (c.tgenabled <> 'A' OR c.tgqual IS NOT NULL OR cardinality(c.tgattr::int2[]) > 0
+                    OR c.tgtype <> CASE WHEN c.tgfoid = 'lease.truncate_guard'::regproc THEN 34 ELSE 31 END);
+        IF complete THEN
+            RETURN QUERY
+                SELECT shard, format('it has no copy %I of pg_lease''s trigger %I on %s', t.tgname || suffix, t.tgname, shell)
+                  FROM pg_trigger t
+                 WHERE t.tgrelid = shell AND NOT t.tgisinternal
+                   AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+                   AND NOT EXISTS (SELECT 1 FROM pg_trigger c
+                                    WHERE c.tgrelid = shard AND c.tgname = t.tgname || suffix AND c.tgfoid = t.tgfoid);
+        END IF;
     END LOOP;
 END $$;
 
@@ -318,9 +329,9 @@ BEGIN
             problem := format('the owner guard of %s here is missing, disabled or not the one the coordinator installed', e.owner);
             RETURN NEXT;
         END IF;
-        RETURN QUERY SELECT e.target, format('shard %s: %s', s.rel, s.problem) FROM lease._shard_problems(t) s
+        RETURN QUERY SELECT e.target, format('shard %s: %s', s.rel, s.problem) FROM lease._shard_problems(t, NULL, true) s
                      UNION ALL
-                     SELECT e.target, format('shard %s: %s', s.rel, s.problem) FROM lease._shard_problems(o) s;
+                     SELECT e.target, format('shard %s: %s', s.rel, s.problem) FROM lease._shard_problems(o, NULL, true) s;
     END LOOP;
 END $$;
 
@@ -912,7 +923,9 @@ BEGIN
      LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',
-            format('the transaction would commit partition %s of %s without its pg_lease guards', NEW.rel, NEW.root),
+            CASE WHEN NEW.rel = NEW.root
+                 THEN format('the transaction would commit %s without its pg_lease guards', NEW.rel)
+                 ELSE format('the transaction would commit partition %s of %s without its pg_lease guards', NEW.rel, NEW.root) END,
             format('Table %s: %s.', gap.relid, gap.problem));
     END IF;
     RETURN NULL;
@@ -967,6 +980,7 @@ DECLARE
     stray record;
     bad boolean;
     match text;
+    citus_pending oid[] := '{}';
 BEGIN
     -- Citus: a shard on this node that the command reached is checked at
     -- commit (Citus changes a table's shards in several commands; see
@@ -997,11 +1011,17 @@ BEGIN
               FROM pg_event_trigger_ddl_commands() c JOIN pg_trigger t ON t.oid = c.objid
              WHERE c.classid = 'pg_trigger'::regclass AND t.tgenabled <> 'A' AND t.tgparentid = 0
                AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
-               -- (Not on a Citus table: Citus sends the CREATE to the other
-               -- nodes after this; lease._create_trigger enables it next.)
-               AND (lease._citus_table(t.tgrelid)).kind IS NULL
         LOOP
-            EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname);
+            IF (lease._citus_table(broken.rel)).kind IS NULL THEN
+                EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname);
+            ELSE
+                -- Citus sends the CREATE to the other nodes after this
+                -- command, so an ALTER from here would reach them first:
+                -- the trigger must be ENABLE ALWAYS by commit instead
+                -- (lease._create_trigger enables it next).
+                citus_pending := citus_pending || broken.rel::oid;
+                INSERT INTO lease.deferred_checks (rel, root) VALUES (broken.rel, broken.rel);
+            END IF;
         END LOOP;
     END IF;
     SELECT array_agg(DISTINCT CASE c.classid
@@ -1135,6 +1155,7 @@ BEGIN
     SELECT f.* INTO broken
       FROM lease._fence_problems(concerned) f
      WHERE f.kind NOT IN ('missing', 'constraint')
+       AND NOT (f.kind = 'disabled' AND f.rel::oid = ANY (citus_pending))
      LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',
@@ -1157,19 +1178,6 @@ DECLARE
     orphan record;
     victim record;
 BEGIN
-    -- Citus: a trigger dropped from a shard on this node that stays is
-    -- checked at commit (lease._shard_problems).
-    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
-        INSERT INTO lease.deferred_checks (rel, root)
-        SELECT DISTINCT x.rel, x.shell
-          FROM (SELECT r.rel, lease._shard_of(r.rel)::regclass AS shell
-                  FROM pg_event_trigger_dropped_objects() d
-                  -- (by name: Citus hides shards from pg_class queries)
-                 CROSS JOIN LATERAL (SELECT pg_catalog.to_regclass(pg_catalog.quote_ident(d.address_names[1]) || '.'
-                                                                 || pg_catalog.quote_ident(d.address_names[2])) AS rel) r
-                 WHERE d.object_type = 'trigger' AND r.rel IS NOT NULL) x
-         WHERE x.shell IS NOT NULL;
-    END IF;
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
     END IF;

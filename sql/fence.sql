@@ -125,10 +125,113 @@ END $$;
 -- that runs the same function is taken over (CREATE OR REPLACE): what a
 -- schema-only dump and restore leaves, since the protection config is data.
 -- One of that name running anything else is refused.
+-- Citus (README, "Scale out with Citus"): how Citus distributes rel, when
+-- Citus is installed and manages it. kind: 'hash' (distributed by
+-- dist_column), 'reference', or 'other' (a Citus local, single-shard, append-
+-- or range-distributed table); all NULL otherwise.
+CREATE FUNCTION lease._citus_table(rel regclass, OUT kind text, OUT dist_column text, OUT colocation integer)
+    LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+        RETURN;
+    END IF;
+    -- Dynamic: pg_lease does not depend on Citus.
+    EXECUTE $q$SELECT CASE WHEN d.partmethod = 'h' THEN 'hash'
+                           WHEN d.partmethod = 'n' AND d.repmodel = 't' THEN 'reference'
+                           ELSE 'other' END,
+                      CASE WHEN d.partmethod = 'h' THEN pg_catalog.column_to_column_name(d.logicalrelid, d.partkey) END,
+                      d.colocationid
+                 FROM pg_catalog.pg_dist_partition d WHERE d.logicalrelid = $1$q$
+       INTO kind, dist_column, colocation USING rel;
+END $$;
+
+-- Refuses (0A000) a fence the shards of Citus tables could not enforce on
+-- their own node: the row trigger runs on a shard and finds the owner row in
+-- the owner table's shard on the same node, so the owner table must be
+-- distributed by the owner key column paired with the fenced table's
+-- distribution column and co-located with it, or be a reference table.
+-- High-water marks are kept per node, and shards move: refused too.
+CREATE FUNCTION lease._check_citus_layout(target regclass, key_columns text[], owner regclass, owner_key_columns text[])
+RETURNS void LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t record;
+    o record;
+    i integer;
+    rule constant text := 'pg_lease finds a row''s owner row on the node that holds the row: the owner table must be distributed by the owner key column paired with the fenced table''s distribution column and co-located with it, or be a reference table.';
+BEGIN
+    t := lease._citus_table(target);
+    IF owner IS NOT NULL THEN
+        o := lease._citus_table(owner);
+    END IF;
+    IF t.kind IS NULL AND (owner IS NULL OR o.kind IS NULL) THEN
+        RETURN;
+    END IF;
+    IF owner IS NULL THEN
+        PERFORM lease._fail('0A000', format('pg_lease: cannot fence Citus table %s by high-water marks', target),
+            'High-water marks are kept by each node, and Citus moves shards between nodes: a mark would stay behind on the node a shard left.',
+            'Fence it against an owner table distributed by the same key and co-located with it, or a reference table (lease.protect).');
+    END IF;
+    IF 'p' IN (SELECT c.relkind FROM pg_class c WHERE c.oid IN (target, owner)) THEN
+        PERFORM lease._fail('0A000', format('pg_lease: cannot fence %s against %s: pg_lease does not fence partitioned Citus tables', target, owner));
+    END IF;
+    IF t.kind IS NULL THEN
+        PERFORM lease._fail('0A000',
+            format('pg_lease: cannot fence %s against %s: the owner rows are not co-located with the rows they fence', target, owner),
+            format('%s is a Citus %s table, and %s is not distributed: its rows stay on this node. %s', owner, o.kind, target, rule),
+            format('Distribute %s by its key column, co-located with %s (create_distributed_table(..., colocate_with => ''%s'')).', target, owner, owner));
+    END IF;
+    IF t.kind = 'other' OR (t.kind = 'reference' AND o.kind IS DISTINCT FROM 'reference') THEN
+        PERFORM lease._fail('0A000',
+            format('pg_lease: cannot fence %s against %s: the owner rows are not co-located with the rows they fence', target, owner),
+            format('%s is a Citus %s table and %s %s. %s', target, t.kind, owner,
+                   CASE WHEN o.kind IS NULL THEN 'is not distributed' ELSE 'is a Citus ' || o.kind || ' table' END, rule),
+            CASE WHEN t.kind = 'reference' THEN format('Make %s a reference table too.', owner)
+                 ELSE 'Distribute it by hash on a key column (create_distributed_table).' END);
+    END IF;
+    IF t.kind = 'reference' OR o.kind = 'reference' THEN
+        RETURN;
+    END IF;
+    i := pg_catalog.array_position(key_columns, t.dist_column);
+    IF i IS NULL THEN
+        PERFORM lease._fail('0A000',
+            format('pg_lease: cannot fence %s against %s: the owner rows are not co-located with the rows they fence', target, owner),
+            format('%s is distributed by %I, which is not one of its key columns %s. %s', target, t.dist_column, key_columns, rule),
+            format('Distribute %s by one of its key columns, co-located with %s.', target, owner));
+    END IF;
+    IF o.kind IS DISTINCT FROM 'hash' OR o.dist_column IS DISTINCT FROM owner_key_columns[i] OR o.colocation <> t.colocation THEN
+        PERFORM lease._fail('0A000',
+            format('pg_lease: cannot fence %s against %s: the owner rows are not co-located with the rows they fence', target, owner),
+            format('%s is distributed by %I (co-location group %s); %s %s. %s', target, t.dist_column, t.colocation, owner,
+                   CASE WHEN o.kind IS NULL THEN 'is not distributed'
+                        WHEN o.kind <> 'hash' THEN 'is a Citus ' || o.kind || ' table'
+                        ELSE format('is distributed by %I (co-location group %s)', o.dist_column, o.colocation) END, rule),
+            format('Distribute %s by %I with colocate_with => ''%s'' (its key column %I pairs with owner key column %I), or make %s a reference table.',
+                   owner, owner_key_columns[i], target, t.dist_column, owner_key_columns[i], owner));
+    END IF;
+END $$;
+
+-- What the fence trigger of a Citus table carries as its one argument: the
+-- protection config (JSON), which Citus copies with the trigger to every
+-- node's shell and shard, present and future, and which the trigger reads on
+-- a shard whose node's lease.protected does not have it (src/fence/citus.rs).
+-- NULL for a table Citus does not manage (its trigger takes no argument).
+CREATE FUNCTION lease._shard_config(target regclass, mode text, key_columns text[], token_column text,
+                                    owner regclass, owner_key_columns text[], owner_token_column text)
+RETURNS text LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT jsonb_build_object(
+               'mode', mode, 'key_columns', to_jsonb(key_columns), 'token_column', token_column,
+               'owner_table', (SELECT format('%I.%I', n.nspname, c.relname)
+                                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = owner),
+               'owner_key_columns', to_jsonb(owner_key_columns), 'owner_token_column', owner_token_column)::text
+     WHERE (lease._citus_table(target)).kind IS NOT NULL
+$$;
+
 CREATE FUNCTION lease._create_trigger(rel regclass, tgname name, func regproc, timing text, body text) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     existing regproc;
+    citus boolean;
+    unsafe text;
 BEGIN
     SELECT t.tgfoid INTO existing FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = _create_trigger.tgname;
     IF existing IS NOT NULL AND existing <> func THEN
@@ -136,9 +239,19 @@ BEGIN
             format('pg_lease: %s already has a trigger %I that is not pg_lease''s (it runs %s)', rel, tgname, existing),
             NULL, 'Rename or drop that trigger: the pg_lease_* trigger names are pg_lease''s.');
     END IF;
+    -- Citus refuses row triggers on its tables unless told it may: the
+    -- fence is one it copies to every shard (lease._shard_config).
+    citus := (lease._citus_table(rel)).kind IS NOT NULL;
+    IF citus THEN
+        unsafe := pg_catalog.current_setting('citus.enable_unsafe_triggers', true);
+        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+    END IF;
     EXECUTE format('CREATE %sTRIGGER %I %s ON %s %s',
                    CASE WHEN existing IS NULL THEN '' ELSE 'OR REPLACE ' END, tgname, timing, rel, body);
     EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', rel, tgname);
+    IF citus THEN
+        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', coalesce(unsafe, 'off'), true);
+    END IF;
 END $$;
 -- The last step of protect: the fence it set up is whole (a trigger of
 -- pg_lease's name that was there before and is not what pg_lease installs,
@@ -155,11 +268,13 @@ BEGIN
             format('Table %s: %s.', gap.relid, gap.problem));
     END IF;
 END $$;
-CREATE FUNCTION lease._install_target_triggers(target regclass) RETURNS void
+-- shard_config: the fence trigger's argument on a Citus table (lease._shard_config).
+CREATE FUNCTION lease._install_target_triggers(target regclass, shard_config text DEFAULT NULL) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM lease._create_trigger(target, 'pg_lease_fence', 'lease.fence_trigger'::regproc,
-        'BEFORE INSERT OR UPDATE OR DELETE', 'FOR EACH ROW EXECUTE FUNCTION lease.fence_trigger()');
+        'BEFORE INSERT OR UPDATE OR DELETE',
+        format('FOR EACH ROW EXECUTE FUNCTION lease.fence_trigger(%s)', coalesce(quote_literal(shard_config), '')));
     PERFORM lease._install_truncate_guard(t.relid) FROM pg_partition_tree(target) t WHERE t.relid <> target;
     PERFORM lease._install_truncate_guard(target);
 END $$;
@@ -300,9 +415,11 @@ BEGIN
     -- One guard per owner table, watching the key columns of every table
     -- fenced against it: installed, extended by this table's key columns, or
     -- (what a schema-only restore left) made whole.
+    PERFORM lease._check_citus_layout(target, key_columns, owner, owner_key_columns);
     PERFORM lease._guard_owner(owner, owner_token_column, owner_key_columns);
 
-    PERFORM lease._install_target_triggers(target);
+    PERFORM lease._install_target_triggers(target,
+        lease._shard_config(target, 'owner', key_columns, token_column, owner, owner_key_columns, owner_token_column));
     PERFORM lease._register(target, 'owner', key_columns, token_column, owner, owner_key_columns, owner_token_column);
     PERFORM lease._check_enforced(target);
 END $$;
@@ -326,6 +443,7 @@ BEGIN
         END IF;
     END LOOP;
     PERFORM lease._check_not_protected(target);
+    PERFORM lease._check_citus_layout(target, key_columns, NULL, NULL);
     PERFORM lease._install_target_triggers(target);
     PERFORM lease._register(target, 'high_water', key_columns, token_column, NULL, NULL, NULL);
     PERFORM lease._check_enforced(target);
@@ -441,7 +559,9 @@ RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype intege
     )
     -- tgtype: 31 = BEFORE, FOR EACH ROW, INSERT, UPDATE and DELETE;
     -- 34 = BEFORE TRUNCATE, FOR EACH STATEMENT. args as tgargs holds them.
-    SELECT p.relid, t.rel, 'pg_lease_fence'::name, 'lease.fence_trigger'::regproc, 31, ''
+    SELECT p.relid, t.rel, 'pg_lease_fence'::name, 'lease.fence_trigger'::regproc, 31,
+           coalesce(lease._shard_config(p.relid, p.mode, p.key_columns, p.token_column, p.owner_table,
+                                        p.owner_key_columns, p.owner_token_column), '')
       FROM p JOIN tree t ON t.root = p.relid::oid
     UNION ALL
     SELECT p.relid, t.rel, 'pg_lease_truncate'::name, 'lease.truncate_guard'::regproc, 34, 'target'

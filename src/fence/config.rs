@@ -7,6 +7,7 @@
 //! and drop triggers, which invalidates the relation in every backend).
 
 use crate::errors::{LeaseError, Refusal};
+use crate::fence::citus;
 use crate::fence::identity::Canon;
 use crate::fence::FastMap;
 use crate::pg::{
@@ -208,7 +209,17 @@ pub fn owner_table(relid: pg_sys::Oid) -> Option<bool> {
         &[relid.into()],
     )
     .ok()
-    .flatten();
+    .flatten()
+    .or_else(|| {
+        // A Citus shard of an owner table: its distributed table is one
+        // (this node's lease.protected says so, on a coordinator that holds
+        // shards), or carries pg_lease's owner guard, which only protect
+        // installs there and Citus copies to every node (fence::citus).
+        let shard = citus::shard_of(relid)?;
+        owner_table(shard.logical).or_else(|| {
+            citus::shell_trigger_args(shard.logical, "pg_lease_owner_guard", "lease.owner_guard()").map(|_| false)
+        })
+    });
     OWNER_TABLES.with(|o| o.borrow_mut().insert(relid, known));
     known
 }
@@ -225,6 +236,7 @@ fn free_stale_plans() {
     }
 }
 
+#[derive(Clone)]
 struct ProtectedRow {
     protected_relid: pg_sys::Oid,
     mode: String,
@@ -279,6 +291,50 @@ fn load_row(relid: pg_sys::Oid) -> Option<ProtectedRow> {
     })
 }
 
+/// The config of a distributed table's shards on a node whose
+/// `lease.protected` does not have it: the JSON argument `lease.protect` gave
+/// the table's fence trigger (`lease._shard_config`), read from this node's
+/// shell of the table. Err says what is missing.
+fn shard_row(logical: pg_sys::Oid) -> Result<ProtectedRow, String> {
+    let args = citus::shell_trigger_args(logical, "pg_lease_fence", "lease.fence_trigger()")
+        .ok_or("the distributed table has no fence trigger on this node")?;
+    let config: serde_json::Value = args
+        .first()
+        .and_then(|a| serde_json::from_str(a).ok())
+        .ok_or("its fence trigger carries no config (it was protected before it was distributed)")?;
+    let text = |k: &str| config[k].as_str().map(str::to_owned);
+    let texts = |k: &str| -> Vec<String> {
+        config[k]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default()
+    };
+    let mode = text("mode").ok_or("its fence trigger's config has no mode")?;
+    let owner_table = match text("owner_table") {
+        None => None,
+        Some(name) => Some(
+            Spi::get_one_with_args::<pg_sys::Oid>(
+                "SELECT pg_catalog.to_regclass($1)::pg_catalog.oid",
+                &[name.as_str().into()],
+            )
+            .ok()
+            .flatten()
+            .filter(|&oid| oid != pg_sys::InvalidOid)
+            .ok_or_else(|| format!("its owner table {name} does not exist on this node"))?,
+        ),
+    };
+    Ok(ProtectedRow {
+        protected_relid: logical,
+        judge_replicated: mode == "high_water",
+        mode,
+        key_columns: texts("key_columns"),
+        token_column: text("token_column"),
+        owner_table,
+        owner_key_columns: texts("owner_key_columns"),
+        owner_token_column: text("owner_token_column"),
+    })
+}
+
 fn misconfigured(display: &str, what: String) -> Refusal {
     Refusal::new(LeaseError::FenceTampering, format!("the fence on {display} is inconsistent"), what)
 }
@@ -291,16 +347,39 @@ pub fn column(relid: pg_sys::Oid, display: &str, name: &str) -> Result<(i16, pg_
 }
 
 fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
-    let (schema, table) = relation_names(relid);
-    let display = qualified_name(&schema, &table);
-    let Some(row) = load_row(relid) else {
-        return Err(misconfigured(
-            &display,
-            format!("{display} carries pg_lease's fence trigger but lease.protected has no entry for it"),
-        )
-        .with_hint(format!(
-            "A schema-only dump and restore carries pg_lease's triggers but not its protection config (data): run lease.protect for {display} again (it takes the triggers over), or lease.unprotect('{display}') to remove them. Until then every write is refused."
-        )));
+    let (mut schema, mut table) = relation_names(relid);
+    let mut display = qualified_name(&schema, &table);
+    let (row, shard) = match load_row(relid) {
+        Some(row) => (row, None),
+        None => match citus::shard_of(relid) {
+            Some(shard) => {
+                // A Citus shard: its distributed table's config, as this node
+                // has it (a coordinator that also holds shards) or as its
+                // fence trigger carries it (fence::citus).
+                (schema, table) = relation_names(shard.logical);
+                let logical = qualified_name(&schema, &table);
+                let row = match load_row(shard.logical) {
+                    Some(row) => row,
+                    None => shard_row(shard.logical).map_err(|why| {
+                        misconfigured(&logical, format!("shard {display} of {logical} has pg_lease's fence trigger, but {why}"))
+                            .with_hint(format!(
+                                "On the coordinator, run lease.unprotect('{logical}') and lease.protect again: protect gives a distributed table's fence trigger the config its shards read. Until then every write is refused."
+                            ))
+                    })?,
+                };
+                display = logical;
+                (row, Some(shard))
+            }
+            None => {
+                return Err(misconfigured(
+                    &display,
+                    format!("{display} carries pg_lease's fence trigger but lease.protected has no entry for it"),
+                )
+                .with_hint(format!(
+                    "A schema-only dump and restore carries pg_lease's triggers but not its protection config (data): run lease.protect for {display} again (it takes the triggers over), or lease.unprotect('{display}') to remove them. Until then every write is refused."
+                )))
+            }
+        },
     };
 
     let high_water = row.mode == "high_water";
@@ -342,7 +421,27 @@ fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
         scope.extend_from_slice(&row.protected_relid.to_u32().to_ne_bytes());
         Mode::HighWater
     } else {
-        let (owner, owner_attnums) = prepare_owner_lookup(&display, &row, &keys)?;
+        let (owner, owner_attnums) = match &shard {
+            None => prepare_owner_lookup(&display, &row, &keys)?,
+            Some(shard) => {
+                let logical_owner =
+                    row.owner_table.ok_or_else(|| misconfigured(&display, "no owner table recorded".into()))?;
+                let owner_display = crate::pg::display(logical_owner);
+                let owner_shard = citus::colocated_shard(logical_owner, shard).ok_or_else(|| {
+                    misconfigured(
+                        &display,
+                        format!(
+                            "shard {} of {display} has no shard of its owner table {owner_display} co-located with it on this node",
+                            crate::pg::display(relid)
+                        ),
+                    )
+                })?;
+                let row = ProtectedRow { owner_table: Some(owner_shard), ..row.clone() };
+                let (mut owner, attnums) = prepare_owner_lookup(&display, &row, &keys)?;
+                owner.display = owner_display;
+                (owner, attnums)
+            }
+        };
         scope.push(b'o');
         scope.extend_from_slice(&owner.relid.to_u32().to_ne_bytes());
         for attnum in owner_attnums {

@@ -1,0 +1,116 @@
+//! Citus: the fence on the shards of distributed tables.
+//!
+//! Citus stores a distributed table's rows in shards (`payouts_102012`), plain
+//! tables on the worker nodes, and copies the table's row triggers onto every
+//! shard. pg_lease's trigger therefore fires on a shard, on a node whose
+//! `lease.protected` knows nothing of it (that table is local to each node).
+//! What it needs comes from Citus's own metadata, present on every node:
+//! the distributed table a shard belongs to (`pg_dist_shard`), the fence's
+//! config (the argument `lease.protect` gave the distributed table's fence
+//! trigger, which Citus copies to every node's shell and shard, present and
+//! future), and the shard of the owner table co-located with it on this node
+//! (`lease.protect` refuses layouts without one), whose rows are the owner
+//! rows of the shard's rows.
+//!
+//! Every answer is a catalog read made when a config is built; the config
+//! cache is dropped by the relcache invalidations of the shard, the
+//! distributed table's shell (its trigger) and the owner shard.
+
+use crate::pg::relation_names;
+use pgrx::prelude::*;
+use pgrx::spi::Spi;
+
+/// A shard of a Citus table placed on this node.
+pub struct Shard {
+    /// This node's shell of the distributed table.
+    pub logical: pg_sys::Oid,
+    /// The shard's hash range (None for a reference table's one shard).
+    range: (Option<String>, Option<String>),
+}
+
+/// Whether Citus's metadata exists in this database.
+fn present() -> bool {
+    // SAFETY: a syscache lookup of a name in pg_catalog with a NUL-terminated
+    // literal; a missing relation gives InvalidOid.
+    let relid = unsafe { pg_sys::get_relname_relid(c"pg_dist_shard".as_ptr(), pg_sys::PG_CATALOG_NAMESPACE.into()) };
+    relid != pg_sys::InvalidOid
+}
+
+/// The shard `relid` is, when it is a Citus shard placed on this node: its
+/// name carries the shard id and is the name Citus gives that shard
+/// (`shard_name`), so a table merely named like one is not taken for it.
+pub fn shard_of(relid: pg_sys::Oid) -> Option<Shard> {
+    if !present() {
+        return None;
+    }
+    let (_, name) = relation_names(relid);
+    let id: i64 = name.rsplit_once('_')?.1.parse().ok()?;
+    Spi::connect(|client| {
+        let rows = client
+            .select(
+                "SELECT s.logicalrelid::pg_catalog.oid, s.shardminvalue, s.shardmaxvalue
+                   FROM pg_catalog.pg_dist_shard s
+                  WHERE s.shardid OPERATOR(pg_catalog.=) $1
+                    AND pg_catalog.to_regclass(pg_catalog.shard_name(s.logicalrelid, s.shardid, false))::pg_catalog.oid
+                        OPERATOR(pg_catalog.=) $2
+                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_dist_placement p, pg_catalog.pg_dist_local_group g
+                                 WHERE p.shardid OPERATOR(pg_catalog.=) s.shardid
+                                   AND p.groupid OPERATOR(pg_catalog.=) g.groupid)",
+                Some(1),
+                &[id.into(), relid.into()],
+            )
+            .ok()?;
+        let row = rows.first();
+        if row.is_empty() {
+            return None;
+        }
+        Some(Shard {
+            logical: row.get::<pg_sys::Oid>(1).ok()??,
+            range: (row.get::<String>(2).ok()?, row.get::<String>(3).ok()?),
+        })
+    })
+}
+
+/// This node's shard of `owner` (a distributed table's shell) that holds the
+/// owner rows of `shard`'s rows: the co-located shard with the same hash
+/// range, or the reference table's one shard. None when it is not placed here.
+pub fn colocated_shard(owner: pg_sys::Oid, shard: &Shard) -> Option<pg_sys::Oid> {
+    Spi::get_one_with_args::<pg_sys::Oid>(
+        "SELECT pg_catalog.to_regclass(pg_catalog.shard_name(o.logicalrelid, o.shardid, false))::pg_catalog.oid
+           FROM pg_catalog.pg_dist_shard o
+           JOIN pg_catalog.pg_dist_partition d ON d.logicalrelid OPERATOR(pg_catalog.=) o.logicalrelid
+          WHERE o.logicalrelid OPERATOR(pg_catalog.=) $1::pg_catalog.oid::pg_catalog.regclass
+            AND ((d.partmethod OPERATOR(pg_catalog.=) 'n' AND d.repmodel OPERATOR(pg_catalog.=) 't')
+                 OR (d.partmethod OPERATOR(pg_catalog.=) 'h'
+                     AND o.shardminvalue OPERATOR(pg_catalog.=) $2 AND o.shardmaxvalue OPERATOR(pg_catalog.=) $3))
+            AND EXISTS (SELECT 1 FROM pg_catalog.pg_dist_placement p, pg_catalog.pg_dist_local_group g
+                         WHERE p.shardid OPERATOR(pg_catalog.=) o.shardid
+                           AND p.groupid OPERATOR(pg_catalog.=) g.groupid)
+          LIMIT 1",
+        &[owner.into(), shard.range.0.clone().into(), shard.range.1.clone().into()],
+    )
+    .ok()
+    .flatten()
+    .filter(|&oid| oid != pg_sys::InvalidOid)
+}
+
+/// The arguments of the trigger `name` running `function` on `relid` (this
+/// node's shell of a distributed table), None when it has no such trigger.
+pub fn shell_trigger_args(relid: pg_sys::Oid, name: &str, function: &str) -> Option<Vec<String>> {
+    let bytes = Spi::get_one_with_args::<Vec<u8>>(
+        "SELECT t.tgargs FROM pg_catalog.pg_trigger t
+          WHERE t.tgrelid OPERATOR(pg_catalog.=) $1 AND t.tgname OPERATOR(pg_catalog.=) $2
+            AND t.tgfoid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure($3)::pg_catalog.oid",
+        &[relid.into(), name.into(), function.into()],
+    )
+    .ok()
+    .flatten()?;
+    // tgargs: each argument NUL-terminated.
+    Some(
+        bytes
+            .split(|&b| b == 0)
+            .take(bytes.iter().filter(|&&b| b == 0).count())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect(),
+    )
+}

@@ -62,11 +62,70 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION lease.purge_rejected_writes(interval) IS 'Deletes audit rows older than the interval; returns how many.';
 
+-- Citus (README, "Scale out with Citus"): a refusal on a shard is recorded by
+-- the node that holds the shard. These gather every node's rows into one
+-- result on the coordinator, each row with the node it came from, through
+-- Citus's run_command_on_all_nodes (one connection per node, as the calling
+-- role: it needs the same grants on every node). A node that cannot answer
+-- gives a WARNING naming it and the error, and the other nodes' rows.
+CREATE FUNCTION lease._on_all_nodes(command text)
+RETURNS TABLE (node text, result json) LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record;
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_node') IS NULL THEN
+        PERFORM lease._fail('0A000', 'pg_lease: Citus is not installed in this database',
+            NULL, 'Query lease.rejected_writes and lease.stats directly: this database is its only node.');
+    END IF;
+    -- Dynamic: pg_lease does not depend on Citus.
+    FOR r IN EXECUTE $q$SELECT x.success, x.result, n.nodename || ':' || n.nodeport AS node
+                          FROM pg_catalog.run_command_on_all_nodes($1) x
+                          JOIN pg_catalog.pg_dist_node n ON n.nodeid = x.nodeid
+                         ORDER BY n.nodeid$q$ USING command LOOP
+        IF r.success THEN
+            node := r.node;
+            result := r.result::json;
+            RETURN NEXT;
+        ELSE
+            RAISE WARNING 'pg_lease: Citus node % did not answer: %', r.node, r.result;
+        END IF;
+    END LOOP;
+END $$;
+
+CREATE FUNCTION lease.cluster_rejected_writes(since timestamptz DEFAULT NULL)
+RETURNS TABLE (node text, id bigint, rejected_at timestamptz, database text, role text, application_name text,
+               client_addr text, backend_pid integer, target_table text, target_relid oid, operation text,
+               resource_key text, presented_token bigint, current_token bigint, sqlstate text, error_name text,
+               statement text, row_data jsonb, recorded_at timestamptz)
+    LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    SELECT a.node, w.*
+      FROM lease._on_all_nodes(format(
+               'SELECT coalesce(pg_catalog.json_agg(r ORDER BY r.id), ''[]'') FROM lease.rejected_writes r WHERE %L::timestamptz IS NULL OR r.rejected_at >= %L::timestamptz',
+               since, since)) a
+     CROSS JOIN LATERAL json_populate_recordset(NULL::lease.rejected_writes, a.result) w
+     ORDER BY w.rejected_at, a.node, w.id
+$$;
+COMMENT ON FUNCTION lease.cluster_rejected_writes(timestamptz) IS
+    'On a Citus coordinator: lease.rejected_writes of every node (since a time, if given), with the node each row was recorded on.';
+
+CREATE FUNCTION lease.cluster_stats()
+RETURNS TABLE (node text, database text, table_name text, accepted bigint, refused bigint, last_refusal_at timestamptz,
+               queue_depth bigint, dropped bigint, last_flush_at timestamptz, replicated bigint)
+    LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    SELECT a.node, s.*
+      FROM lease._on_all_nodes('SELECT coalesce(pg_catalog.json_agg(s), ''[]'') FROM lease.stats s') a
+     CROSS JOIN LATERAL json_populate_recordset(NULL::lease.stats, a.result) s
+     ORDER BY a.node, s.database, s.table_name
+$$;
+COMMENT ON FUNCTION lease.cluster_stats() IS
+    'On a Citus coordinator: lease.stats of every node, with the node each row comes from.';
+
 -- Audit data and stats are for the roles the DBA grants, not PUBLIC; nobody
 -- but the worker (and superusers) writes audit rows.
 REVOKE ALL ON lease.rejected_writes, lease.stats FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION lease._table_stats(), lease._stats(), lease.audit_status(), lease.audit_databases(), lease.stats_reset(),
-    lease.purge_rejected_writes(interval) FROM PUBLIC;
+    lease.purge_rejected_writes(interval), lease._on_all_nodes(text), lease.cluster_rejected_writes(timestamptz),
+    lease.cluster_stats() FROM PUBLIC;
 
 DO $$
 DECLARE

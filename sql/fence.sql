@@ -126,9 +126,9 @@ END $$;
 -- schema-only dump and restore leaves, since the protection config is data.
 -- One of that name running anything else is refused.
 -- Citus (README, "Scale out with Citus"): how Citus distributes rel, when
--- Citus is installed and manages it. kind: 'hash' (distributed by
--- dist_column), 'reference', or 'other' (a Citus local, single-shard, append-
--- or range-distributed table); all NULL otherwise.
+-- Citus is installed and manages it. kind: 'distributed' (by hash of
+-- dist_column), 'reference', or 'other' (a Citus local, single-shard,
+-- append- or range-distributed table); all NULL otherwise.
 CREATE FUNCTION lease._citus_table(rel regclass, OUT kind text, OUT dist_column text, OUT colocation integer)
     LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -136,7 +136,7 @@ BEGIN
         RETURN;
     END IF;
     -- Dynamic: pg_lease does not depend on Citus.
-    EXECUTE $q$SELECT CASE WHEN d.partmethod = 'h' THEN 'hash'
+    EXECUTE $q$SELECT CASE WHEN d.partmethod = 'h' THEN 'distributed'
                            WHEN d.partmethod = 'n' AND d.repmodel = 't' THEN 'reference'
                            ELSE 'other' END,
                       CASE WHEN d.partmethod = 'h' THEN pg_catalog.column_to_column_name(d.logicalrelid, d.partkey) END,
@@ -144,6 +144,13 @@ BEGIN
                  FROM pg_catalog.pg_dist_partition d WHERE d.logicalrelid = $1$q$
        INTO kind, dist_column, colocation USING rel;
 END $$;
+
+-- How a refusal names a kind of lease._citus_table.
+CREATE FUNCTION lease._citus_kind(kind text) RETURNS text
+    LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE kind WHEN 'distributed' THEN 'Citus distributed' WHEN 'reference' THEN 'Citus reference'
+                     ELSE 'Citus local, single-shard, append- or range-distributed' END
+$$;
 
 -- Refuses (0A000) a fence the shards of Citus tables could not enforce on
 -- their own node: the row trigger runs on a shard and finds the owner row in
@@ -177,14 +184,14 @@ BEGIN
     IF t.kind IS NULL THEN
         PERFORM lease._fail('0A000',
             format('pg_lease: cannot fence %s against %s: the owner rows are not co-located with the rows they fence', target, owner),
-            format('%s is a Citus %s table, and %s is not distributed: its rows stay on this node. %s', owner, o.kind, target, rule),
+            format('%s is a %s table, and %s is not distributed: its rows stay on this node. %s', owner, lease._citus_kind(o.kind), target, rule),
             format('Distribute %s by its key column, co-located with %s (create_distributed_table(..., colocate_with => ''%s'')).', target, owner, owner));
     END IF;
     IF t.kind = 'other' OR (t.kind = 'reference' AND o.kind IS DISTINCT FROM 'reference') THEN
         PERFORM lease._fail('0A000',
             format('pg_lease: cannot fence %s against %s: the owner rows are not co-located with the rows they fence', target, owner),
-            format('%s is a Citus %s table and %s %s. %s', target, t.kind, owner,
-                   CASE WHEN o.kind IS NULL THEN 'is not distributed' ELSE 'is a Citus ' || o.kind || ' table' END, rule),
+            format('%s is a %s table and %s %s. %s', target, lease._citus_kind(t.kind), owner,
+                   CASE WHEN o.kind IS NULL THEN 'is not distributed' ELSE 'is a ' || lease._citus_kind(o.kind) || ' table' END, rule),
             CASE WHEN t.kind = 'reference' THEN format('Make %s a reference table too.', owner)
                  ELSE 'Distribute it by hash on a key column (create_distributed_table).' END);
     END IF;
@@ -198,12 +205,12 @@ BEGIN
             format('%s is distributed by %I, which is not one of its key columns %s. %s', target, t.dist_column, key_columns, rule),
             format('Distribute %s by one of its key columns, co-located with %s.', target, owner));
     END IF;
-    IF o.kind IS DISTINCT FROM 'hash' OR o.dist_column IS DISTINCT FROM owner_key_columns[i] OR o.colocation <> t.colocation THEN
+    IF o.kind IS DISTINCT FROM 'distributed' OR o.dist_column IS DISTINCT FROM owner_key_columns[i] OR o.colocation <> t.colocation THEN
         PERFORM lease._fail('0A000',
             format('pg_lease: cannot fence %s against %s: the owner rows are not co-located with the rows they fence', target, owner),
             format('%s is distributed by %I (co-location group %s); %s %s. %s', target, t.dist_column, t.colocation, owner,
                    CASE WHEN o.kind IS NULL THEN 'is not distributed'
-                        WHEN o.kind <> 'hash' THEN 'is a Citus ' || o.kind || ' table'
+                        WHEN o.kind <> 'distributed' THEN 'is a ' || lease._citus_kind(o.kind) || ' table'
                         ELSE format('is distributed by %I (co-location group %s)', o.dist_column, o.colocation) END, rule),
             format('Distribute %s by %I with colocate_with => ''%s'' (its key column %I pairs with owner key column %I), or make %s a reference table.',
                    owner, owner_key_columns[i], target, t.dist_column, owner_key_columns[i], owner));
@@ -226,12 +233,71 @@ RETURNS text LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
      WHERE (lease._citus_table(target)).kind IS NOT NULL
 $$;
 
+-- Citus: what is wrong with pg_lease's triggers on this node's shards of the
+-- distributed table whose shell here is `shell` (every shard placed here, or
+-- only `shards`). Citus copies each row trigger of a distributed table to
+-- every shard, named with the shard id as suffix; each copy of pg_lease's
+-- fence and owner guard must be there, enabled ALWAYS and unchanged, since
+-- the shards are where the rows are written. Run at commit for shards that
+-- DDL reached on this node (lease._check_at_commit): a table owner connected
+-- to a worker could otherwise disable a shard's fence directly.
+CREATE FUNCTION lease._shard_problems(shell regclass, shards regclass[] DEFAULT NULL)
+RETURNS TABLE (rel regclass, problem text)
+    LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    shard regclass;
+    suffix text;
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NULL THEN
+        RETURN;
+    END IF;
+    IF shards IS NULL THEN
+        -- Dynamic: pg_lease does not depend on Citus.
+        EXECUTE $q$SELECT array_agg(pg_catalog.to_regclass(pg_catalog.shard_name(s.logicalrelid, s.shardid, false)))
+                     FROM pg_catalog.pg_dist_shard s
+                     JOIN pg_catalog.pg_dist_placement p ON p.shardid = s.shardid
+                     JOIN pg_catalog.pg_dist_local_group g ON g.groupid = p.groupid
+                    WHERE s.logicalrelid = $1$q$ INTO shards USING shell;
+    END IF;
+    FOREACH shard IN ARRAY coalesce(shards, '{}') LOOP
+        CONTINUE WHEN shard IS NULL OR lease._shard_of(shard) IS DISTINCT FROM shell::oid;
+        suffix := '_' || lease._shard_id(shard);
+        RETURN QUERY
+            SELECT shard, format('its copy %I of pg_lease''s trigger %I on %s is %s', t.tgname || suffix, t.tgname, shell,
+                                 CASE WHEN c.oid IS NULL THEN 'missing'
+                                      WHEN c.tgenabled <> 'A' THEN 'not enabled ALWAYS'
+                                      ELSE 'not the same trigger' END)
+              FROM pg_trigger t
+              LEFT JOIN pg_trigger c ON c.tgrelid = shard AND c.tgname = t.tgname || suffix
+             WHERE t.tgrelid = shell AND NOT t.tgisinternal
+               AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+               AND (c.oid IS NULL OR c.tgenabled <> 'A' OR c.tgfoid <> t.tgfoid OR c.tgtype <> t.tgtype
+                    OR c.tgargs <> t.tgargs OR c.tgattr <> t.tgattr OR c.tgqual IS NOT NULL);
+    END LOOP;
+END $$;
+
+-- Runs command, DDL of pg_lease's own triggers on rel. Citus refuses trigger
+-- DDL on its tables unless told it may (citus.enable_unsafe_triggers): on
+-- for this command only; pg_lease's fence is one Citus copies to every
+-- shard (lease._shard_config).
+CREATE FUNCTION lease._trigger_ddl(rel regclass, command text) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    unsafe text;
+BEGIN
+    IF (lease._citus_table(rel)).kind IS NULL THEN
+        EXECUTE command;
+        RETURN;
+    END IF;
+    unsafe := pg_catalog.current_setting('citus.enable_unsafe_triggers', true);
+    PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+    EXECUTE command;
+    PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', coalesce(unsafe, 'off'), true);
+END $$;
 CREATE FUNCTION lease._create_trigger(rel regclass, tgname name, func regproc, timing text, body text) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     existing regproc;
-    citus boolean;
-    unsafe text;
 BEGIN
     SELECT t.tgfoid INTO existing FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = _create_trigger.tgname;
     IF existing IS NOT NULL AND existing <> func THEN
@@ -239,19 +305,9 @@ BEGIN
             format('pg_lease: %s already has a trigger %I that is not pg_lease''s (it runs %s)', rel, tgname, existing),
             NULL, 'Rename or drop that trigger: the pg_lease_* trigger names are pg_lease''s.');
     END IF;
-    -- Citus refuses row triggers on its tables unless told it may: the
-    -- fence is one it copies to every shard (lease._shard_config).
-    citus := (lease._citus_table(rel)).kind IS NOT NULL;
-    IF citus THEN
-        unsafe := pg_catalog.current_setting('citus.enable_unsafe_triggers', true);
-        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
-    END IF;
-    EXECUTE format('CREATE %sTRIGGER %I %s ON %s %s',
-                   CASE WHEN existing IS NULL THEN '' ELSE 'OR REPLACE ' END, tgname, timing, rel, body);
-    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', rel, tgname);
-    IF citus THEN
-        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', coalesce(unsafe, 'off'), true);
-    END IF;
+    PERFORM lease._trigger_ddl(rel, format('CREATE %sTRIGGER %I %s ON %s %s',
+                   CASE WHEN existing IS NULL THEN '' ELSE 'OR REPLACE ' END, tgname, timing, rel, body));
+    PERFORM lease._trigger_ddl(rel, format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', rel, tgname));
 END $$;
 -- The last step of protect: the fence it set up is whole (a trigger of
 -- pg_lease's name that was there before and is not what pg_lease installs,
@@ -406,11 +462,10 @@ BEGIN
     END IF;
 
     -- One owner guard per owner table, shared by every table fenced against it.
-    SELECT pg_catalog.encode(t.tgargs, 'escape') INTO existing_guard FROM pg_catalog.pg_trigger t
+    SELECT (lease._trigger_args(t.tgargs))[1] INTO existing_guard FROM pg_catalog.pg_trigger t
      WHERE t.tgrelid OPERATOR(pg_catalog.=) owner AND t.tgname OPERATOR(pg_catalog.=) 'pg_lease_owner_guard' AND NOT t.tgisinternal;
-    IF existing_guard IS NOT NULL
-       AND pg_catalog.split_part(existing_guard, E'\\000', 1) OPERATOR(pg_catalog.<>) owner_token_column THEN
-        PERFORM lease._fail('0A000', format('pg_lease: owner table %s already guards token column "%s"', owner, pg_catalog.split_part(existing_guard, E'\\000', 1)), 'All tables fenced against one owner table must use the same owner token column.');
+    IF existing_guard IS NOT NULL AND existing_guard OPERATOR(pg_catalog.<>) owner_token_column THEN
+        PERFORM lease._fail('0A000', format('pg_lease: owner table %s already guards token column "%s"', owner, existing_guard), 'All tables fenced against one owner table must use the same owner token column.');
     END IF;
     -- One guard per owner table, watching the key columns of every table
     -- fenced against it: installed, extended by this table's key columns, or
@@ -480,7 +535,7 @@ BEGIN
                AND g.tgname IN ('pg_lease_fence', 'pg_lease_truncate', 'pg_lease_owner_guard', 'pg_lease_owner_truncate')
                AND g.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.truncate_guard'::regproc, 'lease.owner_guard'::regproc)
         LOOP
-            EXECUTE format('DROP TRIGGER %I ON %s', leftover.tgname, leftover.rel);
+            PERFORM lease._trigger_ddl(leftover.rel, format('DROP TRIGGER %I ON %s', leftover.tgname, leftover.rel));
             dropped := dropped + 1;
         END LOOP;
         IF dropped > 0 THEN
@@ -490,14 +545,14 @@ BEGIN
         PERFORM lease._fail('42704', format('pg_lease: %s is not protected', target));
     END IF;
     PERFORM lease._unregister(target);
-    EXECUTE format('DROP TRIGGER pg_lease_fence ON %s', target);
+    PERFORM lease._trigger_ddl(target, format('DROP TRIGGER pg_lease_fence ON %s', target));
     FOR part IN SELECT t.relid FROM pg_partition_tree(target) t UNION SELECT target LOOP
-        EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_truncate ON %s', part);
+        PERFORM lease._trigger_ddl(part, format('DROP TRIGGER IF EXISTS pg_lease_truncate ON %s', part));
     END LOOP;
     IF p.owner_table IS NOT NULL AND NOT EXISTS (SELECT 1 FROM lease.protected o WHERE o.owner_table = p.owner_table) THEN
-        EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_owner_guard ON %s', p.owner_table);
+        PERFORM lease._trigger_ddl(p.owner_table, format('DROP TRIGGER IF EXISTS pg_lease_owner_guard ON %s', p.owner_table));
         FOR part IN SELECT t.relid FROM pg_partition_tree(p.owner_table) t UNION SELECT p.owner_table LOOP
-            EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_owner_truncate ON %s', part);
+            PERFORM lease._trigger_ddl(part, format('DROP TRIGGER IF EXISTS pg_lease_owner_truncate ON %s', part));
         END LOOP;
     ELSIF p.owner_table IS NOT NULL THEN
         -- Still guarding other fenced tables: watch only their key columns.
@@ -543,8 +598,28 @@ COMMENT ON FUNCTION lease.judge_replicated(regclass, boolean) IS
 -- The triggers pg_lease keeps on the tables protected (or owning protected
 -- tables) among `among` (all when NULL), on every partition: the one list
 -- of them, for lease._fence_problems and the drop guard.
+-- A trigger's arguments as pg_trigger.tgargs holds them (each NUL-terminated,
+-- in the database encoding). Compared as text, never through encode(...,
+-- 'escape'), which spells a backslash or a non-ASCII byte of a column name
+-- differently from the name itself.
+CREATE FUNCTION lease._trigger_args(args bytea) RETURNS text[]
+    LANGUAGE plpgsql STABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    result text[] := '{}';
+    rest bytea := args;
+    i integer;
+BEGIN
+    LOOP
+        i := position('\x00'::bytea IN rest);
+        EXIT WHEN i = 0;
+        result := result || convert_from(substr(rest, 1, i - 1), getdatabaseencoding());
+        rest := substr(rest, i + 1);
+    END LOOP;
+    RETURN result;
+END $$;
+
 CREATE FUNCTION lease._expected_triggers(among oid[] DEFAULT NULL)
-RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype integer, args text)
+RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype integer, args text[])
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
     WITH p AS (
         SELECT * FROM lease.protected p
@@ -558,20 +633,20 @@ RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype intege
         SELECT roots.r, t.relid FROM roots, pg_partition_tree(roots.r) t
     )
     -- tgtype: 31 = BEFORE, FOR EACH ROW, INSERT, UPDATE and DELETE;
-    -- 34 = BEFORE TRUNCATE, FOR EACH STATEMENT. args as tgargs holds them.
+    -- 34 = BEFORE TRUNCATE, FOR EACH STATEMENT. args: the trigger's arguments.
     SELECT p.relid, t.rel, 'pg_lease_fence'::name, 'lease.fence_trigger'::regproc, 31,
-           coalesce(lease._shard_config(p.relid, p.mode, p.key_columns, p.token_column, p.owner_table,
-                                        p.owner_key_columns, p.owner_token_column), '')
+           array_remove(ARRAY[lease._shard_config(p.relid, p.mode, p.key_columns, p.token_column, p.owner_table,
+                                                  p.owner_key_columns, p.owner_token_column)], NULL)
       FROM p JOIN tree t ON t.root = p.relid::oid
     UNION ALL
-    SELECT p.relid, t.rel, 'pg_lease_truncate'::name, 'lease.truncate_guard'::regproc, 34, 'target'
+    SELECT p.relid, t.rel, 'pg_lease_truncate'::name, 'lease.truncate_guard'::regproc, 34, ARRAY['target']
       FROM p JOIN tree t ON t.root = p.relid::oid
     UNION ALL
     SELECT p.relid, t.rel, 'pg_lease_owner_guard'::name, 'lease.owner_guard'::regproc, 31,
-           array_to_string(ARRAY[p.owner_token_column::text] || lease._owner_guard_keys(p.owner_table), E'\\000')
+           ARRAY[p.owner_token_column::text] || lease._owner_guard_keys(p.owner_table)
       FROM p JOIN tree t ON t.root = p.owner_table::oid
     UNION ALL
-    SELECT p.relid, t.rel, 'pg_lease_owner_truncate'::name, 'lease.truncate_guard'::regproc, 34, 'owner'
+    SELECT p.relid, t.rel, 'pg_lease_owner_truncate'::name, 'lease.truncate_guard'::regproc, 34, ARRAY['owner']
       FROM p JOIN tree t ON t.root = p.owner_table::oid
 $$;
 
@@ -638,10 +713,9 @@ BEGIN
         OR CASE WHEN e.tgname = 'pg_lease_owner_guard' THEN
                 -- The token column, and at least every key column expected
                 -- (more while a protect extends the guard).
-                NOT coalesce((string_to_array(left(encode(t.tgargs, 'escape'), -4), E'\\000'))[1] = (string_to_array(e.args, E'\\000'))[1]
-                    AND (string_to_array(left(encode(t.tgargs, 'escape'), -4), E'\\000'))[2:]
-                        @> (string_to_array(e.args, E'\\000'))[2:], false)
-           ELSE left(encode(t.tgargs, 'escape'), -4) IS DISTINCT FROM e.args AND NOT (e.args = '' AND t.tgnargs = 0) END
+                NOT coalesce((lease._trigger_args(t.tgargs))[1] = e.args[1]
+                    AND (lease._trigger_args(t.tgargs))[2:] @> e.args[2:], false)
+           ELSE lease._trigger_args(t.tgargs) IS DISTINCT FROM e.args END
     UNION ALL
     -- Row triggers fire in name order: a BEFORE INSERT/UPDATE row trigger
     -- named after ours runs after the fence or owner guard has judged the
@@ -774,6 +848,16 @@ DECLARE
     gap record;
 BEGIN
     DELETE FROM lease.deferred_checks d WHERE d.rel = NEW.rel AND d.root = NEW.root;
+    -- A Citus shard (see lease._guard_ddl; NULL when dropped since).
+    IF lease._shard_of(NEW.rel) IS NOT DISTINCT FROM NEW.root::oid THEN
+        SELECT s.rel, s.problem INTO gap FROM lease._shard_problems(NEW.root, ARRAY[NEW.rel]) s LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('the transaction would commit shard %s of %s without pg_lease''s fence', NEW.rel, NEW.root),
+                format('Shard %s: %s. Change a distributed table''s fence on the Citus coordinator, with lease.protect and lease.unprotect.', gap.rel, gap.problem));
+        END IF;
+        RETURN NULL;
+    END IF;
     SELECT f.relid, f.problem INTO gap
       FROM lease._fence_problems(ARRAY[NEW.root::oid]) f
      WHERE f.rel = NEW.rel AND f.kind IN ('missing', 'disabled')
@@ -836,6 +920,22 @@ DECLARE
     bad boolean;
     match text;
 BEGIN
+    -- Citus: a shard on this node that the command reached is checked at
+    -- commit (Citus changes a table's shards in several commands; see
+    -- lease._shard_problems).
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
+        INSERT INTO lease.deferred_checks (rel, root)
+        SELECT DISTINCT x.rel, x.shell
+          FROM (SELECT c.objid::regclass AS rel, lease._shard_of(c.objid)::regclass AS shell
+                  FROM (SELECT CASE d.classid WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = d.objid)
+                                              ELSE d.objid END AS objid
+                          FROM pg_event_trigger_ddl_commands() d
+                         WHERE d.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass)) c
+                 WHERE c.objid IS NOT NULL) x
+         WHERE x.shell IS NOT NULL
+           AND EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = x.shell
+                          AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc));
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
     END IF;
@@ -849,6 +949,9 @@ BEGIN
               FROM pg_event_trigger_ddl_commands() c JOIN pg_trigger t ON t.oid = c.objid
              WHERE c.classid = 'pg_trigger'::regclass AND t.tgenabled <> 'A' AND t.tgparentid = 0
                AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+               -- (Not on a Citus table: Citus sends the CREATE to the other
+               -- nodes after this; lease._create_trigger enables it next.)
+               AND (lease._citus_table(t.tgrelid)).kind IS NULL
         LOOP
             EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname);
         END LOOP;
@@ -1006,6 +1109,19 @@ DECLARE
     orphan record;
     victim record;
 BEGIN
+    -- Citus: a trigger dropped from a shard on this node that stays is
+    -- checked at commit (lease._shard_problems).
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
+        INSERT INTO lease.deferred_checks (rel, root)
+        SELECT DISTINCT x.rel, x.shell
+          FROM (SELECT r.rel, lease._shard_of(r.rel)::regclass AS shell
+                  FROM pg_event_trigger_dropped_objects() d
+                  -- (by name: Citus hides shards from pg_class queries)
+                 CROSS JOIN LATERAL (SELECT pg_catalog.to_regclass(pg_catalog.quote_ident(d.address_names[1]) || '.'
+                                                                 || pg_catalog.quote_ident(d.address_names[2])) AS rel) r
+                 WHERE d.object_type = 'trigger' AND r.rel IS NOT NULL) x
+         WHERE x.shell IS NOT NULL;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
     END IF;
@@ -1024,7 +1140,7 @@ BEGIN
                    SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
            AND NOT (g.tgrelid = ANY (dropped_tables))
     LOOP
-        EXECUTE format('DROP TRIGGER %I ON %s', orphan.tgname, orphan.rel);
+        PERFORM lease._trigger_ddl(orphan.rel, format('DROP TRIGGER %I ON %s', orphan.tgname, orphan.rel));
     END LOOP;
     SELECT p.relid, p.owner_table INTO orphan FROM lease.protected p WHERE p.owner_table::oid = ANY (dropped_tables) LIMIT 1;
     IF FOUND THEN

@@ -33,6 +33,8 @@ pgrx::extension_sql_file!(
         fence::ddl::exists_as_owner,
         fence::ddl::owner_key_index,
         fence::ddl::key_equality,
+        fence::citus::shard_of_sql,
+        fence::citus::shard_id_sql,
         lease::bound_token
     ]
 );

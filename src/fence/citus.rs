@@ -24,6 +24,8 @@ use pgrx::spi::Spi;
 pub struct Shard {
     /// This node's shell of the distributed table.
     pub logical: pg_sys::Oid,
+    /// Citus's id of the shard (the suffix of its name and of its triggers').
+    pub id: i64,
     /// The shard's hash range (None for a reference table's one shard).
     range: (Option<String>, Option<String>),
 }
@@ -65,6 +67,7 @@ pub fn shard_of(relid: pg_sys::Oid) -> Option<Shard> {
             return None;
         }
         Some(Shard {
+            id,
             logical: row.get::<pg_sys::Oid>(1).ok()??,
             range: (row.get::<String>(2).ok()?, row.get::<String>(3).ok()?),
         })
@@ -113,4 +116,20 @@ pub fn shell_trigger_args(relid: pg_sys::Oid, name: &str, function: &str) -> Opt
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect(),
     )
+}
+
+/// `lease._shard_of(rel)`: this node's shell of the distributed table whose
+/// shard `rel` is, NULL when `rel` is not a Citus shard placed on this node
+/// (what the DDL guards check shards by, [`shard_of`]'s one rule).
+#[pg_extern(name = "_shard_of", stable, parallel_safe)]
+pub fn shard_of_sql(rel: pg_sys::Oid) -> Option<pg_sys::Oid> {
+    shard_of(rel).map(|shard| shard.logical)
+}
+
+/// `lease._shard_id(rel)`: Citus's id of the shard `rel` is (NULL as for
+/// `lease._shard_of`). SQL cannot read a shard's name from pg_class: Citus
+/// hides shards there from most sessions.
+#[pg_extern(name = "_shard_id", stable, parallel_safe)]
+pub fn shard_id_sql(rel: pg_sys::Oid) -> Option<i64> {
+    shard_of(rel).map(|shard| shard.id)
 }

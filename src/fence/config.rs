@@ -224,6 +224,12 @@ pub fn owner_table(relid: pg_sys::Oid) -> Option<bool> {
     known
 }
 
+/// How a refusal names `relid`: for a Citus shard, its distributed table
+/// (what users write to and protect), else `relid` itself.
+pub fn display_of(relid: pg_sys::Oid) -> String {
+    crate::pg::display(citus::shard_of(relid).map_or(relid, |shard| shard.logical))
+}
+
 fn free_stale_plans() {
     let plans = STALE_PLANS.with(|p| std::mem::take(&mut *p.borrow_mut()));
     for plan in plans {

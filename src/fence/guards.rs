@@ -29,7 +29,7 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     let Some((token_column, key_names)) = args.split_first() else {
         pgrx::error!("lease.owner_guard() needs the token column as its first argument");
     };
-    let owner_display = display(relid);
+    let owner_display = config::display_of(relid);
     let (attnum, typid) = config::column(relid, &owner_display, token_column)?;
     let mut keys = Vec::with_capacity(key_names.len());
     for name in key_names {
@@ -136,7 +136,7 @@ pub fn truncate_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     if !judges && replication::trusted_apply() {
         return Ok(call.pass());
     }
-    let table = display(relid);
+    let table = config::display_of(relid);
     let (error, summary, detail) = if owner {
         (
             LeaseError::FencingTokenRegression,

@@ -9,7 +9,7 @@
 //! and register use the lower ones. The C entry points live in `crate::boundary`.
 
 pub(crate) mod boundary_write;
-mod citus;
+pub(crate) mod citus;
 mod config;
 pub(crate) mod ddl;
 pub(crate) mod guards;

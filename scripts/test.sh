@@ -82,13 +82,19 @@ scripts/regress.sh
 # The Citus tests (tests/sessions/tests/citus.rs, named citus_*) start a
 # coordinator and workers of their own; Citus is built from its vendored source.
 citus_skip=()
-if citus_unsupported=$(scripts/citus.sh supports); then
+citus_supported=0
+citus_unsupported=$(scripts/citus.sh supports) || citus_supported=$?
+case "$citus_supported" in
+0)
     echo "== Citus (built from $(scripts/citus.sh src), for tests/sessions/tests/citus.rs)"
     scripts/citus.sh install
-else
+    ;;
+3)
     echo "== Citus tests skipped: $citus_unsupported"
     citus_skip=(--skip citus_)
-fi
+    ;;
+*) exit "$citus_supported" ;;
+esac
 
 echo "== multi-session tests (real connections, port $PORT)"
 # The default audit: each database's refusals in its own lease.rejected_writes

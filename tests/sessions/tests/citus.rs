@@ -283,7 +283,9 @@ fn stale_refused_on_every_shard(c: &mut Client, poker: &Poker, current: i64) -> 
 fn citus_stale_writes_refused_on_every_shard_of_every_worker() {
     let (citus, _topology) = shared();
     let mut c = citus.connect();
-    let poker = poker(&mut c, "stale");
+    // Citus's default 32 shards, so that multi-shard statements run over
+    // several connections to each worker.
+    let poker = poker_with(&mut c, "stale", 32);
     let Poker { t, p } = &poker;
     let shards = shards(&mut c, t);
     assert_eq!(ports(&shards), workers(&mut c), "{t}'s shards lie on every worker: {shards:?}");
@@ -783,4 +785,59 @@ fn citus_refusals_are_audited_on_their_worker_and_gathered_on_the_coordinator() 
         let got = refused_per_node.get(&format!("127.0.0.1:{port}")).copied().unwrap_or(0);
         assert_eq!(got, *n, "lease.cluster_stats() of worker {port}: {refused_per_node:?}");
     }
+}
+
+#[test]
+fn citus_fence_tampering_refused_and_unprotect_reaches_every_shard() {
+    let (citus, _topology) = shared();
+    let mut c = citus.connect();
+    // Citus's default 32 shards: with that many per worker, Citus runs a DDL
+    // command over several connections to each worker (with 4 shards, one).
+    let poker = poker_with(&mut c, "tamper", 32);
+    let Poker { t, p } = &poker;
+    let shards = shards(&mut c, t);
+    // Through the coordinator: Citus refuses trigger DDL on distributed
+    // tables by itself; with its switch on, pg_lease's guard refuses it.
+    for (switch, codes) in [("off", &["LF008", "XX000"][..]), ("on", &["LF008"][..])] {
+        ok(&mut c, &format!("SET citus.enable_unsafe_triggers = {switch}"));
+        for ddl in [
+            format!("ALTER TABLE {p} DISABLE TRIGGER pg_lease_fence"),
+            format!("DROP TRIGGER pg_lease_fence ON {p}"),
+            format!("ALTER TABLE {t} DISABLE TRIGGER pg_lease_owner_guard"),
+            format!("DROP TRIGGER pg_lease_owner_guard ON {t}"),
+        ] {
+            refused(&mut c, &ddl, codes);
+        }
+    }
+    ok(&mut c, "RESET citus.enable_unsafe_triggers");
+    // On a worker, the copies of the triggers on each shard.
+    for s in &shards {
+        let ps: i64 = one_i64(&mut c, &format!("SELECT get_shard_id_for_distribution_column('{p}', {})", s.id));
+        let (p_shard, t_shard) = (format!("{p}_{ps}"), format!("{t}_{}", s.shardid));
+        let mut worker = citus.node(s.port);
+        for ddl in [
+            format!("ALTER TABLE {p_shard} DISABLE TRIGGER pg_lease_fence_{ps}"),
+            format!("DROP TRIGGER pg_lease_fence_{ps} ON {p_shard}"),
+            format!("ALTER TABLE {t_shard} DISABLE TRIGGER pg_lease_owner_guard_{}", s.shardid),
+            format!("DROP TRIGGER pg_lease_owner_guard_{} ON {t_shard}", s.shardid),
+        ] {
+            refused(&mut worker, &ddl, &["LF008"]);
+        }
+        // A write straight into the shard is judged as one through the coordinator.
+        refused(
+            &mut worker,
+            &format!("INSERT INTO {p_shard} (table_id, fencing_token) VALUES ({}, 4)", s.id),
+            &["LF001"],
+        );
+    }
+    stale_refused_on_every_shard(&mut c, &poker, 5);
+
+    // lease.unprotect on the coordinator removes the fence from every shard...
+    ok(&mut c, &format!("SELECT lease.unprotect('{p}')"));
+    for s in &shards {
+        ok(&mut c, &pay(p, s.id, 4));
+    }
+    // ...and protect puts it back on every shard.
+    protect(&mut c, &format!("'{p}', '{{table_id}}', 'fencing_token', '{t}', '{{id}}', 'owner_fencing_token'"));
+    stale_refused_on_every_shard(&mut c, &poker, 5);
 }

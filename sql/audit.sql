@@ -120,12 +120,46 @@ $$;
 COMMENT ON FUNCTION lease.cluster_stats() IS
     'On a Citus coordinator: lease.stats of every node, with the node each row comes from.';
 
+-- Citus: pg_lease's triggers on every node's shells and shards of the Citus
+-- tables protected here, checked against this coordinator's lease.protected
+-- (lease._node_fence_problems on each node). No rows: every shard of every
+-- protected Citus table carries its fence and owner guard.
+CREATE FUNCTION lease.cluster_fence_problems() RETURNS TABLE (node text, target text, problem text)
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    expected json;
+BEGIN
+    SELECT json_agg(json_build_object(
+               'target', format('%I.%I', tn.nspname, tc.relname),
+               'config', lease._shard_config(p.relid, p.mode, p.key_columns, p.token_column, p.owner_table,
+                                             p.owner_key_columns, p.owner_token_column),
+               'owner', format('%I.%I', owner_ns.nspname, oc.relname),
+               'guard', ARRAY[p.owner_token_column::text] || lease._owner_guard_keys(p.owner_table)))
+      INTO expected
+      FROM lease.protected p
+      JOIN pg_class tc ON tc.oid = p.relid JOIN pg_namespace tn ON tn.oid = tc.relnamespace
+      JOIN pg_class oc ON oc.oid = p.owner_table JOIN pg_namespace owner_ns ON owner_ns.oid = oc.relnamespace
+     WHERE (lease._citus_table(p.relid)).kind IS NOT NULL;
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_node') IS NOT NULL AND expected IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+        SELECT a.node, x.target, x.problem
+          FROM lease._on_all_nodes(format(
+                   'SELECT coalesce(pg_catalog.json_agg(x), ''[]'') FROM lease._node_fence_problems(%L::pg_catalog.json) x',
+                   expected)) a
+         CROSS JOIN LATERAL json_to_recordset(a.result) AS x(target text, problem text)
+         ORDER BY a.node, x.target, x.problem;
+END $$;
+COMMENT ON FUNCTION lease.cluster_fence_problems() IS
+    'On a Citus coordinator: what is wrong with pg_lease''s triggers on any node''s shells and shards of the Citus tables protected here (no rows: nothing).';
+
 -- Audit data and stats are for the roles the DBA grants, not PUBLIC; nobody
 -- but the worker (and superusers) writes audit rows.
 REVOKE ALL ON lease.rejected_writes, lease.stats FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION lease._table_stats(), lease._stats(), lease.audit_status(), lease.audit_databases(), lease.stats_reset(),
     lease.purge_rejected_writes(interval), lease._on_all_nodes(text), lease.cluster_rejected_writes(timestamptz),
-    lease.cluster_stats() FROM PUBLIC;
+    lease.cluster_stats(), lease.cluster_fence_problems() FROM PUBLIC;
 
 DO $$
 DECLARE

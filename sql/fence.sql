@@ -43,7 +43,15 @@ BEGIN
     IF token < 0 THEN
         PERFORM lease._fail('22023', format('lease.bind_token: token must not be negative (got %s)', token));
     END IF;
-    PERFORM set_config('pg_lease.token', token::text, true);
+    -- As a SET LOCAL statement, which Citus sends on to the nodes that hold
+    -- the shards this transaction writes (with citus.propagate_set_commands
+    -- = 'local', set here for this transaction when Citus is loaded; a
+    -- binding must count wherever the fence judges the writes).
+    IF pg_catalog.current_setting('citus.propagate_set_commands', true) IS NOT NULL
+       AND pg_catalog.to_regclass('pg_catalog.pg_dist_node') IS NOT NULL THEN
+        SET LOCAL citus.propagate_set_commands = 'local';
+    END IF;
+    EXECUTE format('SET LOCAL pg_lease.token = %L', token);
     RETURN token;
 END $$;
 COMMENT ON FUNCTION lease.bind_token(bigint) IS 'Binds the fencing token presented by this transaction''s writes (same as SET LOCAL pg_lease.token).';
@@ -132,7 +140,7 @@ END $$;
 CREATE FUNCTION lease._citus_table(rel regclass, OUT kind text, OUT dist_column text, OUT colocation integer)
     LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+    IF rel IS NULL OR pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
         RETURN;
     END IF;
     -- Dynamic: pg_lease does not depend on Citus.
@@ -167,9 +175,7 @@ DECLARE
     rule constant text := 'pg_lease finds a row''s owner row on the node that holds the row: the owner table must be distributed by the owner key column paired with the fenced table''s distribution column and co-located with it, or be a reference table.';
 BEGIN
     t := lease._citus_table(target);
-    IF owner IS NOT NULL THEN
-        o := lease._citus_table(owner);
-    END IF;
+    o := lease._citus_table(owner);
     IF t.kind IS NULL AND (owner IS NULL OR o.kind IS NULL) THEN
         RETURN;
     END IF;
@@ -273,6 +279,48 @@ BEGIN
                AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
                AND (c.oid IS NULL OR c.tgenabled <> 'A' OR c.tgfoid <> t.tgfoid OR c.tgtype <> t.tgtype
                     OR c.tgargs <> t.tgargs OR c.tgattr <> t.tgattr OR c.tgqual IS NOT NULL);
+    END LOOP;
+END $$;
+
+-- Citus: on one node, what is wrong with pg_lease's triggers on the Citus
+-- tables the coordinator protects (`expected`, from
+-- lease.cluster_fence_problems: each table's name and fence config, its owner
+-- table's name and owner guard arguments), shells and shards alike. Catches
+-- what no guard on a worker can tell from Citus's own changes: a table owner
+-- connected to a worker with citus.enable_ddl_propagation = off changing a
+-- shell's and its shards' triggers together.
+CREATE FUNCTION lease._node_fence_problems(expected json) RETURNS TABLE (target text, problem text)
+    LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    e record;
+    t regclass;
+    o regclass;
+BEGIN
+    FOR e IN SELECT * FROM json_to_recordset(expected) AS x(target text, config text, owner text, guard text[]) LOOP
+        target := e.target;
+        t := to_regclass(e.target);
+        o := to_regclass(e.owner);
+        IF t IS NULL OR o IS NULL THEN
+            problem := format('%s does not exist on this node', CASE WHEN t IS NULL THEN e.target ELSE e.owner END);
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger g
+                        WHERE g.tgrelid = t AND g.tgname = 'pg_lease_fence' AND g.tgfoid = 'lease.fence_trigger'::regproc
+                          AND g.tgenabled = 'A' AND lease._trigger_args(g.tgargs) = ARRAY[e.config]) THEN
+            problem := format('its fence trigger here is missing, disabled or not the one the coordinator installed');
+            RETURN NEXT;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger g
+                        WHERE g.tgrelid = o AND g.tgname = 'pg_lease_owner_guard' AND g.tgfoid = 'lease.owner_guard'::regproc
+                          AND g.tgenabled = 'A' AND (lease._trigger_args(g.tgargs))[1] = e.guard[1]
+                          AND (lease._trigger_args(g.tgargs))[2:] @> e.guard[2:]) THEN
+            problem := format('the owner guard of %s here is missing, disabled or not the one the coordinator installed', e.owner);
+            RETURN NEXT;
+        END IF;
+        RETURN QUERY SELECT e.target, format('shard %s: %s', s.rel, s.problem) FROM lease._shard_problems(t) s
+                     UNION ALL
+                     SELECT e.target, format('shard %s: %s', s.rel, s.problem) FROM lease._shard_problems(o) s;
     END LOOP;
 END $$;
 

@@ -1,2 +1,1026 @@
--- pg_lease 0.7.0 -> 0.8.0: Citus (issue #16).
+-- pg_lease 0.7.0 -> 0.8.0: Citus (issue #16). The fence on the shards of
+-- distributed tables: a shard's trigger reads its config from the argument
+-- lease.protect gives a Citus table's fence trigger (lease._shard_config) and
+-- finds the owner rows in the co-located owner shard; protect refuses layouts
+-- a shard cannot enforce on its node (lease._check_citus_layout); trigger DDL
+-- on Citus tables through lease._trigger_ddl; shards' copies of the fence are
+-- checked at commit on workers (lease._shard_problems); the coordinator
+-- gathers every node's audit rows, stats and fence problems
+-- (lease.cluster_rejected_writes, cluster_stats, cluster_fence_problems);
+-- lease.bind_token binds through SET LOCAL, which Citus sends on to the
+-- workers. Trigger arguments are compared as text (lease._trigger_args): the
+-- escaped bytes never matched a column name with a backslash or a non-ASCII
+-- character, so protect refused such tables.
 \echo Use "ALTER EXTENSION pg_lease UPDATE TO '0.8.0'" to load this file. \quit
+
+CREATE  FUNCTION "_shard_id"(
+	"rel" oid /* pg_sys :: Oid */
+) RETURNS bigint /* Option < i64 > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'shard_id_sql_wrapper';
+
+CREATE  FUNCTION "_shard_of"(
+	"rel" oid /* pg_sys :: Oid */
+) RETURNS oid /* Option < pg_sys :: Oid > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'shard_of_sql_wrapper';
+
+CREATE OR REPLACE FUNCTION lease.bind_token(token bigint) RETURNS bigint
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF token IS NULL THEN
+        PERFORM lease._fail('22004', 'lease.bind_token: token must not be NULL');
+    END IF;
+    IF token < 0 THEN
+        PERFORM lease._fail('22023', format('lease.bind_token: token must not be negative (got %s)', token));
+    END IF;
+    -- As a SET LOCAL statement, which Citus sends on to the nodes that hold
+    -- the shards this transaction writes (with citus.propagate_set_commands
+    -- = 'local', set here for this transaction when Citus is loaded; a
+    -- binding must count wherever the fence judges the writes).
+    IF pg_catalog.current_setting('citus.propagate_set_commands', true) IS NOT NULL
+       AND pg_catalog.to_regclass('pg_catalog.pg_dist_node') IS NOT NULL THEN
+        SET LOCAL citus.propagate_set_commands = 'local';
+    END IF;
+    EXECUTE format('SET LOCAL pg_lease.token = %L', token);
+    RETURN token;
+END $$;
+
+CREATE FUNCTION lease._citus_table(rel regclass, OUT kind text, OUT dist_column text, OUT colocation integer)
+    LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF rel IS NULL OR pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+        RETURN;
+    END IF;
+    -- Dynamic: pg_lease does not depend on Citus.
+    EXECUTE $q$SELECT CASE WHEN d.partmethod = 'h' THEN 'distributed'
+                           WHEN d.partmethod = 'n' AND d.repmodel = 't' THEN 'reference'
+                           ELSE 'other' END,
+                      CASE WHEN d.partmethod = 'h' THEN pg_catalog.column_to_column_name(d.logicalrelid, d.partkey) END,
+                      d.colocationid
+                 FROM pg_catalog.pg_dist_partition d WHERE d.logicalrelid = $1$q$
+       INTO kind, dist_column, colocation USING rel;
+END $$;
+
+CREATE FUNCTION lease._citus_kind(kind text) RETURNS text
+    LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE kind WHEN 'distributed' THEN 'Citus distributed' WHEN 'reference' THEN 'Citus reference'
+                     ELSE 'Citus local, single-shard, append- or range-distributed' END
+$$;
+
+CREATE FUNCTION lease._check_citus_layout(target regclass, key_columns text[], owner regclass, owner_key_columns text[])
+RETURNS void LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t record;
+    o record;
+    i integer;
+    rule constant text := 'pg_lease finds a row''s owner row on the node that holds the row: the owner table must be distributed by the owner key column paired with the fenced table''s distribution column and co-located with it, or be a reference table.';
+BEGIN
+    t := lease._citus_table(target);
+    o := lease._citus_table(owner);
+    IF t.kind IS NULL AND (owner IS NULL OR o.kind IS NULL) THEN
+        RETURN;
+    END IF;
+    IF owner IS NULL THEN
+        PERFORM lease._fail('0A000', format('pg_lease: cannot fence Citus table %s by high-water marks', target),
+            'High-water marks are kept by each node, and Citus moves shards between nodes: a mark would stay behind on the node a shard left.',
+            'Fence it against an owner table distributed by the same key and co-located with it, or a reference table (lease.protect).');
+    END IF;
+    IF 'p' IN (SELECT c.relkind FROM pg_class c WHERE c.oid IN (target, owner)) THEN
+        PERFORM lease._fail('0A000', format('pg_lease: cannot fence %s against %s: pg_lease does not fence partitioned Citus tables', target, owner));
+    END IF;
+    IF t.kind IS NULL THEN
+        PERFORM lease._fail('0A000',
+            format('pg_lease: cannot fence %s against %s: the owner rows are not co-located with the rows they fence', target, owner),
+            format('%s is a %s table, and %s is not distributed: its rows stay on this node. %s', owner, lease._citus_kind(o.kind), target, rule),
+            format('Distribute %s by its key column, co-located with %s (create_distributed_table(..., colocate_with => ''%s'')).', target, owner, owner));
+    END IF;
+    IF t.kind = 'other' OR (t.kind = 'reference' AND o.kind IS DISTINCT FROM 'reference') THEN
+        PERFORM lease._fail('0A000',
+            format('pg_lease: cannot fence %s against %s: the owner rows are not co-located with the rows they fence', target, owner),
+            format('%s is a %s table and %s %s. %s', target, lease._citus_kind(t.kind), owner,
+                   CASE WHEN o.kind IS NULL THEN 'is not distributed' ELSE 'is a ' || lease._citus_kind(o.kind) || ' table' END, rule),
+            CASE WHEN t.kind = 'reference' THEN format('Make %s a reference table too.', owner)
+                 ELSE 'Distribute it by hash on a key column (create_distributed_table).' END);
+    END IF;
+    IF t.kind = 'reference' OR o.kind = 'reference' THEN
+        RETURN;
+    END IF;
+    i := pg_catalog.array_position(key_columns, t.dist_column);
+    IF i IS NULL THEN
+        PERFORM lease._fail('0A000',
+            format('pg_lease: cannot fence %s against %s: the owner rows are not co-located with the rows they fence', target, owner),
+            format('%s is distributed by %I, which is not one of its key columns %s. %s', target, t.dist_column, key_columns, rule),
+            format('Distribute %s by one of its key columns, co-located with %s.', target, owner));
+    END IF;
+    IF o.kind IS DISTINCT FROM 'distributed' OR o.dist_column IS DISTINCT FROM owner_key_columns[i] OR o.colocation <> t.colocation THEN
+        PERFORM lease._fail('0A000',
+            format('pg_lease: cannot fence %s against %s: the owner rows are not co-located with the rows they fence', target, owner),
+            format('%s is distributed by %I (co-location group %s); %s %s. %s', target, t.dist_column, t.colocation, owner,
+                   CASE WHEN o.kind IS NULL THEN 'is not distributed'
+                        WHEN o.kind <> 'distributed' THEN 'is a ' || lease._citus_kind(o.kind) || ' table'
+                        ELSE format('is distributed by %I (co-location group %s)', o.dist_column, o.colocation) END, rule),
+            format('Distribute %s by %I with colocate_with => ''%s'' (its key column %I pairs with owner key column %I), or make %s a reference table.',
+                   owner, owner_key_columns[i], target, t.dist_column, owner_key_columns[i], owner));
+    END IF;
+END $$;
+
+CREATE FUNCTION lease._shard_config(target regclass, mode text, key_columns text[], token_column text,
+                                    owner regclass, owner_key_columns text[], owner_token_column text)
+RETURNS text LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT jsonb_build_object(
+               'mode', mode, 'key_columns', to_jsonb(key_columns), 'token_column', token_column,
+               'owner_table', (SELECT format('%I.%I', n.nspname, c.relname)
+                                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = owner),
+               'owner_key_columns', to_jsonb(owner_key_columns), 'owner_token_column', owner_token_column)::text
+     WHERE (lease._citus_table(target)).kind IS NOT NULL
+$$;
+
+CREATE FUNCTION lease._shard_problems(shell regclass, shards regclass[] DEFAULT NULL)
+RETURNS TABLE (rel regclass, problem text)
+    LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    shard regclass;
+    suffix text;
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NULL THEN
+        RETURN;
+    END IF;
+    IF shards IS NULL THEN
+        -- Dynamic: pg_lease does not depend on Citus.
+        EXECUTE $q$SELECT array_agg(pg_catalog.to_regclass(pg_catalog.shard_name(s.logicalrelid, s.shardid, false)))
+                     FROM pg_catalog.pg_dist_shard s
+                     JOIN pg_catalog.pg_dist_placement p ON p.shardid = s.shardid
+                     JOIN pg_catalog.pg_dist_local_group g ON g.groupid = p.groupid
+                    WHERE s.logicalrelid = $1$q$ INTO shards USING shell;
+    END IF;
+    FOREACH shard IN ARRAY coalesce(shards, '{}') LOOP
+        CONTINUE WHEN shard IS NULL OR lease._shard_of(shard) IS DISTINCT FROM shell::oid;
+        suffix := '_' || lease._shard_id(shard);
+        RETURN QUERY
+            SELECT shard, format('its copy %I of pg_lease''s trigger %I on %s is %s', t.tgname || suffix, t.tgname, shell,
+                                 CASE WHEN c.oid IS NULL THEN 'missing'
+                                      WHEN c.tgenabled <> 'A' THEN 'not enabled ALWAYS'
+                                      ELSE 'not the same trigger' END)
+              FROM pg_trigger t
+              LEFT JOIN pg_trigger c ON c.tgrelid = shard AND c.tgname = t.tgname || suffix
+             WHERE t.tgrelid = shell AND NOT t.tgisinternal
+               AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+               AND (c.oid IS NULL OR c.tgenabled <> 'A' OR c.tgfoid <> t.tgfoid OR c.tgtype <> t.tgtype
+                    OR c.tgargs <> t.tgargs OR c.tgattr <> t.tgattr OR c.tgqual IS NOT NULL);
+    END LOOP;
+END $$;
+
+CREATE FUNCTION lease._node_fence_problems(expected json) RETURNS TABLE (target text, problem text)
+    LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    e record;
+    t regclass;
+    o regclass;
+BEGIN
+    FOR e IN SELECT * FROM json_to_recordset(expected) AS x(target text, config text, owner text, guard text[]) LOOP
+        target := e.target;
+        t := to_regclass(e.target);
+        o := to_regclass(e.owner);
+        IF t IS NULL OR o IS NULL THEN
+            problem := format('%s does not exist on this node', CASE WHEN t IS NULL THEN e.target ELSE e.owner END);
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger g
+                        WHERE g.tgrelid = t AND g.tgname = 'pg_lease_fence' AND g.tgfoid = 'lease.fence_trigger'::regproc
+                          AND g.tgenabled = 'A' AND lease._trigger_args(g.tgargs) = ARRAY[e.config]) THEN
+            problem := format('its fence trigger here is missing, disabled or not the one the coordinator installed');
+            RETURN NEXT;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger g
+                        WHERE g.tgrelid = o AND g.tgname = 'pg_lease_owner_guard' AND g.tgfoid = 'lease.owner_guard'::regproc
+                          AND g.tgenabled = 'A' AND (lease._trigger_args(g.tgargs))[1] = e.guard[1]
+                          AND (lease._trigger_args(g.tgargs))[2:] @> e.guard[2:]) THEN
+            problem := format('the owner guard of %s here is missing, disabled or not the one the coordinator installed', e.owner);
+            RETURN NEXT;
+        END IF;
+        RETURN QUERY SELECT e.target, format('shard %s: %s', s.rel, s.problem) FROM lease._shard_problems(t) s
+                     UNION ALL
+                     SELECT e.target, format('shard %s: %s', s.rel, s.problem) FROM lease._shard_problems(o) s;
+    END LOOP;
+END $$;
+
+CREATE FUNCTION lease._trigger_ddl(rel regclass, command text) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    unsafe text;
+BEGIN
+    IF (lease._citus_table(rel)).kind IS NULL THEN
+        EXECUTE command;
+        RETURN;
+    END IF;
+    unsafe := pg_catalog.current_setting('citus.enable_unsafe_triggers', true);
+    PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+    EXECUTE command;
+    PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', coalesce(unsafe, 'off'), true);
+END $$;
+
+CREATE OR REPLACE FUNCTION lease._create_trigger(rel regclass, tgname name, func regproc, timing text, body text) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    existing regproc;
+BEGIN
+    SELECT t.tgfoid INTO existing FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = _create_trigger.tgname;
+    IF existing IS NOT NULL AND existing <> func THEN
+        PERFORM lease._fail('42710',
+            format('pg_lease: %s already has a trigger %I that is not pg_lease''s (it runs %s)', rel, tgname, existing),
+            NULL, 'Rename or drop that trigger: the pg_lease_* trigger names are pg_lease''s.');
+    END IF;
+    PERFORM lease._trigger_ddl(rel, format('CREATE %sTRIGGER %I %s ON %s %s',
+                   CASE WHEN existing IS NULL THEN '' ELSE 'OR REPLACE ' END, tgname, timing, rel, body));
+    PERFORM lease._trigger_ddl(rel, format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', rel, tgname));
+END $$;
+
+DROP FUNCTION lease._install_target_triggers(regclass);
+CREATE FUNCTION lease._install_target_triggers(target regclass, shard_config text DEFAULT NULL) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM lease._create_trigger(target, 'pg_lease_fence', 'lease.fence_trigger'::regproc,
+        'BEFORE INSERT OR UPDATE OR DELETE',
+        format('FOR EACH ROW EXECUTE FUNCTION lease.fence_trigger(%s)', coalesce(quote_literal(shard_config), '')));
+    PERFORM lease._install_truncate_guard(t.relid) FROM pg_partition_tree(target) t WHERE t.relid <> target;
+    PERFORM lease._install_truncate_guard(target);
+END $$;
+
+CREATE OR REPLACE FUNCTION lease.protect(
+    target regclass,
+    key_columns text[],
+    token_column name DEFAULT NULL,
+    owner_table regclass DEFAULT NULL,
+    owner_key_columns text[] DEFAULT '{id}',
+    owner_token_column name DEFAULT 'owner_fencing_token'
+) RETURNS void
+-- No SET search_path: a NULL owner_table means "tables" as the caller's
+-- search_path resolves it. Every other name below is schema-qualified.
+LANGUAGE plpgsql AS $$
+DECLARE
+    owner regclass := owner_table;
+    i int;
+    existing_guard text;
+BEGIN
+    PERFORM lease._check_columns(target, 'target table', key_columns, token_column);
+    PERFORM lease._check_not_protected(target);
+    IF owner IS NULL THEN
+        owner := pg_catalog.to_regclass('tables');
+        IF owner IS NULL THEN
+            PERFORM lease._fail('42P01', 'pg_lease: owner table "tables" does not exist', NULL, 'Pass owner_table => ''your_schema.your_owner_table''.');
+        END IF;
+    END IF;
+    IF owner OPERATOR(pg_catalog.=) target THEN
+        PERFORM lease._fail('22023', format('pg_lease: %s cannot be its own owner table', target));
+    END IF;
+    IF owner_token_column IS NULL THEN
+        PERFORM lease._fail('22004', 'pg_lease: owner_token_column must not be NULL');
+    END IF;
+    PERFORM lease._check_columns(owner, 'owner table', owner_key_columns, owner_token_column);
+    IF pg_catalog.cardinality(owner_key_columns) OPERATOR(pg_catalog.<>) pg_catalog.cardinality(key_columns) THEN
+        PERFORM lease._fail('22023', format('pg_lease: %s key columns %s do not pair with owner key columns %s', target, key_columns, owner_key_columns));
+    END IF;
+    -- The owner key is unique under its own type's equality and collation.
+    IF lease._owner_key_index(owner, owner_key_columns,
+                              ARRAY(SELECT lease._column_type(owner, u.c)::pg_catalog.oid
+                                      FROM pg_catalog.unnest(owner_key_columns) WITH ORDINALITY u(c, n) ORDER BY u.n)) IS NULL THEN
+        PERFORM lease._fail('42830', format('pg_lease: there is no unique constraint matching key columns %s of owner table %s', owner_key_columns, owner),
+            'Each fenced row must match exactly one owner row.');
+    END IF;
+    -- Each key pair must be comparable (raises undefined_function otherwise).
+    BEGIN
+        EXECUTE pg_catalog.format('SELECT 1 FROM %s o WHERE %s LIMIT 0', owner,
+            (SELECT pg_catalog.string_agg(pg_catalog.format('o.%I OPERATOR(pg_catalog.=) NULL::%s', owner_key_columns[n],
+                                             lease._column_type(target, key_columns[n])), ' AND ')
+               FROM pg_catalog.generate_series(1, pg_catalog.cardinality(key_columns)) n));
+    EXCEPTION
+        WHEN undefined_function THEN
+            PERFORM lease._fail('42883',
+                format('pg_lease: key columns %s of %s cannot be compared with owner key columns %s of %s',
+                       key_columns, target, owner_key_columns, owner),
+                format('%s (the types of the key columns, in order: %s against %s)', SQLERRM,
+                       (SELECT pg_catalog.string_agg(lease._column_type(target, c)::text, ', ') FROM pg_catalog.unnest(key_columns) c),
+                       (SELECT pg_catalog.string_agg(lease._column_type(owner, c)::text, ', ') FROM pg_catalog.unnest(owner_key_columns) c)),
+                'Give each key column the type of its owner key column, or a type its = operator accepts.');
+        WHEN insufficient_privilege THEN
+            PERFORM lease._fail('42501', format('pg_lease: must be owner of table %s', owner),
+                'lease.protect needs ownership of the protected table and of its owner table.');
+    END;
+    -- A key's identity must not depend on the session (date = timestamptz
+    -- reads TimeZone) nor on a conversion function.
+    IF EXISTS (SELECT 1 FROM pg_catalog.generate_series(1, pg_catalog.cardinality(key_columns)) n
+                WHERE lease._key_equality(lease._column_type(owner, owner_key_columns[n]),
+                                          lease._column_type(target, key_columns[n])) IS NULL) THEN
+        PERFORM lease._fail('42804',
+            format('pg_lease: key columns %s of %s compare with owner key columns %s of %s through an equality that is not immutable or needs a conversion',
+                   key_columns, target, owner_key_columns, owner),
+            format('The types of the key columns, in order: %s against %s.',
+                   (SELECT pg_catalog.string_agg(lease._column_type(target, c)::text, ', ') FROM pg_catalog.unnest(key_columns) c),
+                   (SELECT pg_catalog.string_agg(lease._column_type(owner, c)::text, ', ') FROM pg_catalog.unnest(owner_key_columns) c)),
+            'A resource must be the same whatever a writer''s settings: give each key column the type of its owner key column.');
+    END IF;
+    -- Each fenced row matches at most one owner row: the owner key is unique
+    -- under the very equality the fence compares a fenced key with.
+    IF lease._owner_key_index(owner, owner_key_columns,
+                              ARRAY(SELECT lease._column_type(target, u.c)::pg_catalog.oid
+                                      FROM pg_catalog.unnest(key_columns) WITH ORDINALITY u(c, n) ORDER BY u.n)) IS NULL THEN
+        PERFORM lease._fail('42830', format('pg_lease: the owner key %s of %s is not unique under the equality that compares it with key columns %s of %s', owner_key_columns, owner, key_columns, target),
+            'Each fenced row must match exactly one owner row.',
+            'The owner table needs a PRIMARY KEY or UNIQUE constraint on exactly these columns in the operator family of that equality.');
+    END IF;
+
+    -- One owner guard per owner table, shared by every table fenced against it.
+    SELECT (lease._trigger_args(t.tgargs))[1] INTO existing_guard FROM pg_catalog.pg_trigger t
+     WHERE t.tgrelid OPERATOR(pg_catalog.=) owner AND t.tgname OPERATOR(pg_catalog.=) 'pg_lease_owner_guard' AND NOT t.tgisinternal;
+    IF existing_guard IS NOT NULL AND existing_guard OPERATOR(pg_catalog.<>) owner_token_column THEN
+        PERFORM lease._fail('0A000', format('pg_lease: owner table %s already guards token column "%s"', owner, existing_guard), 'All tables fenced against one owner table must use the same owner token column.');
+    END IF;
+    -- One guard per owner table, watching the key columns of every table
+    -- fenced against it: installed, extended by this table's key columns, or
+    -- (what a schema-only restore left) made whole.
+    PERFORM lease._check_citus_layout(target, key_columns, owner, owner_key_columns);
+    PERFORM lease._guard_owner(owner, owner_token_column, owner_key_columns);
+
+    PERFORM lease._install_target_triggers(target,
+        lease._shard_config(target, 'owner', key_columns, token_column, owner, owner_key_columns, owner_token_column));
+    PERFORM lease._register(target, 'owner', key_columns, token_column, owner, owner_key_columns, owner_token_column);
+    PERFORM lease._check_enforced(target);
+END $$;
+
+CREATE OR REPLACE FUNCTION lease.protect_high_water(target regclass, key_columns text[], token_column name DEFAULT NULL)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    col text;
+    why text;
+BEGIN
+    PERFORM lease._check_columns(target, 'target table', key_columns, token_column);
+    -- Marks are stored by each key value's canonical form: only key types
+    -- whose equality that form captures exactly can be used.
+    FOREACH col IN ARRAY key_columns LOOP
+        SELECT lease._key_identity_problem(a.atttypid, a.attcollation) INTO why
+          FROM pg_attribute a WHERE a.attrelid = target AND a.attname = col;
+        IF why IS NOT NULL THEN
+            PERFORM lease._fail('0A000', format('pg_lease: key column "%s" of %s cannot identify a high-water resource: %s', col, target, why));
+        END IF;
+    END LOOP;
+    PERFORM lease._check_not_protected(target);
+    PERFORM lease._check_citus_layout(target, key_columns, NULL, NULL);
+    PERFORM lease._install_target_triggers(target);
+    PERFORM lease._register(target, 'high_water', key_columns, token_column, NULL, NULL, NULL);
+    PERFORM lease._check_enforced(target);
+END $$;
+
+CREATE OR REPLACE FUNCTION lease.unprotect(target regclass) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    p lease.protected;
+    part regclass;
+    leftover record;
+    dropped integer := 0;
+BEGIN
+    IF target IS NULL THEN
+        PERFORM lease._fail('22004', 'lease.unprotect: target must not be NULL');
+    END IF;
+    -- Forget the config first: the DDL guard then no longer expects the triggers.
+    SELECT * INTO p FROM lease.protected x WHERE x.relid = target;
+    IF NOT FOUND THEN
+        -- pg_lease's triggers without their config (a schema-only dump and
+        -- restore carries the triggers, not lease.protected): removing them
+        -- is what unprotect means here. On an owner table still named by a
+        -- protected table's config they stay.
+        IF EXISTS (SELECT 1 FROM lease.protected o WHERE o.owner_table = target) THEN
+            PERFORM lease._fail('42704', format('pg_lease: %s is not protected (it is the owner table of a protected table: unprotect that one)', target));
+        END IF;
+        FOR leftover IN
+            SELECT g.tgrelid::regclass AS rel, g.tgname
+              FROM pg_trigger g
+             WHERE g.tgrelid IN (SELECT t.relid FROM pg_partition_tree(target) t UNION SELECT target)
+               AND g.tgparentid = 0
+               AND g.tgname IN ('pg_lease_fence', 'pg_lease_truncate', 'pg_lease_owner_guard', 'pg_lease_owner_truncate')
+               AND g.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.truncate_guard'::regproc, 'lease.owner_guard'::regproc)
+        LOOP
+            PERFORM lease._trigger_ddl(leftover.rel, format('DROP TRIGGER %I ON %s', leftover.tgname, leftover.rel));
+            dropped := dropped + 1;
+        END LOOP;
+        IF dropped > 0 THEN
+            RAISE NOTICE 'pg_lease: % had % of pg_lease''s triggers but no protection config (a schema-only restore?): removed them', target, dropped;
+            RETURN;
+        END IF;
+        PERFORM lease._fail('42704', format('pg_lease: %s is not protected', target));
+    END IF;
+    PERFORM lease._unregister(target);
+    PERFORM lease._trigger_ddl(target, format('DROP TRIGGER pg_lease_fence ON %s', target));
+    FOR part IN SELECT t.relid FROM pg_partition_tree(target) t UNION SELECT target LOOP
+        PERFORM lease._trigger_ddl(part, format('DROP TRIGGER IF EXISTS pg_lease_truncate ON %s', part));
+    END LOOP;
+    IF p.owner_table IS NOT NULL AND NOT EXISTS (SELECT 1 FROM lease.protected o WHERE o.owner_table = p.owner_table) THEN
+        PERFORM lease._trigger_ddl(p.owner_table, format('DROP TRIGGER IF EXISTS pg_lease_owner_guard ON %s', p.owner_table));
+        FOR part IN SELECT t.relid FROM pg_partition_tree(p.owner_table) t UNION SELECT p.owner_table LOOP
+            PERFORM lease._trigger_ddl(part, format('DROP TRIGGER IF EXISTS pg_lease_owner_truncate ON %s', part));
+        END LOOP;
+    ELSIF p.owner_table IS NOT NULL THEN
+        -- Still guarding other fenced tables: watch only their key columns.
+        PERFORM lease._guard_owner(p.owner_table, p.owner_token_column);
+    END IF;
+END $$;
+
+CREATE FUNCTION lease._trigger_args(args bytea) RETURNS text[]
+    LANGUAGE plpgsql STABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    result text[] := '{}';
+    rest bytea := args;
+    i integer;
+BEGIN
+    LOOP
+        i := position('\x00'::bytea IN rest);
+        EXIT WHEN i = 0;
+        result := result || convert_from(substr(rest, 1, i - 1), getdatabaseencoding());
+        rest := substr(rest, i + 1);
+    END LOOP;
+    RETURN result;
+END $$;
+
+-- args: text[] (was text).
+DROP FUNCTION lease._expected_triggers(oid[]);
+CREATE FUNCTION lease._expected_triggers(among oid[] DEFAULT NULL)
+RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype integer, args text[])
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    WITH p AS (
+        SELECT * FROM lease.protected p
+         WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid OFFSET 0)
+           AND (among IS NULL OR p.relid::oid = ANY (among) OR p.owner_table::oid = ANY (among))
+    ),
+    roots (r) AS (SELECT relid::oid FROM p UNION SELECT owner_table::oid FROM p WHERE owner_table IS NOT NULL),
+    tree (root, rel) AS (
+        SELECT r, r FROM roots
+        UNION
+        SELECT roots.r, t.relid FROM roots, pg_partition_tree(roots.r) t
+    )
+    -- tgtype: 31 = BEFORE, FOR EACH ROW, INSERT, UPDATE and DELETE;
+    -- 34 = BEFORE TRUNCATE, FOR EACH STATEMENT. args: the trigger's arguments.
+    SELECT p.relid, t.rel, 'pg_lease_fence'::name, 'lease.fence_trigger'::regproc, 31,
+           array_remove(ARRAY[lease._shard_config(p.relid, p.mode, p.key_columns, p.token_column, p.owner_table,
+                                                  p.owner_key_columns, p.owner_token_column)], NULL)
+      FROM p JOIN tree t ON t.root = p.relid::oid
+    UNION ALL
+    SELECT p.relid, t.rel, 'pg_lease_truncate'::name, 'lease.truncate_guard'::regproc, 34, ARRAY['target']
+      FROM p JOIN tree t ON t.root = p.relid::oid
+    UNION ALL
+    SELECT p.relid, t.rel, 'pg_lease_owner_guard'::name, 'lease.owner_guard'::regproc, 31,
+           ARRAY[p.owner_token_column::text] || lease._owner_guard_keys(p.owner_table)
+      FROM p JOIN tree t ON t.root = p.owner_table::oid
+    UNION ALL
+    SELECT p.relid, t.rel, 'pg_lease_owner_truncate'::name, 'lease.truncate_guard'::regproc, 34, ARRAY['owner']
+      FROM p JOIN tree t ON t.root = p.owner_table::oid
+$$;
+
+CREATE OR REPLACE FUNCTION lease._fence_problems(among oid[] DEFAULT NULL)
+RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH p AS (
+        SELECT * FROM lease.protected p
+         WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid OFFSET 0)
+           AND (among IS NULL OR p.relid::oid = ANY (among) OR p.owner_table::oid = ANY (among))
+    ),
+    -- A table and, when partitioned, every partition (pg_partition_tree
+    -- returns nothing for a table that is not in a partition tree).
+    roots (r) AS (SELECT relid::oid FROM p UNION SELECT owner_table::oid FROM p WHERE owner_table IS NOT NULL),
+    tree (root, rel) AS (
+        SELECT r, r FROM roots
+        UNION
+        SELECT roots.r, t.relid FROM roots, pg_partition_tree(roots.r) t
+    ),
+    -- The triggers pg_lease keeps on these tables (lease._expected_triggers).
+    expected_triggers AS (SELECT * FROM lease._expected_triggers(among)),
+    expected_columns (relid, rel, col, is_token, typ, high_water) AS (
+        SELECT p.relid, p.relid, k.col, false, p.key_types[k.n], p.mode = 'high_water'
+          FROM p, unnest(p.key_columns) WITH ORDINALITY k(col, n)
+        UNION ALL
+        SELECT p.relid, p.relid, p.token_column, true, p.token_type, false FROM p WHERE p.token_column IS NOT NULL
+        UNION ALL
+        SELECT p.relid, p.owner_table, k.col, false, p.owner_key_types[k.n], false
+          FROM p, unnest(p.owner_key_columns) WITH ORDINALITY k(col, n) WHERE p.owner_table IS NOT NULL
+        UNION ALL
+        SELECT p.relid, p.owner_table, p.owner_token_column, true, p.owner_token_type, false FROM p WHERE p.owner_table IS NOT NULL
+    ),
+    -- (LATERAL lookups by key: the plan is generic, and must stay cheap
+    -- however few tables `among` names.)
+    actual_columns AS (
+        SELECT e.*, a.cur, a.attgenerated, a.attcollation
+          FROM expected_columns e
+          LEFT JOIN LATERAL (SELECT x.atttypid::regtype AS cur, x.attgenerated, x.attcollation FROM pg_attribute x
+                              WHERE x.attrelid = e.rel AND x.attname = e.col AND x.attnum > 0 AND NOT x.attisdropped
+                             OFFSET 0) a ON true
+    )
+    SELECT e.relid::regclass, e.rel::regclass,
+           CASE WHEN t.oid IS NULL THEN 'missing' WHEN t.tgfoid <> e.func THEN 'replaced' ELSE 'disabled' END,
+           format('trigger %s on %s %s', e.tgname, e.rel::regclass,
+                  CASE WHEN t.oid IS NULL THEN 'is missing'
+                       WHEN t.tgfoid <> e.func THEN format('runs %s instead of %s', t.tgfoid::regproc, e.func)
+                       ELSE 'is not ENABLE ALWAYS' END)
+      FROM expected_triggers e
+      LEFT JOIN LATERAL (SELECT x.oid, x.tgenabled, x.tgfoid FROM pg_trigger x
+                          WHERE x.tgrelid = e.rel AND x.tgname = e.tgname OFFSET 0) t ON true
+     WHERE t.oid IS NULL OR t.tgenabled <> 'A' OR t.tgfoid <> e.func
+    UNION ALL
+    SELECT e.relid::regclass, e.rel::regclass, 'altered',
+           format('trigger %s on %s no longer fires on every %s', e.tgname, e.rel::regclass,
+                  CASE WHEN e.tgtype = 31 THEN 'INSERT, UPDATE and DELETE of every row' ELSE 'TRUNCATE' END)
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.* FROM pg_trigger x
+                           WHERE x.tgrelid = e.rel AND x.tgname = e.tgname AND x.tgfoid = e.func OFFSET 0) t
+     WHERE t.tgtype <> e.tgtype OR t.tgqual IS NOT NULL OR cardinality(t.tgattr::int2[]) > 0
+        OR CASE WHEN e.tgname = 'pg_lease_owner_guard' THEN
+                -- The token column, and at least every key column expected
+                -- (more while a protect extends the guard).
+                NOT coalesce((lease._trigger_args(t.tgargs))[1] = e.args[1]
+                    AND (lease._trigger_args(t.tgargs))[2:] @> e.args[2:], false)
+           ELSE lease._trigger_args(t.tgargs) IS DISTINCT FROM e.args END
+    UNION ALL
+    -- Row triggers fire in name order: a BEFORE INSERT/UPDATE row trigger
+    -- named after ours runs after the fence or owner guard has judged the
+    -- row, and could change the row it judged.
+    SELECT DISTINCT ON (e.rel, t.tgname) e.relid::regclass, e.rel::regclass, 'order',
+           format('trigger %s on %s runs after %s and could change the row it checked (name it to sort before %s)',
+                  quote_ident(t.tgname), e.rel::regclass, e.tgname, e.tgname)
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.tgname FROM pg_trigger x
+                           WHERE x.tgrelid = e.rel AND x.tgtype & 3 = 3 AND x.tgtype & 20 <> 0
+                             AND x.tgenabled <> 'D' AND NOT x.tgisinternal
+                             AND x.tgname COLLATE "C" > e.tgname COLLATE "C"
+                             AND x.tgfoid NOT IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+                          OFFSET 0) t
+     WHERE e.tgtype = 31
+    UNION ALL
+    -- In a logical replication worker only ENABLE ALWAYS and ENABLE REPLICA
+    -- triggers fire; one that runs before ours there could change or skip
+    -- (RETURN NULL) a replicated row before pg_lease judges or trusts it.
+    SELECT DISTINCT ON (e.rel, t.tgname) e.relid::regclass, e.rel::regclass, 'replica',
+           format('trigger %s on %s fires in logical replication workers (ENABLE %s) before %s and could change or skip a replicated row there (let it fire on the origin only: ALTER TABLE %s ENABLE TRIGGER %s)',
+                  quote_ident(t.tgname), e.rel::regclass, CASE t.tgenabled WHEN 'A' THEN 'ALWAYS' ELSE 'REPLICA' END,
+                  e.tgname, e.rel::regclass, quote_ident(t.tgname))
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.tgname, x.tgenabled FROM pg_trigger x
+                           WHERE x.tgrelid = e.rel AND x.tgtype & 3 = 3 AND x.tgtype & 28 <> 0
+                             AND x.tgenabled IN ('A', 'R') AND NOT x.tgisinternal
+                             AND x.tgname COLLATE "C" < e.tgname COLLATE "C"
+                             AND x.tgfoid NOT IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+                          OFFSET 0) t
+     WHERE e.tgtype = 31
+    UNION ALL
+    SELECT DISTINCT e.relid::regclass, t.tgrelid::regclass, 'renamed',
+           format('trigger %s on %s runs %s under another name', t.tgname, t.tgrelid::regclass, t.tgfoid::regproc)
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.* FROM pg_trigger x WHERE x.tgrelid = e.rel AND x.tgfoid = e.func OFFSET 0) t
+     WHERE NOT EXISTS (SELECT 1 FROM expected_triggers x WHERE x.rel = t.tgrelid AND x.tgname = t.tgname)
+    UNION ALL
+    SELECT e.relid, e.rel, 'column',
+           format('%s column "%s" of %s is %s', CASE WHEN e.is_token THEN 'token' ELSE 'key' END, e.col, e.rel,
+                  CASE WHEN e.cur IS NULL THEN 'missing'
+                       WHEN e.attgenerated <> '' THEN 'a generated column'
+                       WHEN e.typ IS NOT NULL AND e.cur <> e.typ THEN format('of type %s, was %s', e.cur, e.typ)
+                       WHEN e.high_water THEN lease._key_identity_problem(e.cur, e.attcollation)
+                       ELSE 'of type ' || e.cur::text END)
+      FROM actual_columns e
+     WHERE e.cur IS NULL
+        OR e.attgenerated <> ''
+        OR (e.typ IS NOT NULL AND e.cur <> e.typ)
+        OR (e.typ IS NULL AND e.is_token AND NOT lease._is_token_type(e.cur))
+        OR (e.high_water AND lease._key_identity_problem(e.cur, e.attcollation) IS NOT NULL)
+    UNION ALL
+    SELECT p.relid, p.owner_table, 'constraint',
+           format('owner table %s has no unique constraint on %s under the equality the fence compares %s keys with', p.owner_table, p.owner_key_columns, p.relid)
+      FROM p
+     CROSS JOIN LATERAL (SELECT lease._owner_key_index(p.owner_table, p.owner_key_columns,
+                                ARRAY(SELECT lease._column_type(p.relid, k.c)::oid
+                                        FROM unnest(p.key_columns) WITH ORDINALITY k(c, n) ORDER BY k.n)) IS NOT NULL AS ok) u
+     WHERE p.owner_table IS NOT NULL AND NOT u.ok
+    UNION ALL
+    SELECT DISTINCT ON (x.relid, i.inhrelid) x.relid, i.inhrelid::regclass, 'inherits',
+           format('table %s inherits from %s, so writes through it bypass the fence', i.inhrelid::regclass, i.inhparent::regclass)
+      FROM (SELECT p.relid, t.rel FROM p JOIN tree t ON t.root IN (p.relid::oid, p.owner_table::oid)) x
+      JOIN pg_inherits i ON i.inhparent = x.rel
+      JOIN pg_class c ON c.oid = i.inhrelid
+     WHERE NOT c.relispartition
+    UNION ALL
+    SELECT p.relid, c.oid::regclass, 'relation', format('%s is no longer a table', c.oid::regclass)
+      FROM p JOIN pg_class c ON c.oid IN (p.relid::oid, p.owner_table::oid)
+     WHERE c.relkind NOT IN ('r', 'p')
+    UNION ALL
+    -- Owner rows hold the current tokens: a crash (or a promoted standby)
+    -- empties an UNLOGGED table, and tokens would start over.
+    SELECT DISTINCT x.relid, c.oid::regclass, 'relation',
+           format('owner table %s is %s: a crash or failover empties it, and its fencing tokens with it',
+                  c.oid::regclass, CASE c.relpersistence WHEN 'u' THEN 'UNLOGGED' ELSE 'TEMPORARY' END)
+      FROM (SELECT p.relid, t.rel FROM p JOIN tree t ON t.root = p.owner_table::oid) x
+      JOIN pg_class c ON c.oid = x.rel
+     WHERE c.relpersistence <> 'p';
+END $$;
+
+CREATE OR REPLACE FUNCTION lease._check_at_commit() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+DECLARE
+    gap record;
+BEGIN
+    DELETE FROM lease.deferred_checks d WHERE d.rel = NEW.rel AND d.root = NEW.root;
+    -- A Citus shard (see lease._guard_ddl; NULL when dropped since).
+    IF lease._shard_of(NEW.rel) IS NOT DISTINCT FROM NEW.root::oid THEN
+        SELECT s.rel, s.problem INTO gap FROM lease._shard_problems(NEW.root, ARRAY[NEW.rel]) s LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('the transaction would commit shard %s of %s without pg_lease''s fence', NEW.rel, NEW.root),
+                format('Shard %s: %s. Change a distributed table''s fence on the Citus coordinator, with lease.protect and lease.unprotect.', gap.rel, gap.problem));
+        END IF;
+        RETURN NULL;
+    END IF;
+    SELECT f.relid, f.problem INTO gap
+      FROM lease._fence_problems(ARRAY[NEW.root::oid]) f
+     WHERE f.rel = NEW.rel AND f.kind IN ('missing', 'disabled')
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('the transaction would commit partition %s of %s without its pg_lease guards', NEW.rel, NEW.root),
+            format('Table %s: %s.', gap.relid, gap.problem));
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION lease._guard_ddl() RETURNS event_trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    touched oid[];
+    concerned oid[];
+    broken record;
+    part record;
+    stray record;
+    bad boolean;
+    match text;
+BEGIN
+    -- Citus: a shard on this node that the command reached is checked at
+    -- commit (Citus changes a table's shards in several commands; see
+    -- lease._shard_problems).
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
+        INSERT INTO lease.deferred_checks (rel, root)
+        SELECT DISTINCT x.rel, x.shell
+          FROM (SELECT c.objid::regclass AS rel, lease._shard_of(c.objid)::regclass AS shell
+                  FROM (SELECT CASE d.classid WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = d.objid)
+                                              ELSE d.objid END AS objid
+                          FROM pg_event_trigger_ddl_commands() d
+                         WHERE d.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass)) c
+                 WHERE c.objid IS NOT NULL) x
+         WHERE x.shell IS NOT NULL
+           AND EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = x.shell
+                          AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc));
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
+        RETURN;
+    END IF;
+    -- CREATE [OR REPLACE] TRIGGER of one of our triggers leaves it enabled
+    -- for origin sessions only, as pg_restore creates it before it enables
+    -- it ALWAYS: enable it ALWAYS at once (pg_restore's own ALTER is then a
+    -- no-op, and OR REPLACE cannot quietly narrow where the fence fires).
+    IF tg_tag = 'CREATE TRIGGER' THEN
+        FOR broken IN
+            SELECT t.tgrelid::regclass AS rel, t.tgname
+              FROM pg_event_trigger_ddl_commands() c JOIN pg_trigger t ON t.oid = c.objid
+             WHERE c.classid = 'pg_trigger'::regclass AND t.tgenabled <> 'A' AND t.tgparentid = 0
+               AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+               -- (Not on a Citus table: Citus sends the CREATE to the other
+               -- nodes after this; lease._create_trigger enables it next.)
+               AND (lease._citus_table(t.tgrelid)).kind IS NULL
+        LOOP
+            EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname);
+        END LOOP;
+    END IF;
+    SELECT array_agg(DISTINCT CASE c.classid
+                                  WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = c.objid)
+                                  WHEN 'pg_rewrite'::regclass THEN (SELECT w.ev_class FROM pg_rewrite w WHERE w.oid = c.objid)
+                                  ELSE coalesce((SELECT x.indrelid FROM pg_index x WHERE x.indexrelid = c.objid), c.objid) END)
+      INTO touched
+      FROM pg_event_trigger_ddl_commands() c
+     WHERE c.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass, 'pg_rewrite'::regclass);
+    IF touched IS NULL THEN
+        RETURN;
+    END IF;
+    concerned := lease._concerned(touched);
+    IF concerned IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- ALTER COLUMN ... TYPE of a fenced column, even to its own type: with
+    -- USING it rewrites every row, and no row trigger sees it.
+    SELECT c.objid::regclass AS rel, x.col, p.relid INTO broken
+      FROM pg_event_trigger_ddl_commands() c
+     CROSS JOIN LATERAL unnest(lease._retyped_columns(c.command)) x(col)
+      JOIN lease.protected p ON p.relid::oid = ANY (concerned)
+     WHERE c.command_tag = 'ALTER TABLE'
+       AND ((coalesce(pg_partition_root(c.objid), c.objid) = p.relid::oid
+             AND (x.col = ANY (p.key_columns) OR x.col = p.token_column))
+         OR (coalesce(pg_partition_root(c.objid), c.objid) = p.owner_table::oid
+             AND (x.col = ANY (p.owner_key_columns) OR x.col = p.owner_token_column)))
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('ALTER COLUMN %s TYPE on %s would rewrite a fenced column', quote_ident(broken.col), broken.rel),
+            format('Table %s: column "%s" is fenced; ALTER COLUMN ... TYPE rewrites its values without passing the fence.',
+                   broken.relid, broken.col));
+    END IF;
+
+    -- Partitions joined in this transaction (created, or attached). Not while
+    -- the root's fence is itself being created in this transaction, as in a
+    -- single-transaction pg_restore that will create the guards from the dump.
+    -- (A partitioned table attached brings its whole subtree: every member.)
+    FOR part IN
+        SELECT DISTINCT p.relid, p.mode, p.token_column, p.key_columns, p.owner_table, p.owner_key_columns,
+               p.owner_token_column, m.relid AS child, (r.root = p.owner_table::oid) AS is_owner
+          FROM lease.protected p
+          CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
+          CROSS JOIN LATERAL pg_partition_tree(r.root) t
+          JOIN pg_inherits i ON i.inhrelid = t.relid AND i.xmin = xid(pg_current_xact_id())
+          CROSS JOIN LATERAL pg_partition_tree(t.relid) m
+         WHERE p.relid::oid = ANY (concerned)
+           AND t.relid <> r.root
+    LOOP
+        IF part.is_owner THEN
+            IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_owner_truncate') THEN
+                IF EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.owner_table AND g.tgname = 'pg_lease_owner_guard'
+                              AND g.xmin <> xid(pg_current_xact_id())) THEN
+                    PERFORM lease._install_owner_truncate_guard(part.child);
+                ELSE
+                    INSERT INTO lease.deferred_checks VALUES (part.child, part.relid);
+                END IF;
+            END IF;
+            -- Owner rows brought in passed no owner guard: no token above
+            -- what a non-superuser may write (lease.acquire must stay able to
+            -- go higher).
+            IF lease._exists_as_owner(part.child, format('SELECT EXISTS (SELECT 1 FROM ONLY %s WHERE %I > 4611686018427387903)',
+                                                          part.child::regclass, part.owner_token_column)) THEN
+                PERFORM lease._fail('22003', format('pg_lease: %s would bring owner rows with fencing tokens above 4611686018427387903 into %s', tg_tag, part.owner_table), format('Table %s holds such tokens; lease.acquire could issue no higher one.', part.child::regclass));
+            END IF;
+            CONTINUE;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_truncate') THEN
+            IF EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.relid AND g.tgname = 'pg_lease_fence'
+                          AND g.xmin <> xid(pg_current_xact_id())) THEN
+                PERFORM lease._install_truncate_guard(part.child);
+            ELSE
+                INSERT INTO lease.deferred_checks VALUES (part.child, part.relid);
+            END IF;
+        END IF;
+        -- Rows brought in by ATTACH PARTITION passed no fence: each must carry
+        -- its owner row's current token (without a token column, or in
+        -- high-water mode, no row can be checked: the table must be empty).
+        -- Keys are compared as the fence compares them (lease._key_match),
+        -- and the owner rows are locked FOR SHARE as the fence locks them: a
+        -- token bump then waits for this transaction, or (at REPEATABLE READ
+        -- and above) this one fails if a bump already committed.
+        match := CASE WHEN part.mode = 'owner' AND part.token_column IS NOT NULL
+                      THEN lease._key_match(part.owner_table, part.owner_key_columns, part.child, part.key_columns) END;
+        IF match IS NOT NULL THEN
+            EXECUTE format(
+                'SELECT (SELECT count(*) FROM ONLY %s) <> (SELECT count(*) FROM (SELECT 1 FROM ONLY %s t JOIN %s o ON %s AND o.%I = t.%I FOR SHARE OF o) s)',
+                part.child::regclass, part.child::regclass, part.owner_table, match,
+                part.owner_token_column, part.token_column)
+               INTO bad;
+        ELSE
+            bad := lease._exists_as_owner(part.child, format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', part.child::regclass));
+        END IF;
+        IF bad THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would bring rows into fenced table %s that the fence would refuse', tg_tag, part.relid),
+                format('Table %s holds rows %s. Attach it empty and insert its rows through the fence.', part.child::regclass,
+                       CASE WHEN match IS NOT NULL
+                            THEN format('whose token is not their owner row''s current token in %s', part.owner_table)
+                            WHEN part.mode = 'owner' AND part.token_column IS NOT NULL
+                            THEN 'that cannot be checked (their keys compare through a type''s own operator, which pg_lease does not run with its rights)'
+                            ELSE 'that cannot be checked (no token column, or high-water mode)' END));
+        END IF;
+    END LOOP;
+
+    -- Guards left behind on tables that left a fenced or owner tree (DETACH
+    -- PARTITION): owner rows may not leave; a detached fenced partition is no
+    -- longer fenced, so its TRUNCATE guard goes.
+    FOR stray IN
+        SELECT g.tgrelid, g.tgname FROM pg_trigger g
+         WHERE tg_tag = 'ALTER TABLE'
+           AND g.tgname IN ('pg_lease_truncate', 'pg_lease_owner_truncate')
+           AND g.tgfoid = 'lease.truncate_guard'::regproc
+           AND NOT (coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (ARRAY(
+                   SELECT p.relid::oid FROM lease.protected p UNION ALL
+                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
+    LOOP
+        -- (Whatever rows it holds, by any snapshot: a partition of an owner
+        -- table never leaves it while a fence uses it.)
+        IF stray.tgname = 'pg_lease_owner_truncate' THEN
+            PERFORM lease._raise('FencingTokenRegression',
+                format('%s would take a partition out of an owner table (%s)', tg_tag, stray.tgrelid::regclass),
+                format('Table %s holds owner rows whose fencing tokens would leave the fence; tokens could then start over. Unprotect the tables fenced against it first.',
+                       stray.tgrelid::regclass));
+        END IF;
+        EXECUTE format('DROP TRIGGER %I ON %s', stray.tgname, stray.tgrelid::regclass);
+    END LOOP;
+
+    SELECT f.* INTO broken
+      FROM lease._fence_problems(concerned) f
+     WHERE f.kind NOT IN ('missing', 'constraint')
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('%s would leave the fence on %s incomplete', tg_tag, broken.relid),
+            format('Table %s: %s.', broken.relid, broken.problem));
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION lease._guard_drop() RETURNS event_trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    dropped_tables oid[];
+    owner_roots oid[];
+    orphan record;
+    victim record;
+BEGIN
+    -- Citus: a trigger dropped from a shard on this node that stays is
+    -- checked at commit (lease._shard_problems).
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
+        INSERT INTO lease.deferred_checks (rel, root)
+        SELECT DISTINCT x.rel, x.shell
+          FROM (SELECT r.rel, lease._shard_of(r.rel)::regclass AS shell
+                  FROM pg_event_trigger_dropped_objects() d
+                  -- (by name: Citus hides shards from pg_class queries)
+                 CROSS JOIN LATERAL (SELECT pg_catalog.to_regclass(pg_catalog.quote_ident(d.address_names[1]) || '.'
+                                                                 || pg_catalog.quote_ident(d.address_names[2])) AS rel) r
+                 WHERE d.object_type = 'trigger' AND r.rel IS NOT NULL) x
+         WHERE x.shell IS NOT NULL;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
+        RETURN;
+    END IF;
+    owner_roots := ARRAY(SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL);
+    dropped_tables := ARRAY(SELECT d.objid FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'table');
+    DELETE FROM lease.protected p WHERE p.relid::oid = ANY (dropped_tables);
+    DELETE FROM lease.high_water h WHERE h.target::oid = ANY (dropped_tables);
+    -- Owner tables that no fenced table uses any more lose their guards (as
+    -- after lease.unprotect), so no guard outlives its fence.
+    FOR orphan IN
+        SELECT g.tgrelid::regclass AS rel, g.tgname FROM pg_trigger g
+         WHERE g.tgname IN ('pg_lease_owner_guard', 'pg_lease_owner_truncate') AND g.tgparentid = 0
+           AND g.tgfoid IN ('lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+           AND coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (owner_roots)
+           AND NOT (coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (ARRAY(
+                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
+           AND NOT (g.tgrelid = ANY (dropped_tables))
+    LOOP
+        PERFORM lease._trigger_ddl(orphan.rel, format('DROP TRIGGER %I ON %s', orphan.tgname, orphan.rel));
+    END LOOP;
+    SELECT p.relid, p.owner_table INTO orphan FROM lease.protected p WHERE p.owner_table::oid = ANY (dropped_tables) LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('%s would drop owner table %s of fenced table %s', tg_tag, orphan.owner_table, orphan.relid),
+            format('Table %s is fenced against the owner rows of %s.', orphan.relid, orphan.owner_table));
+    END IF;
+    -- A partition of an owner table dropped without its owner table takes
+    -- owner rows and their tokens, whether the command names it or reaches
+    -- it by cascade (DROP SCHEMA, DROP OWNED, DROP TYPE ... CASCADE). Its
+    -- owner table cannot be told any more (the catalog no longer links
+    -- them), so such a drop is refused while any owner table stays in use
+    -- and is not dropped by this same command: drop or unprotect the fenced
+    -- tables first (their owner guards then go), then the owner tables.
+    SELECT tb.object_identity INTO victim
+      FROM pg_event_trigger_dropped_objects() tg
+      JOIN pg_event_trigger_dropped_objects() tb
+        ON tb.object_type = 'table'
+       AND tb.address_names[1] = tg.address_names[1] AND tb.address_names[2] = tg.address_names[2]
+     WHERE tg.object_type = 'trigger' AND tg.address_names[3] = 'pg_lease_owner_truncate'
+       AND NOT (tb.objid = ANY (owner_roots))
+       AND EXISTS (SELECT 1 FROM lease.protected p
+                    WHERE p.owner_table IS NOT NULL AND NOT (p.owner_table::oid = ANY (dropped_tables)))
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FencingTokenRegression',
+            format('%s would drop a partition of an owner table (%s)', tg_tag, victim.object_identity),
+            'Owner rows hold the current fencing tokens; dropping them would let tokens start over. To retire an owner table, drop or lease.unprotect the tables fenced against it first, in a separate command.');
+    END IF;
+    -- Triggers, columns, constraints: address_names is {schema, table, name}.
+    SELECT d.object_type, d.object_identity, f.relid INTO victim
+      FROM pg_event_trigger_dropped_objects() d
+      CROSS JOIN LATERAL (SELECT to_regclass(format('%I.%I', d.address_names[1], d.address_names[2])) AS rel) r
+      JOIN lease._fence_problems(lease._concerned(ARRAY[r.rel::oid])) f ON f.rel = r.rel
+     WHERE d.object_type IN ('trigger', 'table column', 'table constraint', 'index')
+       AND r.rel IS NOT NULL
+       AND NOT (r.rel::oid = ANY (dropped_tables))
+       AND ((d.object_type = 'trigger' AND f.kind = 'missing'
+             AND EXISTS (SELECT 1 FROM lease._expected_triggers(lease._concerned(ARRAY[r.rel::oid])) e
+                          WHERE e.rel = r.rel::oid AND e.tgname = d.address_names[3]))
+         OR (d.object_type = 'table column' AND f.kind = 'column')
+         OR (d.object_type IN ('table constraint', 'index') AND f.kind = 'constraint'))
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('dropping %s %s would leave the fence on %s incomplete', victim.object_type, victim.object_identity, victim.relid),
+            format('pg_lease fences %s with it.', victim.relid));
+    END IF;
+    -- A dropped index no longer names its table: look at every owner table.
+    IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'index') THEN
+        SELECT f.relid, f.problem INTO victim FROM lease._fence_problems() f WHERE f.kind = 'constraint' LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would leave the fence on %s incomplete', tg_tag, victim.relid),
+                format('Table %s: %s.', victim.relid, victim.problem));
+        END IF;
+    END IF;
+END $$;
+
+CREATE FUNCTION lease._on_all_nodes(command text)
+RETURNS TABLE (node text, result json) LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record;
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_node') IS NULL THEN
+        PERFORM lease._fail('0A000', 'pg_lease: Citus is not installed in this database',
+            NULL, 'Query lease.rejected_writes and lease.stats directly: this database is its only node.');
+    END IF;
+    -- Dynamic: pg_lease does not depend on Citus.
+    FOR r IN EXECUTE $q$SELECT x.success, x.result, n.nodename || ':' || n.nodeport AS node
+                          FROM pg_catalog.run_command_on_all_nodes($1) x
+                          JOIN pg_catalog.pg_dist_node n ON n.nodeid = x.nodeid
+                         ORDER BY n.nodeid$q$ USING command LOOP
+        IF r.success THEN
+            node := r.node;
+            result := r.result::json;
+            RETURN NEXT;
+        ELSE
+            RAISE WARNING 'pg_lease: Citus node % did not answer: %', r.node, r.result;
+        END IF;
+    END LOOP;
+END $$;
+
+CREATE FUNCTION lease.cluster_rejected_writes(since timestamptz DEFAULT NULL)
+RETURNS TABLE (node text, id bigint, rejected_at timestamptz, database text, role text, application_name text,
+               client_addr text, backend_pid integer, target_table text, target_relid oid, operation text,
+               resource_key text, presented_token bigint, current_token bigint, sqlstate text, error_name text,
+               statement text, row_data jsonb, recorded_at timestamptz)
+    LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    SELECT a.node, w.*
+      FROM lease._on_all_nodes(format(
+               'SELECT coalesce(pg_catalog.json_agg(r ORDER BY r.id), ''[]'') FROM lease.rejected_writes r WHERE %L::timestamptz IS NULL OR r.rejected_at >= %L::timestamptz',
+               since, since)) a
+     CROSS JOIN LATERAL json_populate_recordset(NULL::lease.rejected_writes, a.result) w
+     ORDER BY w.rejected_at, a.node, w.id
+$$;
+COMMENT ON FUNCTION lease.cluster_rejected_writes(timestamptz) IS
+    'On a Citus coordinator: lease.rejected_writes of every node (since a time, if given), with the node each row was recorded on.';
+
+CREATE FUNCTION lease.cluster_stats()
+RETURNS TABLE (node text, database text, table_name text, accepted bigint, refused bigint, last_refusal_at timestamptz,
+               queue_depth bigint, dropped bigint, last_flush_at timestamptz, replicated bigint)
+    LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    SELECT a.node, s.*
+      FROM lease._on_all_nodes('SELECT coalesce(pg_catalog.json_agg(s), ''[]'') FROM lease.stats s') a
+     CROSS JOIN LATERAL json_populate_recordset(NULL::lease.stats, a.result) s
+     ORDER BY a.node, s.database, s.table_name
+$$;
+COMMENT ON FUNCTION lease.cluster_stats() IS
+    'On a Citus coordinator: lease.stats of every node, with the node each row comes from.';
+
+CREATE FUNCTION lease.cluster_fence_problems() RETURNS TABLE (node text, target text, problem text)
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    expected json;
+BEGIN
+    SELECT json_agg(json_build_object(
+               'target', format('%I.%I', tn.nspname, tc.relname),
+               'config', lease._shard_config(p.relid, p.mode, p.key_columns, p.token_column, p.owner_table,
+                                             p.owner_key_columns, p.owner_token_column),
+               'owner', format('%I.%I', owner_ns.nspname, oc.relname),
+               'guard', ARRAY[p.owner_token_column::text] || lease._owner_guard_keys(p.owner_table)))
+      INTO expected
+      FROM lease.protected p
+      JOIN pg_class tc ON tc.oid = p.relid JOIN pg_namespace tn ON tn.oid = tc.relnamespace
+      JOIN pg_class oc ON oc.oid = p.owner_table JOIN pg_namespace owner_ns ON owner_ns.oid = oc.relnamespace
+     WHERE (lease._citus_table(p.relid)).kind IS NOT NULL;
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_node') IS NOT NULL AND expected IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+        SELECT a.node, x.target, x.problem
+          FROM lease._on_all_nodes(format(
+                   'SELECT coalesce(pg_catalog.json_agg(x), ''[]'') FROM lease._node_fence_problems(%L::pg_catalog.json) x',
+                   expected)) a
+         CROSS JOIN LATERAL json_to_recordset(a.result) AS x(target text, problem text)
+         ORDER BY a.node, x.target, x.problem;
+END $$;
+COMMENT ON FUNCTION lease.cluster_fence_problems() IS
+    'On a Citus coordinator: what is wrong with pg_lease''s triggers on any node''s shells and shards of the Citus tables protected here (no rows: nothing).';
+
+REVOKE EXECUTE ON FUNCTION lease._on_all_nodes(text), lease.cluster_rejected_writes(timestamptz),
+    lease.cluster_stats(), lease.cluster_fence_problems() FROM PUBLIC;

@@ -4,7 +4,10 @@
 //! verified-resource cache (verified.rs), the refusals (refusal.rs) and the
 //! guards around them (guards.rs, ddl.rs, register.rs).
 //!
-//! Inside fence, modules depend one way too: identity ← config ← key ←
+//! Citus shards of distributed tables find their config and owner shard
+//! through citus.rs.
+//!
+//! Inside fence, modules depend one way too: identity, citus ← config ← key ←
 //! verified ← replication ← refusal ← owner ← high_water ← trigger; guards, ddl
 //! and register use the lower ones. The C entry points live in `crate::boundary`.
 

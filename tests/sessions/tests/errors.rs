@@ -216,7 +216,7 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         "lease._is_token_type(oid)",
         "lease._owner_guard_keys(regclass,text[])",
         "lease._install_owner_truncate_guard(regclass)",
-        "lease._install_target_triggers(regclass)",
+        "lease._install_target_triggers(regclass,text)",
         "lease._install_truncate_guard(regclass)",
         "lease._key_equality(oid,oid)",
         "lease._key_identity_problem(oid,oid)",
@@ -226,6 +226,19 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         "lease._register(oid,text,text[],text,oid,text[],text)",
         "lease._token_floor()",
         "lease._unregister(oid)",
+        // Citus: catalog reads, the layout check and the trigger DDL protect
+        // and unprotect run with their caller's rights (a role can only
+        // create or drop triggers on tables it owns).
+        "lease._check_citus_layout(regclass,text[],regclass,text[])",
+        "lease._citus_kind(text)",
+        "lease._citus_table(regclass)",
+        "lease._node_fence_problems(json)",
+        "lease._shard_config(regclass,text,text[],text,regclass,text[],text)",
+        "lease._shard_id(oid)",
+        "lease._shard_of(oid)",
+        "lease._shard_problems(regclass,regclass[])",
+        "lease._trigger_args(bytea)",
+        "lease._trigger_ddl(regclass,text)",
         "lease.bind_token(bigint)",
         "lease.bound_token()",
         "lease.fenced_boundary_write(regclass,bigint,jsonb)",

@@ -368,6 +368,19 @@ fn citus_bound_token_tables_and_copy_are_fenced_on_every_shard() {
         let r = c.batch_execute(&insert);
         assert_eq!(sqlstate(&r), "LF003", "unbound INSERT on shard {s:?}: {r:?}");
         with_bound_token(&mut c, 5, &insert).unwrap();
+        // lease.bind_token binds on every node the transaction writes through.
+        for (token, want) in [(4, "LF001"), (5, "")] {
+            let mut tx = c.transaction().unwrap();
+            let r =
+                tx.batch_execute(&format!("SELECT lease.bind_token({token})")).and_then(|()| tx.batch_execute(&insert));
+            let r = r.and_then(|()| tx.commit());
+            assert_eq!(sqlstate(&r), want, "INSERT after lease.bind_token({token}) on shard {s:?}: {r:?}");
+        }
+        // A bare SET LOCAL stays on the coordinator: the shard sees no token.
+        let mut tx = c.transaction().unwrap();
+        let r = tx.batch_execute("SET LOCAL pg_lease.token = '5'").and_then(|()| tx.batch_execute(&insert));
+        assert_eq!(sqlstate(&r), "LF003", "INSERT after a SET LOCAL Citus did not propagate, shard {s:?}: {r:?}");
+        drop(tx);
 
         // COPY: Citus reports a worker's error on its COPY path as XX000,
         // keeping pg_lease's message.
@@ -379,7 +392,7 @@ fn citus_bound_token_tables_and_copy_are_fenced_on_every_shard() {
         assert!(msg.contains("StaleOwnerBoundaryWrite"), "stale COPY: {}", describe(&e));
         copy_in(&mut c, &p, &format!("{id}\t5\n{id}\t5\n")).unwrap();
     }
-    assert_eq!(one_i64(&mut c, &format!("SELECT count(*) FROM {nt}")), shards.len() as i64);
+    assert_eq!(one_i64(&mut c, &format!("SELECT count(*) FROM {nt}")), 2 * shards.len() as i64);
     assert_eq!(one_i64(&mut c, &format!("SELECT count(*) FROM {p}")), 2 * shards.len() as i64);
 }
 
@@ -840,4 +853,118 @@ fn citus_fence_tampering_refused_and_unprotect_reaches_every_shard() {
     // ...and protect puts it back on every shard.
     protect(&mut c, &format!("'{p}', '{{table_id}}', 'fencing_token', '{t}', '{{id}}', 'owner_fencing_token'"));
     stale_refused_on_every_shard(&mut c, &poker, 5);
+}
+
+/// README.md's ```sql on=citus blocks, in order: (line, expected SQLSTATE, text).
+fn readme_citus_blocks() -> Vec<(usize, Option<String>, String)> {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+    let readme = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut blocks = Vec::new();
+    let mut open: Option<(usize, Option<String>, String)> = None;
+    for (i, line) in readme.lines().enumerate() {
+        let fence = line.trim_start().strip_prefix("```");
+        match (&mut open, fence) {
+            (None, Some(info)) => {
+                let words: Vec<&str> = info.split_whitespace().collect();
+                if words.first() == Some(&"sql") && words.contains(&"on=citus") {
+                    let expect = words.iter().find_map(|w| w.strip_prefix("expect=")).map(str::to_owned);
+                    for w in &words[1..] {
+                        assert!(
+                            *w == "on=citus" || w.starts_with("expect="),
+                            "README.md:{}: unknown option {w}",
+                            i + 1
+                        );
+                    }
+                    open = Some((i + 1, expect, String::new()));
+                }
+            }
+            (Some(_), Some(_)) => blocks.push(open.take().unwrap()),
+            (Some((_, _, text)), None) => {
+                text.push_str(line);
+                text.push('\n');
+            }
+            (None, None) => {}
+        }
+    }
+    assert!(open.is_none(), "README.md: unterminated sql on=citus block");
+    blocks
+}
+
+#[test]
+fn citus_readme_blocks_run_on_the_coordinator() {
+    let (citus, _topology) = shared();
+    let blocks = readme_citus_blocks();
+    assert!(blocks.len() >= 3, "README.md has {} sql on=citus blocks", blocks.len());
+    assert!(
+        blocks.iter().any(|b| b.1.as_deref() == Some("LF001")),
+        "README.md's Citus stale write is marked expect=LF001"
+    );
+    let mut script = String::from("\\set ON_ERROR_STOP on\n");
+    for (line, expect, sql) in &blocks {
+        match expect {
+            None => script.push_str(&format!("{sql}\\echo @@ok {line}\n")),
+            Some(_) => script.push_str(&format!(
+                "\\set ON_ERROR_STOP off\n{sql}\\echo @@expect {line} :SQLSTATE\n\\set ON_ERROR_STOP on\n"
+            )),
+        }
+    }
+    let mut psql = std::process::Command::new(pg_bin("psql"))
+        .args(["-X", "-q", "-h", "127.0.0.1", "-p", &citus.coordinator.port.to_string(), "-U", "postgres", "postgres"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("psql");
+    {
+        use std::io::Write;
+        psql.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    }
+    let out = psql.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let mut done = 0;
+    for l in stdout.lines() {
+        if let Some(rest) = l.strip_prefix("@@expect ") {
+            let (at, code) = rest.split_once(' ').unwrap();
+            let block = blocks.iter().find(|b| b.0.to_string() == at).unwrap();
+            assert_eq!(Some(code), block.1.as_deref(), "README.md:{at}: SQLSTATE\n{stderr}");
+            done += 1;
+        } else if l.starts_with("@@ok ") {
+            done += 1;
+        }
+    }
+    if let Some((line, _, sql)) = blocks.get(done) {
+        panic!("README.md:{line}: this sql on=citus block failed:\n{sql}\npsql said:\n{stderr}");
+    }
+    assert!(out.status.success(), "psql: {stderr}");
+    let errors = stderr.lines().filter(|l| l.starts_with("ERROR:")).count();
+    assert_eq!(errors, blocks.iter().filter(|b| b.1.is_some()).count(), "unexpected errors:\n{stderr}");
+
+    // The refused write reaches the coordinator's gathered audit, from the
+    // worker holding table 7; every node's fence is in place.
+    let mut c = citus.connect();
+    let worker = format!(
+        "127.0.0.1:{}",
+        one_i64(&mut c, "SELECT nodeport::bigint FROM pg_dist_shard_placement WHERE shardid = get_shard_id_for_distribution_column('tables', 7)")
+    );
+    let start = Instant::now();
+    loop {
+        let rows = c
+            .query(
+                "SELECT node FROM lease.cluster_rejected_writes()
+                  WHERE target_table = 'public.payouts' AND resource_key = '(table_id)=(7)' AND sqlstate = 'LF001'",
+                &[],
+            )
+            .unwrap();
+        let nodes: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        if !nodes.is_empty() {
+            assert_eq!(nodes.join(", "), worker);
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the README's refused write never reached lease.cluster_rejected_writes()"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.cluster_fence_problems()"), 0);
 }

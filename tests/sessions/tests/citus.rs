@@ -968,3 +968,40 @@ fn citus_readme_blocks_run_on_the_coordinator() {
     }
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.cluster_fence_problems()"), 0);
 }
+
+#[test]
+fn citus_cluster_fence_problems_names_a_worker_stripped_of_the_fence() {
+    let (citus, _topology) = shared();
+    let mut c = citus.connect();
+    let Poker { t, p } = poker(&mut c, "stripped");
+    let problems = format!("SELECT node FROM lease.cluster_fence_problems() WHERE target = 'public.{p}'");
+    assert!(c.query(&problems, &[]).unwrap().is_empty());
+    // What no worker can tell from Citus's own changes: a table owner on a
+    // worker, DDL propagation off, drops the fence from the shell and every
+    // shard there in one transaction.
+    let port = shards(&mut c, &t)[0].port;
+    let on_worker: Vec<i64> = c
+        .query(
+            &format!(
+                "SELECT shardid FROM pg_dist_shard JOIN pg_dist_shard_placement USING (shardid)
+                  WHERE logicalrelid = '{p}'::regclass AND nodeport = {port}"
+            ),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(!on_worker.is_empty());
+    let mut worker = citus.node(port);
+    let mut tx = worker.transaction().unwrap();
+    tx.batch_execute(&format!("SET LOCAL citus.enable_ddl_propagation = off; DROP TRIGGER pg_lease_fence ON {p};"))
+        .unwrap();
+    for id in &on_worker {
+        tx.batch_execute(&format!("DROP TRIGGER pg_lease_fence_{id} ON {p}_{id}")).unwrap();
+    }
+    tx.commit().unwrap();
+    // The coordinator's check finds it, on that node only.
+    let nodes: Vec<String> = c.query(&problems, &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(nodes, [format!("127.0.0.1:{port}")]);
+}

@@ -176,6 +176,11 @@ class Workload:
         return self.median(v) / (self.median(self.baseline) / self.divisor)
 
 
+# Targets: `at(ge, 0.95)` checks pg_lease's ratio to the baseline.
+at = lambda op, bound: (lambda w: op(w.ratio("pg_lease"), bound))
+ge, le, lt = (lambda a, b: a >= b), (lambda a, b: a <= b), (lambda a, b: a < b)
+
+
 def single_row(table, clients=CLIENTS, db="bench", port=PORT):
     return lambda: pgbench(f"""\\set t random(1, 1000)
 INSERT INTO {table} (table_id, hand, player, amount, fencing_token) VALUES (:t, 1, 'ann', 10, 5);
@@ -443,7 +448,7 @@ CITUS_SETTINGS = SETTINGS + [
 ]
 
 
-def citus_row(ge_target):
+def citus_row():
     """Single-row INSERTs through a Citus coordinator into payouts distributed by
     table_id over two workers: fenced (co-located owner table) against unfenced,
     on the same cluster, interleaved. Starts and stops its own three servers.
@@ -479,7 +484,7 @@ def citus_row(ge_target):
         return Workload("Citus: single-row INSERT through the coordinator, 2 workers", "tps",
                         {v: single_row(t, db="postgres", port=coordinator)
                          for v, t in (("none", "cp_none"), ("pg_lease", "cp_lease"))}, "none",
-                        ("pg_lease", "≥ 0.95× none", ge_target(0.95))).measure()
+                        ("pg_lease", "≥ 0.95× none", at(ge, 0.95))).measure()
     finally:
         for name in CITUS_NODES:
             cluster("stop", name)
@@ -630,15 +635,11 @@ def chart(workloads):
     (ROOT / "bench/ratios.svg").write_text("\n".join(out))
 
 
-at = lambda op, bound: (lambda w: op(w.ratio("pg_lease"), bound))
-ge, le, lt = (lambda a, b: a >= b), (lambda a, b: a <= b), (lambda a, b: a < b)
-
-
 def citus_only():
     """`bench/run.py citus`: the Citus row alone, printed (BENCHMARKS.md is not rewritten)."""
     print("Building and installing pg_lease (release)...", flush=True)
     run(["cargo", "pgrx", "install", "--release", "--pg-config", PG_CONFIG], cwd=ROOT)
-    w = citus_row(lambda bound: at(ge, bound))
+    w = citus_row()
     if w is None:
         return
     print(f"{w.name}: " + ", ".join(f"{v} median {w.median(v):,.0f} tx/s (min {min(w.samples[v]):,.0f}, "
@@ -737,7 +738,7 @@ def main():
                 ("pg_lease", "guard adds < 5 ms", lambda w: w.median("pg_lease") - w.median("no pg_lease") < 5),
                 runs=DDL_RUNS).measure())
         # Last, on a cluster of its own (the bench cluster's rows are done).
-        workloads.append(citus_row(lambda bound: at(ge, bound)))
+        workloads.append(citus_row())
         workloads = [w for w in workloads if w is not None]
         report(workloads, time.time() - started, line)
     finally:

@@ -10,8 +10,10 @@
 //! one test never moves another's shards. The test that adds the third worker
 //! and rebalances runs alone (a write lock on the topology).
 //!
-//! Everything goes through the coordinator, as an application would; the
-//! workers are only read to find shards, lock waits and audit rows.
+//! Writes and DDL go through the coordinator, as an application's would;
+//! the workers are read to find shards, lock waits and audit rows, and written
+//! directly only where a test attacks a shard there. README.md's `sql on=citus`
+//! blocks run here too, in order, on the coordinator.
 
 use pg_lease_sessions::postgres::Client;
 use pg_lease_sessions::*;

@@ -1007,3 +1007,32 @@ fn citus_cluster_fence_problems_names_a_worker_stripped_of_the_fence() {
     let nodes: Vec<String> = c.query(&problems, &[]).unwrap().iter().map(|r| r.get(0)).collect();
     assert_eq!(nodes, [format!("127.0.0.1:{port}")]);
 }
+
+#[test]
+fn citus_a_refusal_on_one_worker_aborts_the_whole_distributed_transaction() {
+    let (citus, _topology) = shared();
+    let mut c = citus.connect();
+    let Poker { t, p } = poker(&mut c, "twophase");
+    let shards = shards(&mut c, &t);
+    let a = &shards[0];
+    let b = shards.iter().find(|s| s.port != a.port).expect("shards on two workers");
+    // Current writes on both workers commit together (two-phase commit)...
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute(&pay(&p, a.id, 5)).unwrap();
+    tx.batch_execute(&pay(&p, b.id, 5)).unwrap();
+    tx.commit().unwrap();
+    // ...a stale one on the second worker takes the first worker's write with it,
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute(&pay(&p, a.id, 5)).unwrap();
+    let r = tx.batch_execute(&pay(&p, b.id, 4));
+    assert_eq!(sqlstate(&r), "LF001", "{r:?}");
+    drop(tx);
+    // and so does a bump on the second worker after a write the first accepted.
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute(&pay(&p, a.id, 5)).unwrap();
+    let r = tx.batch_execute(&format!("UPDATE {t} SET owner_fencing_token = 4 WHERE id = {}", b.id));
+    assert_eq!(sqlstate(&r), "LF004", "{r:?}");
+    drop(tx);
+    let rows = format!("SELECT count(*) FROM {p} WHERE table_id IN ({}, {})", a.id, b.id);
+    assert_eq!(one_i64(&mut c, &rows), 2);
+}

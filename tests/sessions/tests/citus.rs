@@ -968,7 +968,10 @@ fn citus_readme_blocks_run_on_the_coordinator() {
         );
         thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.cluster_fence_problems()"), 0);
+    // (Other tests break other tables' fences on purpose.)
+    let problems =
+        "SELECT count(*) FROM lease.cluster_fence_problems() WHERE target IN ('public.payouts', 'public.tables')";
+    assert_eq!(one_i64(&mut c, problems), 0);
 }
 
 #[test]

@@ -9,8 +9,12 @@ of pg_lease's ratio to the baseline per workload in bench/ratios.svg.
 
 Environment: BENCH_RUNS (rounds, default 5), BENCH_SECONDS (per throughput run,
 default 5), BENCH_PORT (PostgreSQL's port, default 54450; Redis takes the next
-one), PG_CONFIG (the PostgreSQL to build against and run: its bindir's
+one, the Citus row's coordinator and two workers the three after it), PG_CONFIG
+(the PostgreSQL to build against and run: its bindir's
 initdb/postgres/psql/pgbench; default the pg_config on PATH).
+
+`bench/run.py citus` runs only the Citus row (on its own cluster, built by
+scripts/citus.sh) and prints it, leaving BENCHMARKS.md as it is.
 """
 
 import os
@@ -27,6 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PORT = int(os.environ.get("BENCH_PORT", "54450"))
 REDIS_PORT = PORT + 1
+# The Citus row's coordinator, then its two workers.
+CITUS_PORTS = [PORT + 2, PORT + 3, PORT + 4]
 RUNS = int(os.environ.get("BENCH_RUNS", "5"))
 SECONDS = int(os.environ.get("BENCH_SECONDS", "5"))
 # The DDL guard's rows are per-statement latencies of thousands of statements per
@@ -61,18 +67,18 @@ def pg_env(**extra):
     return {**os.environ, "PG_CONFIG": PG_CONFIG, **extra}
 
 
-def psql(sql, db="bench"):
-    return run([f"{BIN}/psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres",
+def psql(sql, db="bench", port=PORT):
+    return run([f"{BIN}/psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
                 "-d", db, "-At", "-c", sql]).stdout.strip()
 
 
-def psql_file(script, db="bench"):
+def psql_file(script, db="bench", port=PORT):
     """Runs a multi-statement script, each statement its own transaction."""
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(script)
         path = f.name
     try:
-        return run([f"{BIN}/psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres",
+        return run([f"{BIN}/psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
                     "-d", db, "-At", "-f", path]).stdout.strip()
     finally:
         os.unlink(path)
@@ -83,19 +89,19 @@ def cluster(*args):
 
 
 def pgbench(script, clients=CLIENTS, seconds=None, transactions=None, mode="prepared", rate=None, db="bench",
-            options=None):
+            options=None, port=PORT):
     """Runs one pgbench script; returns (tps, average latency in ms)."""
-    return pgbench_counted(script, clients, seconds, transactions, mode, rate, db, options)[:2]
+    return pgbench_counted(script, clients, seconds, transactions, mode, rate, db, options, port)[:2]
 
 
 def pgbench_counted(script, clients=CLIENTS, seconds=None, transactions=None, mode="prepared", rate=None, db="bench",
-                    options=None):
-    """Runs one pgbench script, its sessions with PGOPTIONS=`options` if given;
-    returns (tps, average latency in ms, transactions processed)."""
+                    options=None, port=PORT):
+    """Runs one pgbench script (against the server on `port`), its sessions with
+    PGOPTIONS=`options` if given; returns (tps, average latency in ms, transactions processed)."""
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(script)
         path = f.name
-    cmd = [f"{BIN}/pgbench", "-n", "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "-M", mode,
+    cmd = [f"{BIN}/pgbench", "-n", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-M", mode,
            "-c", str(clients), "-j", str(clients), "-f", path, db]
     cmd += ["-T", str(seconds)] if seconds else ["-t", str(transactions)]
     if rate:
@@ -170,10 +176,15 @@ class Workload:
         return self.median(v) / (self.median(self.baseline) / self.divisor)
 
 
-def single_row(table, clients=CLIENTS):
+# Targets: `at(ge, 0.95)` checks pg_lease's ratio to the baseline.
+at = lambda op, bound: (lambda w: op(w.ratio("pg_lease"), bound))
+ge, le, lt = (lambda a, b: a >= b), (lambda a, b: a <= b), (lambda a, b: a < b)
+
+
+def single_row(table, clients=CLIENTS, db="bench", port=PORT):
     return lambda: pgbench(f"""\\set t random(1, 1000)
 INSERT INTO {table} (table_id, hand, player, amount, fencing_token) VALUES (:t, 1, 'ann', 10, 5);
-""", clients=clients, seconds=SECONDS)
+""", clients=clients, seconds=SECONDS, db=db, port=port)
 
 
 def bulk(table, resources):
@@ -426,6 +437,64 @@ def setup():
     return server
 
 
+CITUS_NODES = ["bench_citus_coord", "bench_citus_w1", "bench_citus_w2"]
+# Citus's own needs on top of the bench's settings; three servers share the
+# machine, so a smaller buffer pool each.
+CITUS_SETTINGS = SETTINGS + [
+    "shared_preload_libraries = 'citus,pg_lease'",
+    "shared_buffers = '256MB'",
+    "max_prepared_transactions = 100",
+    "citus.node_conninfo = 'sslmode=disable'",
+]
+
+
+def citus_row():
+    """Single-row INSERTs through a Citus coordinator into payouts distributed by
+    table_id over two workers: fenced (co-located owner table) against unfenced,
+    on the same cluster, interleaved. Starts and stops its own three servers.
+    None (the row is left out, with the reason printed) where Citus 13.2.2 does not
+    support the PostgreSQL."""
+    supports = subprocess.run([str(ROOT / "scripts/citus.sh"), "supports"], env=pg_env(), text=True,
+                              capture_output=True)
+    if supports.returncode == 3:
+        print(f"-- Citus row left out: {supports.stdout.strip()}", flush=True)
+        return None
+    run([str(ROOT / "scripts/citus.sh"), "install"], env=pg_env())
+    coordinator, *workers = CITUS_PORTS
+    try:
+        for name, port in zip(CITUS_NODES, CITUS_PORTS):
+            cluster("start", name, str(port), *CITUS_SETTINGS)
+            psql("CREATE EXTENSION citus", db="postgres", port=port)
+        psql(f"SELECT citus_set_coordinator_host('127.0.0.1', {coordinator})", db="postgres", port=coordinator)
+        for port in workers:
+            psql(f"SELECT citus_add_node('127.0.0.1', {port})", db="postgres", port=coordinator)
+        psql_file(f"""
+            CREATE EXTENSION pg_lease;
+            CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint NOT NULL);
+            SELECT create_distributed_table('tables', 'id');
+            INSERT INTO tables SELECT g, 5 FROM generate_series(1, 1000) g;
+            CREATE TABLE cp_none ({CITUS_PAYOUT_COLUMNS});
+            CREATE TABLE cp_lease ({CITUS_PAYOUT_COLUMNS});
+            SELECT create_distributed_table('cp_none', 'table_id', colocate_with => 'tables');
+            SELECT create_distributed_table('cp_lease', 'table_id', colocate_with => 'tables');
+            SELECT lease.protect('cp_lease', '{{table_id}}', 'fencing_token');
+            CHECKPOINT;""", db="postgres", port=coordinator)
+        for port in workers:
+            psql("CHECKPOINT", db="postgres", port=port)
+        return Workload("Citus: single-row INSERT through the coordinator, 2 workers", "tps",
+                        {v: single_row(t, db="postgres", port=coordinator)
+                         for v, t in (("none", "cp_none"), ("pg_lease", "cp_lease"))}, "none",
+                        ("pg_lease", "≥ 0.95× none", at(ge, 0.95))).measure()
+    finally:
+        for name in CITUS_NODES:
+            cluster("stop", name)
+
+
+# A distributed table's unique constraints must include its distribution column:
+# the payout rows have no key of their own here.
+CITUS_PAYOUT_COLUMNS = "table_id int NOT NULL, hand int, player text, amount bigint, fencing_token bigint"
+
+
 def machine():
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     mem = next((l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal")), "0")
@@ -524,7 +593,10 @@ Target: fenced ≥ 0.90× no trigger.
 
 **Other rows.** Refusals: `bench_refuse(t)` inserts a stale payout and catches `LF001` (2 clients).
 "Accepted during flood": 2 clients of accepted single-row payouts, alone vs while 2 other clients
-refuse 2,000 stale writes per second. DDL guard: one client, one statement per transaction, on a
+refuse 2,000 stale writes per second. Citus: a coordinator and two workers of their own (Citus 13.2.2,
+the same settings but `shared_buffers = '256MB'` each), `tables` (1,000 rows) distributed by `id`,
+the payout tables distributed by `table_id` co-located with it (32 shards), single-row INSERTs
+through the coordinator, fenced against unfenced, interleaved; target ≥ 0.95. DDL guard: one client, one statement per transaction, on a
 random one of 100 protected tables, in databases whose catalogs were never analyzed.
 
 For throughput (tx/s) higher is better; for latency (ms), WAL (bytes) and MultiXact counts lower is
@@ -563,13 +635,27 @@ def chart(workloads):
     (ROOT / "bench/ratios.svg").write_text("\n".join(out))
 
 
+def citus_only():
+    """`bench/run.py citus`: the Citus row alone, printed (BENCHMARKS.md is not rewritten)."""
+    print("Building and installing pg_lease (release)...", flush=True)
+    run(["cargo", "pgrx", "install", "--release", "--pg-config", PG_CONFIG], cwd=ROOT)
+    w = citus_row()
+    if w is None:
+        return
+    print(f"{w.name}: " + ", ".join(f"{v} median {w.median(v):,.0f} tx/s (min {min(w.samples[v]):,.0f}, "
+                                    f"max {max(w.samples[v]):,.0f})" for v in w.variants)
+          + f"; pg_lease / none = {w.ratio('pg_lease'):.3f} (target ≥ 0.95: {'met' if w.target[2](w) else 'missed'})")
+
+
 def main():
+    if sys.argv[1:] == ["citus"]:
+        return citus_only()
+    if sys.argv[1:]:
+        sys.exit(f"usage: {sys.argv[0]} [citus]")
     started = time.time()
     redis_server = setup()
     try:
         line = machine()
-        at = lambda op, bound: (lambda w: op(w.ratio("pg_lease"), bound))
-        ge, le, lt = (lambda a, b: a >= b), (lambda a, b: a <= b), (lambda a, b: a < b)
         workloads = [
             Workload("single-row INSERT, synchronous_commit=on", "tps",
                      {v: single_row(t) for v, t in TABLES.items()}, "none",
@@ -651,6 +737,8 @@ def main():
                 {"no pg_lease": ddl("ddl_plain", statement), "pg_lease": ddl("ddl_guard", statement)}, "no pg_lease",
                 ("pg_lease", "guard adds < 5 ms", lambda w: w.median("pg_lease") - w.median("no pg_lease") < 5),
                 runs=DDL_RUNS).measure())
+        # Last, on a cluster of its own (the bench cluster's rows are done).
+        workloads.append(citus_row())
         workloads = [w for w in workloads if w is not None]
         report(workloads, time.time() - started, line)
     finally:

@@ -3,7 +3,8 @@
 # connections against a scratch cluster with pg_lease preloaded.
 # PG=18 (`make test PG=18`) runs all of it against PostgreSQL 18 instead of 15,
 # and adds the pg_upgrade 15 -> 18 test (tests/sessions/tests/pg_upgrade.rs); the
-# blue/green runbook (tests/sessions/tests/bluegreen.rs) then runs 15 -> 18 instead of 15 -> 15.
+# blue/green runbook (tests/sessions/tests/bluegreen.rs) then runs 15 -> 18 instead of 15 -> 15,
+# and skips the Citus tests (tests/sessions/tests/citus.rs): Citus 13.2.2 supports 15-17 only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] \
@@ -78,6 +79,23 @@ fi
 echo "== pg_regress"
 scripts/regress.sh
 
+# The Citus tests (tests/sessions/tests/citus.rs, named citus_*) start a
+# coordinator and workers of their own; Citus is built from its vendored source.
+citus_skip=()
+citus_supported=0
+citus_unsupported=$(scripts/citus.sh supports) || citus_supported=$?
+case "$citus_supported" in
+0)
+    echo "== Citus (built from $(scripts/citus.sh src), for tests/sessions/tests/citus.rs)"
+    scripts/citus.sh install
+    ;;
+3)
+    echo "== Citus tests skipped: $citus_unsupported"
+    citus_skip=(--skip citus_)
+    ;;
+*) exit "$citus_supported" ;;
+esac
+
 echo "== multi-session tests (real connections, port $PORT)"
 # The default audit: each database's refusals in its own lease.rejected_writes
 # (tests/sessions/tests/audit.rs also runs central-table clusters of its own).
@@ -95,7 +113,7 @@ if [ "$n" != 1 ]; then
     tail -20 "$SCRATCH/sessions/server.log" >&2 || true
     exit 1
 fi
-PG_LEASE_TEST_PORT=$PORT cargo test --manifest-path tests/sessions/Cargo.toml -- --test-threads=4
+PG_LEASE_TEST_PORT=$PORT cargo test --manifest-path tests/sessions/Cargo.toml -- --test-threads=4 "${citus_skip[@]}"
 
 echo "== TypeScript game-server client (node's test runner)"
 (cd examples/game-server && npm ci --no-audit --no-fund --loglevel=error && PG_LEASE_TEST_PORT=$PORT npm test)

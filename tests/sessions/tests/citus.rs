@@ -825,16 +825,23 @@ fn citus_fence_tampering_refused_and_unprotect_reaches_every_shard() {
         }
     }
     ok(&mut c, "RESET citus.enable_unsafe_triggers");
-    // On a worker, the copies of the triggers on each shard.
+    // On a worker, the copies of the triggers on each shard: disabled or
+    // changed, refused at commit.
     for s in &shards {
         let ps: i64 = one_i64(&mut c, &format!("SELECT get_shard_id_for_distribution_column('{p}', {})", s.id));
         let (p_shard, t_shard) = (format!("{p}_{ps}"), format!("{t}_{}", s.shardid));
         let mut worker = citus.node(s.port);
         for ddl in [
             format!("ALTER TABLE {p_shard} DISABLE TRIGGER pg_lease_fence_{ps}"),
-            format!("DROP TRIGGER pg_lease_fence_{ps} ON {p_shard}"),
+            format!("ALTER TABLE {p_shard} ENABLE REPLICA TRIGGER pg_lease_fence_{ps}"),
+            format!(
+                "CREATE OR REPLACE TRIGGER pg_lease_fence_{ps} BEFORE INSERT ON {p_shard} FOR EACH ROW EXECUTE FUNCTION lease.fence_trigger()"
+            ),
+            format!(
+                "CREATE OR REPLACE TRIGGER pg_lease_fence_{ps} BEFORE INSERT OR UPDATE OR DELETE ON {p_shard} FOR EACH ROW WHEN (false) EXECUTE FUNCTION lease.fence_trigger()"
+            ),
             format!("ALTER TABLE {t_shard} DISABLE TRIGGER pg_lease_owner_guard_{}", s.shardid),
-            format!("DROP TRIGGER pg_lease_owner_guard_{} ON {t_shard}", s.shardid),
+            format!("ALTER TABLE {t_shard} DISABLE TRIGGER ALL"),
         ] {
             refused(&mut worker, &ddl, &["LF008"]);
         }
@@ -846,6 +853,35 @@ fn citus_fence_tampering_refused_and_unprotect_reaches_every_shard() {
         );
     }
     stale_refused_on_every_shard(&mut c, &poker, 5);
+    assert_eq!(fence_problems_of(&mut c, p), Vec::<String>::new());
+
+    // A copy dropped from a shard on a worker is not refused there (Citus
+    // itself drops a table's trigger from its shell and shards over several
+    // connections, each its own transaction on the worker): the coordinator's
+    // lease.cluster_fence_problems() names it; recreated, all is whole again.
+    let s = &shards[0];
+    let ps: i64 = one_i64(&mut c, &format!("SELECT get_shard_id_for_distribution_column('{p}', {})", s.id));
+    let mut worker = citus.node(s.port);
+    let definition: String = worker
+        .query_one(
+            &format!("SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname = 'pg_lease_fence_{ps}' AND tgrelid = '{p}_{ps}'::regclass"),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    ok(&mut worker, &format!("DROP TRIGGER pg_lease_fence_{ps} ON {p}_{ps}"));
+    let problems = fence_problems_of(&mut c, p);
+    assert!(
+        problems.len() == 1
+            && problems[0].contains(&format!("127.0.0.1:{}", s.port))
+            && problems[0].contains(&format!("{p}_{ps}")),
+        "lease.cluster_fence_problems() after a shard's fence was dropped on its worker: {problems:?}"
+    );
+    ok(
+        &mut worker,
+        &format!("BEGIN; {definition}; ALTER TABLE {p}_{ps} ENABLE ALWAYS TRIGGER pg_lease_fence_{ps}; COMMIT"),
+    );
+    assert_eq!(fence_problems_of(&mut c, p), Vec::<String>::new());
 
     // lease.unprotect on the coordinator removes the fence from every shard...
     ok(&mut c, &format!("SELECT lease.unprotect('{p}')"));
@@ -1038,4 +1074,18 @@ fn citus_a_refusal_on_one_worker_aborts_the_whole_distributed_transaction() {
     drop(tx);
     let rows = format!("SELECT count(*) FROM {p} WHERE table_id IN ({}, {})", a.id, b.id);
     assert_eq!(one_i64(&mut c, &rows), 2);
+}
+
+/// lease.cluster_fence_problems() rows about `table`, as "node target problem".
+fn fence_problems_of(c: &mut Client, table: &str) -> Vec<String> {
+    c.query(
+        "SELECT node || ' ' || target || ' ' || problem FROM lease.cluster_fence_problems()
+          WHERE target = (SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
+                            JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1::text::regclass)",
+        &[&table],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
 }

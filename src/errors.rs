@@ -395,6 +395,24 @@ mod tests {
     }
 
     #[pg_test]
+    fn a_refusal_reported_as_xx000_gets_its_code_back() {
+        let (error, internal) = (pgrx::PgLogLevel::ERROR as i32, PgSqlErrorCode::ERRCODE_INTERNAL_ERROR as i32);
+        let lost = |message: &str| super::lost_code(error, internal, message.as_bytes());
+        assert_eq!(
+            lost("StaleOwnerBoundaryWrite: INSERT on public.payouts ..."),
+            Some(LeaseError::StaleOwnerBoundaryWrite)
+        );
+        assert_eq!(lost("FenceTampering: the fence on t is inconsistent"), Some(LeaseError::FenceTampering));
+        // Only pg_lease's error names, followed by ": ", only XX000 ERRORs.
+        for message in ["StaleOwnerBoundaryWriteX: a", "StaleOwnerBoundaryWrite:x", "pg_lease: a", "no colon", ""] {
+            assert_eq!(lost(message), None, "{message:?}");
+        }
+        let unique = PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION as i32;
+        assert_eq!(super::lost_code(error, unique, b"StaleOwnerBoundaryWrite: a"), None);
+        assert_eq!(super::lost_code(pgrx::PgLogLevel::WARNING as i32, internal, b"StaleOwnerBoundaryWrite: a"), None);
+    }
+
+    #[pg_test]
     fn refusals_abort_the_statement_and_write_nothing() {
         Spi::run(
             "CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint);
@@ -411,5 +429,58 @@ mod tests {
         );
         assert_eq!(caught.unwrap().as_deref(), Some("LF001"));
         assert_eq!(Spi::get_one::<i64>("SELECT count(*) FROM payouts").unwrap(), Some(1));
+    }
+}
+
+static PREV_EMIT_LOG: std::sync::OnceLock<pg_sys::emit_log_hook_type> = std::sync::OnceLock::new();
+
+/// Installs [`emit_log`]; called once per process from `_PG_init`.
+pub fn init() {
+    // SAFETY: _PG_init runs once per process, single-threaded; the hook is a
+    // static function with the signature Postgres calls.
+    unsafe {
+        PREV_EMIT_LOG.get_or_init(|| pg_sys::emit_log_hook);
+        pg_sys::emit_log_hook = Some(emit_log);
+    }
+}
+
+/// The LF error an error report is, when it lost its SQLSTATE on the way:
+/// an `XX000` ERROR whose message is `<error name>: ...`, as pg_lease words
+/// every refusal. Citus reports a worker's error through its COPY path (and
+/// an `INSERT ... SELECT` the coordinator evaluates) that way, with the
+/// message and DETAIL but without the SQLSTATE or HINT.
+fn lost_code(elevel: i32, sqlerrcode: i32, message: &[u8]) -> Option<LeaseError> {
+    if elevel != pgrx::PgLogLevel::ERROR as i32 || sqlerrcode != pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR as i32 {
+        return None;
+    }
+    let name = &message[..message.iter().position(|&b| b == b':')?];
+    LeaseError::from_name(std::str::from_utf8(name).ok()?).filter(|e| message[e.name().len()..].starts_with(b": "))
+}
+
+/// `emit_log_hook`: puts back the LF SQLSTATE (and the error's hint, when
+/// the report has none) of a refusal that reaches this process as `XX000`
+/// ([`lost_code`]), before the report goes to the client and the log. A
+/// PL/pgSQL `EXCEPTION` block that catches the error still sees `XX000`
+/// (the hook runs only when the error is reported).
+unsafe extern "C-unwind" fn emit_log(edata: *mut pg_sys::ErrorData) {
+    // SAFETY: Postgres passes the error being reported (or NULL); its
+    // message is a NUL-terminated string in ErrorContext, where the hint is
+    // copied too (the report and the hint are freed with it).
+    unsafe {
+        if let Some(e) = edata.as_mut() {
+            if !e.message.is_null() {
+                let message = std::ffi::CStr::from_ptr(e.message).to_bytes();
+                if let Some(error) = lost_code(e.elevel, e.sqlerrcode, message) {
+                    e.sqlerrcode = error.sqlerrcode();
+                    if e.hint.is_null() {
+                        let hint = std::ffi::CString::new(error.hint()).expect("hints have no NUL");
+                        e.hint = pg_sys::MemoryContextStrdup(pg_sys::ErrorContext, hint.as_ptr());
+                    }
+                }
+            }
+        }
+        if let Some(Some(prev)) = PREV_EMIT_LOG.get() {
+            prev(edata);
+        }
     }
 }

@@ -61,6 +61,7 @@ pgrx::extension_sql_file!("../sql/local.sql", name = "local", requires = ["schem
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     gucs::init();
+    errors::init();
     fence::init();
     // Shared memory and the audit worker exist only when preloaded (and not
     // while pg_upgrade runs the server in binary-upgrade mode).

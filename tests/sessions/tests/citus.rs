@@ -329,6 +329,13 @@ fn citus_stale_writes_refused_on_every_shard_of_every_worker() {
                 "INSERT INTO {p} (table_id, fencing_token) SELECT id, owner_fencing_token FROM {t} WHERE id = {id}"
             ),
         );
+        // INSERT ... SELECT the coordinator evaluates itself (Citus reports
+        // the worker's error as XX000; pg_lease puts LF001 back).
+        refused(
+            &mut c,
+            &format!("INSERT INTO {p} (table_id, fencing_token) SELECT {id}, g FROM generate_series(4, 5) g"),
+            &["LF001"],
+        );
         // UPDATE stamping a stale token; one keeping the current token passes.
         refused(&mut c, &format!("UPDATE {p} SET fencing_token = 4 WHERE table_id = {id}"), &["LF001"]);
         ok(&mut c, &format!("UPDATE {p} SET amount = amount + 1 WHERE table_id = {id}"));
@@ -384,14 +391,16 @@ fn citus_bound_token_tables_and_copy_are_fenced_on_every_shard() {
         assert_eq!(sqlstate(&r), "LF003", "INSERT after a SET LOCAL Citus did not propagate, shard {s:?}: {r:?}");
         drop(tx);
 
-        // COPY: Citus reports a worker's error on its COPY path as XX000,
-        // keeping pg_lease's message.
+        // COPY: Citus reports a worker's error on its COPY path as XX000
+        // with pg_lease's message and DETAIL; pg_lease on the coordinator
+        // puts the LF code and the hint back before the client sees it.
         let stale = copy_in(&mut c, &p, &format!("{id}\t4\n"));
         let e = stale.expect_err("stale COPY row accepted");
         let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();
-        assert!(code == "LF001" || code == "XX000", "stale COPY: {}", describe(&e));
-        let msg = e.as_db_error().map(|d| d.message().to_owned()).unwrap_or_default();
-        assert!(msg.contains("StaleOwnerBoundaryWrite"), "stale COPY: {}", describe(&e));
+        assert_eq!(code, "LF001", "stale COPY: {}", describe(&e));
+        let db = e.as_db_error().expect("a server error");
+        assert!(db.message().starts_with("StaleOwnerBoundaryWrite: "), "stale COPY: {}", describe(&e));
+        assert!(db.hint().is_some_and(|h| h.contains("stale owner")), "stale COPY: {}", describe(&e));
         copy_in(&mut c, &p, &format!("{id}\t5\n{id}\t5\n")).unwrap();
     }
     assert_eq!(one_i64(&mut c, &format!("SELECT count(*) FROM {nt}")), 2 * shards.len() as i64);

@@ -20,7 +20,7 @@ use crate::pg::relation_names;
 use pgrx::prelude::*;
 use pgrx::spi::Spi;
 
-/// A shard of a Citus table placed on this node.
+/// A shard of a Citus table on this node.
 pub struct Shard {
     /// This node's shell of the distributed table.
     pub logical: pg_sys::Oid,
@@ -31,16 +31,19 @@ pub struct Shard {
 }
 
 /// Whether Citus's metadata exists in this database.
-fn present() -> bool {
+pub fn present() -> bool {
     // SAFETY: a syscache lookup of a name in pg_catalog with a NUL-terminated
     // literal; a missing relation gives InvalidOid.
     let relid = unsafe { pg_sys::get_relname_relid(c"pg_dist_shard".as_ptr(), pg_sys::PG_CATALOG_NAMESPACE.into()) };
     relid != pg_sys::InvalidOid
 }
 
-/// The shard `relid` is, when it is a Citus shard placed on this node: its
-/// name carries the shard id and is the name Citus gives that shard
+/// The shard `relid` is, when it is a Citus shard on this node: its name
+/// carries the shard id and is the name Citus gives that shard
 /// (`shard_name`), so a table merely named like one is not taken for it.
+/// Whether Citus's metadata places the shard here yet is not asked: while
+/// Citus moves or splits a shard, the new one is written (its copy, a
+/// logical move's catch-up) before the metadata says it is there.
 pub fn shard_of(relid: pg_sys::Oid) -> Option<Shard> {
     if !present() {
         return None;
@@ -54,10 +57,7 @@ pub fn shard_of(relid: pg_sys::Oid) -> Option<Shard> {
                    FROM pg_catalog.pg_dist_shard s
                   WHERE s.shardid OPERATOR(pg_catalog.=) $1
                     AND pg_catalog.to_regclass(pg_catalog.shard_name(s.logicalrelid, s.shardid, false))::pg_catalog.oid
-                        OPERATOR(pg_catalog.=) $2
-                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_dist_placement p, pg_catalog.pg_dist_local_group g
-                                 WHERE p.shardid OPERATOR(pg_catalog.=) s.shardid
-                                   AND p.groupid OPERATOR(pg_catalog.=) g.groupid)",
+                        OPERATOR(pg_catalog.=) $2",
                 Some(1),
                 &[id.into(), relid.into()],
             )
@@ -76,7 +76,8 @@ pub fn shard_of(relid: pg_sys::Oid) -> Option<Shard> {
 
 /// This node's shard of `owner` (a distributed table's shell) that holds the
 /// owner rows of `shard`'s rows: the co-located shard with the same hash
-/// range, or the reference table's one shard. None when it is not placed here.
+/// range, or the reference table's one shard. None when it is not on this
+/// node (Citus moves co-located shards together).
 pub fn colocated_shard(owner: pg_sys::Oid, shard: &Shard) -> Option<pg_sys::Oid> {
     Spi::get_one_with_args::<pg_sys::Oid>(
         "SELECT pg_catalog.to_regclass(pg_catalog.shard_name(o.logicalrelid, o.shardid, false))::pg_catalog.oid
@@ -86,9 +87,7 @@ pub fn colocated_shard(owner: pg_sys::Oid, shard: &Shard) -> Option<pg_sys::Oid>
             AND ((d.partmethod OPERATOR(pg_catalog.=) 'n' AND d.repmodel OPERATOR(pg_catalog.=) 't')
                  OR (d.partmethod OPERATOR(pg_catalog.=) 'h'
                      AND o.shardminvalue OPERATOR(pg_catalog.=) $2 AND o.shardmaxvalue OPERATOR(pg_catalog.=) $3))
-            AND EXISTS (SELECT 1 FROM pg_catalog.pg_dist_placement p, pg_catalog.pg_dist_local_group g
-                         WHERE p.shardid OPERATOR(pg_catalog.=) o.shardid
-                           AND p.groupid OPERATOR(pg_catalog.=) g.groupid)
+            AND pg_catalog.to_regclass(pg_catalog.shard_name(o.logicalrelid, o.shardid, false)) IS NOT NULL
           LIMIT 1",
         &[owner.into(), shard.range.0.clone().into(), shard.range.1.clone().into()],
     )
@@ -119,7 +118,7 @@ pub fn shell_trigger_args(relid: pg_sys::Oid, name: &str, function: &str) -> Opt
 }
 
 /// `lease._shard_of(rel)`: this node's shell of the distributed table whose
-/// shard `rel` is, NULL when `rel` is not a Citus shard placed on this node
+/// shard `rel` is, NULL when `rel` is not a Citus shard on this node
 /// (what the DDL guards check shards by, [`shard_of`]'s one rule).
 #[pg_extern(name = "_shard_of", stable, parallel_safe)]
 pub fn shard_of_sql(rel: pg_sys::Oid) -> Option<pg_sys::Oid> {
@@ -132,4 +131,18 @@ pub fn shard_of_sql(rel: pg_sys::Oid) -> Option<pg_sys::Oid> {
 #[pg_extern(name = "_shard_id", stable, parallel_safe)]
 pub fn shard_id_sql(rel: pg_sys::Oid) -> Option<i64> {
     shard_of(rel).map(|shard| shard.id)
+}
+
+/// The names Citus gives the roles it creates to own the subscription of a
+/// logical shard move or split (`multi_logical_replication.c`: created
+/// SUPERUSER, given the subscription, then made NOSUPERUSER and a member of
+/// the table's owner).
+const TRANSFER_ROLE_PREFIXES: [&str; 2] =
+    ["citus_shard_move_subscription_role_", "citus_shard_split_subscription_role_"];
+
+/// Whether `role_name` is a role Citus creates to own a shard transfer's
+/// subscription, in a database where Citus is installed. What such a
+/// subscription applies was judged by the fence on the shard it copies.
+pub fn shard_transfer_role(role_name: &str) -> bool {
+    TRANSFER_ROLE_PREFIXES.iter().any(|prefix| role_name.starts_with(prefix)) && present()
 }

@@ -266,13 +266,18 @@ fn subscription_owner() -> pg_sys::Oid {
 }
 
 /// Whether changes of subscriptions owned by `role` are trusted: a
-/// superuser (a role that could write the table anyway), or a role named in
-/// `pg_lease.trusted_subscription_owners`.
+/// superuser (a role that could write the table anyway), a role named in
+/// `pg_lease.trusted_subscription_owners`, or the role Citus creates to own
+/// a shard move's or split's subscription (what it replays between two
+/// shards of one table was judged on the shard it copies; on PostgreSQL 15
+/// only a superuser can hand a subscription to another role).
 fn trusted_owner(role: pg_sys::Oid) -> bool {
     // SAFETY: superuser_arg is a syscache lookup, fresh after an ALTER ROLE
     // ... NOSUPERUSER.
     let superuser = unsafe { pg_sys::superuser_arg(role) };
-    superuser || crate::gucs::trusted_subscription_owner(role)
+    superuser
+        || crate::gucs::trusted_subscription_owner(role)
+        || crate::fence::citus::shard_transfer_role(&role_name(role))
 }
 
 /// Whether this is a change a logical replication worker of a trusted

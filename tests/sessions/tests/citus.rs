@@ -626,6 +626,80 @@ fn citus_protect_refuses_layouts_the_shards_cannot_enforce() {
     refused(&mut c, "INSERT INTO lay_target2 VALUES (1, 2, 4)", &["LF001"]);
 }
 
+/// An online (logical) shard move while a writer keeps writing to the shard:
+/// Citus copies the shard, then replays what was written meanwhile on the
+/// new shard, whose fence fires there (ENABLE ALWAYS) before Citus's metadata
+/// places the shard on that node. Every accepted write arrives, every stale
+/// one is refused, and nothing else fails.
+#[test]
+fn citus_an_online_shard_move_under_fenced_writes_loses_nothing() {
+    let (citus, _topology) = exclusive();
+    let mut c = citus.connect();
+    let poker = poker(&mut c, "online");
+    let Poker { t, p } = &poker;
+    let all = shards(&mut c, t);
+    let target = all[0].clone();
+    let id = target.id;
+    // (A logical move publishes the shard: UPDATE and DELETE need a replica identity.)
+    ok(&mut c, &format!("ALTER TABLE {p} REPLICA IDENTITY FULL"));
+    // Enough rows that the copy takes a while; under the current token 5.
+    ok(
+        &mut c,
+        &format!("INSERT INTO {p} (table_id, amount, fencing_token) SELECT {id}, 0, 5 FROM generate_series(1, 200000)"),
+    );
+    let other =
+        citus.workers.iter().map(|w| w.port).find(|&w| w != target.port && all.iter().any(|s| s.port == w)).unwrap();
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, p, mut w) = (stop.clone(), p.clone(), citus.connect());
+        thread::spawn(move || {
+            let (mut accepted, mut refusals, mut i) = (0i64, 0i64, 1i64);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // A current write, its bound-token delete of the previous one,
+                // an update keeping the token, and a stale write.
+                w.batch_execute(&format!("INSERT INTO {p} (table_id, amount, fencing_token) VALUES ({id}, {i}, 5)"))
+                    .unwrap_or_else(|e| panic!("current INSERT during the move: {}", describe(&e)));
+                with_bound_token(&mut w, 5, &format!("DELETE FROM {p} WHERE table_id = {id} AND amount = {}", i - 1))
+                    .unwrap_or_else(|e| panic!("bound DELETE during the move: {}", describe(&e)));
+                w.batch_execute(&format!("UPDATE {p} SET hand = hand + 1 WHERE table_id = {id} AND amount = {i}"))
+                    .unwrap_or_else(|e| panic!("UPDATE during the move: {}", describe(&e)));
+                let r =
+                    w.batch_execute(&format!("INSERT INTO {p} (table_id, amount, fencing_token) VALUES ({id}, -1, 4)"));
+                assert_eq!(sqlstate(&r), "LF001", "stale INSERT during the move: {r:?}");
+                refusals += 1;
+                accepted += 1;
+                i += 1;
+            }
+            (accepted, refusals, i - 1)
+        })
+    };
+    thread::sleep(Duration::from_millis(300));
+    ok(
+        &mut c,
+        &format!(
+            "SELECT citus_move_shard_placement({}, '127.0.0.1', {}, '127.0.0.1', {other}, shard_transfer_mode => 'force_logical')",
+            target.shardid, target.port
+        ),
+    );
+    thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (accepted, _refusals, last) = writer.join().unwrap();
+    assert!(accepted > 2, "the writer wrote {accepted} times during the move");
+    let moved = shards(&mut c, t);
+    assert_eq!(moved.iter().find(|s| s.shardid == target.shardid).unwrap().port, other, "{moved:?}");
+    // The writer's rows: the last one (the earlier ones deleted in turn), and
+    // the 200,000 rows of amount 0 (deleted by the first round's DELETE).
+    assert_eq!(
+        one_i64(&mut c, &format!("SELECT count(*) FROM {p} WHERE table_id = {id}")),
+        1,
+        "rows of resource {id} after the move"
+    );
+    assert_eq!(one_i64(&mut c, &format!("SELECT max(amount) FROM {p} WHERE table_id = {id}")), last);
+    assert_eq!(one_i64(&mut c, &format!("SELECT count(*) FROM {p} WHERE fencing_token <> 5")), 0);
+    stale_refused_on_every_shard(&mut c, &poker, 5);
+}
+
 fn node_id(c: &mut Client, port: u16) -> i32 {
     c.query_one("SELECT nodeid FROM pg_dist_node WHERE nodeport = $1", &[&i32::from(port)]).unwrap().get(0)
 }

@@ -1,0 +1,748 @@
+//! Attack review 11 (0.8.0, Citus support): pg_lease on a real Citus cluster
+//! (a coordinator and two workers on loopback, ports 54800-54802 plus
+//! `PG_LEASE_PORT_OFFSET`), attacked as the roles README.md's "Roles and
+//! grants" names: a migrator that owns the fenced and owner tables (no
+//! superuser), an application role, connected to the coordinator or
+//! straight to a worker.
+//!
+//! Each test states the attack, what happened and what should happen. A
+//! test that fails against the commit it was written at (8d405cb) shows a
+//! hole; a test that passes documents a defence that held.
+
+use pg_lease_sessions::postgres::{Client, NoTls};
+use pg_lease_sessions::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::thread;
+
+/// Ports of the coordinator and the two workers (plus `PG_LEASE_PORT_OFFSET`).
+const COORDINATOR_PORT: u16 = 54800;
+const WORKER_PORTS: [u16; 2] = [54801, 54802];
+/// Owner rows each test creates (ids 1..=OWNERS, token 5).
+const OWNERS: i64 = 40;
+/// The table owner the attacks run as: no superuser, the grants README.md's
+/// "Roles and grants" gives `migrator`.
+const MIGRATOR: &str = "a11_migrator";
+/// The application role: INSERT on payouts, no rights on owner rows.
+const APP: &str = "a11_app";
+
+const CONF: &[&str] = &[
+    "shared_preload_libraries = 'citus,pg_lease'",
+    "max_prepared_transactions = 100",
+    "wal_level = logical",
+    "max_worker_processes = 32",
+    "max_connections = 200",
+    "citus.node_conninfo = 'sslmode=disable'",
+];
+
+struct CitusCluster {
+    coordinator: Cluster,
+    workers: Vec<Cluster>,
+}
+
+static CLUSTER: OnceLock<CitusCluster> = OnceLock::new();
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" {
+    fn atexit(callback: extern "C" fn()) -> std::os::raw::c_int;
+}
+
+extern "C" fn stop_clusters() {
+    if let Some(citus) = CLUSTER.get() {
+        for node in citus.workers.iter().chain([&citus.coordinator]) {
+            node.stop();
+        }
+    }
+}
+
+fn citus() -> &'static CitusCluster {
+    CLUSTER.get_or_init(|| {
+        let (coordinator, workers) = thread::scope(|s| {
+            let coordinator = s.spawn(|| Cluster::start_with("a11_coord", COORDINATOR_PORT, CONF));
+            let workers: Vec<_> = WORKER_PORTS
+                .iter()
+                .enumerate()
+                .map(|(i, &port)| s.spawn(move || Cluster::start_with(&format!("a11_w{}", i + 1), port, CONF)))
+                .collect();
+            (coordinator.join().unwrap(), workers.into_iter().map(|w| w.join().unwrap()).collect::<Vec<_>>())
+        });
+        let citus = CitusCluster { coordinator, workers };
+        // SAFETY: atexit only stores the pointer of a function that lives as
+        // long as the program; it runs at exit, after the tests.
+        let registered = unsafe { atexit(stop_clusters) };
+        assert_eq!(registered, 0, "atexit");
+        for node in &citus.workers {
+            node.connect().batch_execute("CREATE EXTENSION citus").unwrap();
+        }
+        let mut c = citus.coordinator.connect();
+        c.batch_execute("CREATE EXTENSION citus").unwrap();
+        c.execute("SELECT citus_set_coordinator_host('127.0.0.1', $1)", &[&i32::from(citus.coordinator.port)]).unwrap();
+        for node in &citus.workers {
+            c.execute("SELECT citus_add_node('127.0.0.1', $1)", &[&i32::from(node.port)]).unwrap();
+        }
+        c.batch_execute("CREATE EXTENSION pg_lease").unwrap();
+        // Roles as README.md's walkthrough grants them (Citus propagates
+        // roles and grants to the workers).
+        c.batch_execute(&format!(
+            "CREATE ROLE {MIGRATOR} LOGIN;
+             GRANT CREATE ON SCHEMA public TO {MIGRATOR};
+             GRANT EXECUTE ON FUNCTION lease.protect, lease.unprotect TO {MIGRATOR};
+             CREATE ROLE {APP} LOGIN;
+             GRANT USAGE ON SCHEMA lease TO {APP};"
+        ))
+        .unwrap();
+        citus
+    })
+}
+
+impl CitusCluster {
+    /// A connection as `user` to the node listening on `port`.
+    fn node_as(&self, port: u16, user: &str) -> Client {
+        let conn = format!("host=127.0.0.1 port={port} user={user} dbname=postgres application_name=attack11");
+        Client::connect(&conn, NoTls).unwrap_or_else(|e| panic!("connect to {port} as {user}: {e}"))
+    }
+
+    fn coordinator_as(&self, user: &str) -> Client {
+        self.node_as(self.coordinator.port, user)
+    }
+}
+
+fn describe(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!(
+            "{}: {} | {} | {}",
+            db.code().code(),
+            db.message(),
+            db.detail().unwrap_or(""),
+            db.hint().unwrap_or("")
+        ),
+        None => e.to_string(),
+    }
+}
+
+#[track_caller]
+fn ok(c: &mut Client, sql: &str) {
+    c.batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {}", describe(&e)));
+}
+
+/// `Err("SQLSTATE: message | detail | hint")` or `Ok(())`.
+fn attempt(c: &mut Client, sql: &str) -> Result<(), String> {
+    c.batch_execute(sql).map_err(|e| describe(&e))
+}
+
+/// A test's tables, owned by the migrator: owner rows in `t` (`id bigint
+/// PRIMARY KEY, owner_fencing_token bigint`, ids 1..=OWNERS at token 5)
+/// distributed by id, fenced `p` distributed by table_id co-located with
+/// `t`, in a co-location group of their own; the application may insert
+/// into `p` and read `t`.
+struct Poker {
+    t: String,
+    p: String,
+}
+
+fn poker(name: &str) -> Poker {
+    let n = SEQ.fetch_add(1, Ordering::SeqCst);
+    let (t, p) = (format!("{name}{n}_tables"), format!("{name}{n}_payouts"));
+    let mut m = citus().coordinator_as(MIGRATOR);
+    ok(
+        &mut m,
+        &format!(
+            "CREATE TABLE {t} (id bigint PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE {p} (table_id bigint NOT NULL, hand bigint NOT NULL DEFAULT 0,
+                               amount bigint NOT NULL DEFAULT 0, fencing_token bigint);
+             SELECT create_distributed_table('{t}', 'id', shard_count => 4, colocate_with => 'none');
+             SELECT create_distributed_table('{p}', 'table_id', colocate_with => '{t}');
+             INSERT INTO {t} SELECT g, 5 FROM generate_series(1, {OWNERS}) g;
+             SELECT lease.protect('{p}', '{{table_id}}', 'fencing_token', '{t}', '{{id}}', 'owner_fencing_token');
+             GRANT SELECT ON {t} TO {APP};
+             GRANT SELECT, INSERT ON {p} TO {APP};"
+        ),
+    );
+    Poker { t, p }
+}
+
+fn pay(p: &str, id: i64, token: i64) -> String {
+    format!("INSERT INTO {p} (table_id, amount, fencing_token) VALUES ({id}, 10, {token})")
+}
+
+/// Where owner row `id` of `t` lives: (port of its worker, shard id of `t`,
+/// shard id of `p` co-located with it).
+fn placement(c: &mut Client, t: &str, p: &str, id: i64) -> (u16, i64, i64) {
+    let row = c
+        .query_one(
+            &format!(
+                "SELECT n.nodeport, get_shard_id_for_distribution_column('{t}', {id}),
+                        get_shard_id_for_distribution_column('{p}', {id})
+                   FROM pg_dist_placement pl JOIN pg_dist_node n USING (groupid)
+                  WHERE pl.shardid = get_shard_id_for_distribution_column('{t}', {id})"
+            ),
+            &[],
+        )
+        .unwrap();
+    (u16::try_from(row.get::<_, i32>(0)).unwrap(), row.get(1), row.get(2))
+}
+
+fn token_of(c: &mut Client, t: &str, id: i64) -> i64 {
+    one_i64(c, &format!("SELECT owner_fencing_token FROM {t} WHERE id = {id}"))
+}
+
+/// Bumps owner row `id` of `t` to token 6 through the coordinator (as
+/// `lease.acquire` would): 5 is stale from then on.
+fn bump_to_6(c: &mut Client, t: &str, id: i64) {
+    ok(c, &format!("UPDATE {t} SET owner_fencing_token = 6 WHERE id = {id}"));
+}
+
+/// What the fence says about owner `id` after an attack, and whether it
+/// held: its token (6 before the attack), what a write with the stale token
+/// 5 through the coordinator gave, and how many rows with a token below 6
+/// owner `id` has.
+fn fence_state(c: &mut Client, Poker { t, p }: &Poker, id: i64) -> (bool, String) {
+    let token = token_of(c, t, id);
+    let stale = attempt(c, &pay(p, id, 5));
+    let stale_rows = one_i64(c, &format!("SELECT count(*) FROM {p} WHERE table_id = {id} AND fencing_token < 6"));
+    let held = token == 6 && stale.as_ref().is_err_and(|e| e.starts_with("LF001")) && stale_rows == 0;
+    (held, format!("owner {id}: token {token} (was 6), a write with stale token 5 gave {stale:?}, rows with a stale token: {stale_rows}"))
+}
+
+/// The stale token 5 for owner `id` must still be refused through the
+/// coordinator, and the owner row must still carry 6.
+#[track_caller]
+fn still_fenced(c: &mut Client, poker: &Poker, id: i64) {
+    let (held, state) = fence_state(c, poker, id);
+    assert!(held, "{state}");
+}
+
+/// **Hole (critical).** Attack: the migrator, who owns the tables, connects
+/// straight to the worker that holds owner row 7's shard and, in ONE
+/// transaction, disables the shard's copy of `pg_lease_owner_guard`, lowers
+/// the owner token from 6 back to 5, and re-enables the copy `ALWAYS`.
+/// On one node (and on the coordinator) the DISABLE is refused at once
+/// (LF008). On a worker, the guard only checks at commit that the copy is
+/// enabled ALWAYS again: observed, the transaction commits and the token
+/// goes back to 5, so the holder of the stale token 5 writes again.
+/// Expected: LF008 (the DISABLE refused as on one node, or the commit
+/// refused because the owner token was lowered); the token stays 6.
+#[test]
+fn citus_worker_owner_guard_disabled_and_reenabled_in_one_transaction_lowers_a_token() {
+    let c = citus();
+    let poker = poker("og");
+    let Poker { t, p } = &poker;
+    let mut m = c.coordinator_as(MIGRATOR);
+    bump_to_6(&mut m, t, 7);
+    let (port, ts, _) = placement(&mut m, t, p, 7);
+    let mut w = c.node_as(port, MIGRATOR);
+    let r = attempt(
+        &mut w,
+        &format!(
+            "BEGIN;
+             SET LOCAL citus.enable_manual_changes_to_shards = on;
+             ALTER TABLE {t}_{ts} DISABLE TRIGGER pg_lease_owner_guard_{ts};
+             UPDATE {t}_{ts} SET owner_fencing_token = 5 WHERE id = 7;
+             ALTER TABLE {t}_{ts} ENABLE ALWAYS TRIGGER pg_lease_owner_guard_{ts};
+             COMMIT;"
+        ),
+    );
+    let _ = w.batch_execute("ROLLBACK");
+    let (held, state) = fence_state(&mut m, &poker, 7);
+    assert!(
+        r.as_ref().is_err_and(|e| e.starts_with("LF008") || e.starts_with("LF004")) && held,
+        "worker tampering gave {r:?}; {state}"
+    );
+}
+
+/// **Hole (critical).** Attack: the migrator on the worker holding the
+/// payouts shard of owner 7, in one transaction: disable the shard's copy of
+/// `pg_lease_fence`, insert a payout with the stale token 5 (current 6),
+/// re-enable the copy `ALWAYS`, commit. Observed: the stale row commits.
+/// Expected: LF008 at the DISABLE (as on one node and on the coordinator),
+/// no stale row.
+#[test]
+fn citus_worker_fence_copy_disabled_and_reenabled_in_one_transaction_commits_a_stale_row() {
+    let c = citus();
+    let poker = poker("fc");
+    let Poker { t, p } = &poker;
+    let mut m = c.coordinator_as(MIGRATOR);
+    bump_to_6(&mut m, t, 7);
+    let (port, _, ps) = placement(&mut m, t, p, 7);
+    let mut w = c.node_as(port, MIGRATOR);
+    let r = attempt(
+        &mut w,
+        &format!(
+            "BEGIN;
+             SET LOCAL citus.enable_manual_changes_to_shards = on;
+             ALTER TABLE {p}_{ps} DISABLE TRIGGER pg_lease_fence_{ps};
+             INSERT INTO {p}_{ps} (table_id, amount, fencing_token) VALUES (7, 1000000, 5);
+             ALTER TABLE {p}_{ps} ENABLE ALWAYS TRIGGER pg_lease_fence_{ps};
+             COMMIT;"
+        ),
+    );
+    let _ = w.batch_execute("ROLLBACK");
+    let (held, state) = fence_state(&mut m, &poker, 7);
+    assert!(r.as_ref().is_err_and(|e| e.starts_with("LF008")) && held, "worker tampering gave {r:?}; {state}");
+}
+
+/// **Hole (critical).** Attack: the migrator on the worker rewrites the
+/// owner shard's token column with `ALTER COLUMN ... TYPE bigint USING`
+/// (same type; the rewrite passes no row trigger), setting owner 7's token
+/// back from 6 to 5. On one node and on the coordinator this is LF008
+/// ("would rewrite a fenced column"); on a worker the DDL guard stops early
+/// (the worker's `lease.protected` is empty) and the commit-time shard check
+/// only looks at trigger copies. Observed: the token goes back to 5.
+/// Expected: LF008.
+#[test]
+fn citus_worker_owner_shard_token_column_retyped_lowers_a_token() {
+    let c = citus();
+    let poker = poker("rt");
+    let Poker { t, p } = &poker;
+    let mut m = c.coordinator_as(MIGRATOR);
+    bump_to_6(&mut m, t, 7);
+    // The same on the coordinator is refused.
+    let r = attempt(
+        &mut m,
+        &format!("ALTER TABLE {t} ALTER COLUMN owner_fencing_token TYPE bigint USING owner_fencing_token - 1"),
+    );
+    assert!(r.as_ref().is_err_and(|e| e.starts_with("LF008")), "retype through the coordinator: {r:?}");
+    let (port, ts, _) = placement(&mut m, t, p, 7);
+    let mut w = c.node_as(port, MIGRATOR);
+    let r = attempt(
+        &mut w,
+        &format!(
+            "BEGIN;
+             SET LOCAL citus.enable_manual_changes_to_shards = on;
+             ALTER TABLE {t}_{ts} ALTER COLUMN owner_fencing_token TYPE bigint
+                   USING CASE WHEN id = 7 THEN 5 ELSE owner_fencing_token END;
+             COMMIT;"
+        ),
+    );
+    let _ = w.batch_execute("ROLLBACK");
+    let (held, state) = fence_state(&mut m, &poker, 7);
+    assert!(r.as_ref().is_err_and(|e| e.starts_with("LF008")) && held, "retype on the worker gave {r:?}; {state}");
+}
+
+/// **Hole (high).** Attack: the migrator on a worker adds to the payouts
+/// shard a BEFORE ROW trigger named to fire after the shard's copy of
+/// `pg_lease_fence` (`zz_...`), which moves the row the fence accepted for
+/// owner 7 (token 6) to owner 8 of the same shard, whose token is 9 and
+/// which the writer never held. On one node and on the coordinator such a
+/// trigger is refused (LF008: it could change the row the fence judged).
+/// Observed on the worker: accepted, and a row for owner 8 commits with a
+/// token that is not 8's. Expected: LF008 at CREATE TRIGGER (or at commit).
+#[test]
+fn citus_worker_trigger_after_the_fence_copy_rewrites_judged_rows() {
+    let c = citus();
+    let poker = poker("af");
+    let Poker { t, p } = &poker;
+    let mut m = c.coordinator_as(MIGRATOR);
+    bump_to_6(&mut m, t, 7);
+    let (port, _, ps) = placement(&mut m, t, p, 7);
+    // Another owner on the same shard.
+    let other = (1..=OWNERS)
+        .find(|&id| id != 7 && placement(&mut m, t, p, id).2 == ps)
+        .expect("a second owner on owner 7's shard");
+    ok(&mut m, &format!("UPDATE {t} SET owner_fencing_token = 9 WHERE id = {other}"));
+    ok(
+        &mut m,
+        &format!(
+            "CREATE FUNCTION {p}_move() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN NEW.table_id := {other}; RETURN NEW; END $$"
+        ),
+    );
+    let mut w = c.node_as(port, MIGRATOR);
+    let r = attempt(
+        &mut w,
+        &format!(
+            "BEGIN;
+             SET LOCAL citus.enable_manual_changes_to_shards = on;
+             CREATE TRIGGER zz_move BEFORE INSERT ON {p}_{ps} FOR EACH ROW EXECUTE FUNCTION {p}_move();
+             COMMIT;"
+        ),
+    );
+    let _ = w.batch_execute("ROLLBACK");
+    if r.is_ok() {
+        // The application writes for owner 7 with 7's current token...
+        let mut app = c.coordinator_as(APP);
+        let _ = app.batch_execute(&pay(p, 7, 6));
+    }
+    let moved = one_i64(&mut m, &format!("SELECT count(*) FROM {p} WHERE table_id = {other}"));
+    assert!(
+        r.as_ref().is_err_and(|e| e.starts_with("LF008")) && moved == 0,
+        "a trigger firing after the fence on a shard: {r:?}; rows that landed on owner {other} (token 9) with token 6: {moved}"
+    );
+}
+
+/// **Hole (high).** Attack: the migrator, owner of both tables, truncates
+/// the owner table's shard straight on its worker. TRUNCATE of an owner
+/// table is LF004 on one node and through the coordinator; Citus copies
+/// statement triggers only to shards it moves, so a shard never moved has no
+/// TRUNCATE guard. Observed: every owner row on that shard and its token
+/// vanish; re-inserted through the coordinator (the owner may insert owner
+/// rows) at the old token 5, the holder of stale token 5 writes again.
+/// Expected: LF004 (or LF008), owner rows kept.
+#[test]
+fn citus_worker_truncate_of_an_owner_shard_loses_tokens() {
+    let c = citus();
+    let poker = poker("tr");
+    let Poker { t, p } = &poker;
+    let mut m = c.coordinator_as(MIGRATOR);
+    bump_to_6(&mut m, t, 7);
+    let r = attempt(&mut m, &format!("TRUNCATE {t}"));
+    assert!(r.as_ref().is_err_and(|e| e.starts_with("LF004") || e.starts_with("LF008")), "{r:?}");
+    let (port, ts, _) = placement(&mut m, t, p, 7);
+    let mut w = c.node_as(port, MIGRATOR);
+    let r = attempt(
+        &mut w,
+        &format!("BEGIN; SET LOCAL citus.enable_manual_changes_to_shards = on; TRUNCATE {t}_{ts}; COMMIT;"),
+    );
+    let _ = w.batch_execute("ROLLBACK");
+    if r.is_ok() {
+        let _ = m.batch_execute(&format!("INSERT INTO {t} VALUES (7, 5)"));
+    }
+    let (held, state) = fence_state(&mut m, &poker, 7);
+    assert!(
+        r.as_ref().is_err_and(|e| e.starts_with("LF004") || e.starts_with("LF008")) && held,
+        "TRUNCATE of the owner shard gave {r:?}; {state}"
+    );
+}
+
+/// **Defence holds.** The application role connected straight to a worker
+/// writes into the payouts shard with the stale token (LF001) and into the
+/// worker's shell of the distributed table (routed by Citus, LF001); setting
+/// `pg_lease.token` for a role on the coordinator (propagated by Citus) is
+/// refused.
+#[test]
+fn citus_application_on_a_worker_is_fenced() {
+    let c = citus();
+    let poker = poker("app");
+    let Poker { t, p } = &poker;
+    let mut m = c.coordinator_as(MIGRATOR);
+    bump_to_6(&mut m, t, 7);
+    let (port, _, ps) = placement(&mut m, t, p, 7);
+    let mut w = c.node_as(port, APP);
+    for sql in [format!("INSERT INTO {p}_{ps} (table_id, amount, fencing_token) VALUES (7, 10, 5)"), pay(p, 7, 5)] {
+        let r = attempt(&mut w, &sql);
+        assert!(r.as_ref().is_err_and(|e| e.starts_with("LF001")), "{sql}: {r:?}");
+    }
+    let mut su = c.coordinator.connect();
+    let r = attempt(&mut su, &format!("ALTER ROLE {APP} SET pg_lease.token = '6'"));
+    assert!(r.as_ref().is_err_and(|e| e.starts_with("22023")), "ALTER ROLE SET pg_lease.token: {r:?}");
+    still_fenced(&mut m, &poker, 7);
+}
+
+/// A second owner table `d` (same shape as `t`, co-located with it, owner
+/// rows 1..=OWNERS at token 5, owned by the migrator): a look-alike.
+fn decoy(m: &mut Client, Poker { t, .. }: &Poker) -> String {
+    let d = format!("{t}_decoy");
+    ok(
+        m,
+        &format!(
+            "CREATE TABLE {d} (id bigint PRIMARY KEY, owner_fencing_token bigint);
+             SELECT create_distributed_table('{d}', 'id', colocate_with => '{t}');
+             INSERT INTO {d} SELECT g, 5 FROM generate_series(1, {OWNERS}) g;"
+        ),
+    );
+    d
+}
+
+/// **Defence holds** (today because the owner table's rename is refused,
+/// see `citus_owner_table_rename_through_the_coordinator_works_as_on_one_node`:
+/// a fix that allows it must keep this one passing).
+/// Attack: a look-alike owner table by renames through the coordinator.
+/// The migrator renames the owner table away and a co-located look-alike
+/// (owner 7 at the stale token 5) into its name, through the coordinator
+/// (Citus renames shells and shards on every worker). A shard's fence finds
+/// its owner table by the *name* in its trigger's config (`"owner_table":
+/// "public.<t>"`), where one node follows the table's oid ("a look-alike
+/// table is never consulted"). Expected: either the renames are refused, or
+/// the fence keeps judging against the real owner table (stale token 5
+/// refused, current 6 accepted); never a stale write accepted against the
+/// look-alike.
+#[test]
+fn citus_owner_table_renamed_through_the_coordinator_never_consults_a_look_alike() {
+    let c = citus();
+    let poker = poker("rn");
+    let Poker { t, p } = &poker;
+    let mut m = c.coordinator_as(MIGRATOR);
+    bump_to_6(&mut m, t, 7);
+    let d = decoy(&mut m, &poker);
+    let renamed =
+        attempt(&mut m, &format!("BEGIN; ALTER TABLE {t} RENAME TO {t}_real; ALTER TABLE {d} RENAME TO {t}; COMMIT;"));
+    let _ = m.batch_execute("ROLLBACK");
+    let real = if renamed.is_ok() { format!("{t}_real") } else { t.clone() };
+    let mut app = c.coordinator_as(APP);
+    let stale = attempt(&mut app, &pay(p, 7, 5));
+    let current = attempt(&mut app, &pay(p, 7, 6));
+    eprintln!("renames through the coordinator: {renamed:?}; stale: {stale:?}; current: {current:?}");
+    assert_eq!(token_of(&mut m, &real, 7), 6);
+    assert!(
+        stale.as_ref().is_err_and(|e| e.starts_with("LF001")) && current.is_ok(),
+        "after renames ({renamed:?}): stale token 5 gave {stale:?}, current token 6 gave {current:?}"
+    );
+}
+
+/// **Hole (critical: a stale write commits).** Attack: a look-alike owner
+/// table by renames on a worker. The
+/// migrator on the worker holding owner 7, with
+/// `citus.enable_ddl_propagation = off`, renames the owner table's shell and
+/// its shards there away and a co-located look-alike's shell and shards
+/// (owner 7 at the stale token 5) into their names. The shards' fence finds
+/// its owner table by name: the application's stale write (token 5) through
+/// the coordinator is then judged against the look-alike. Observed: the
+/// renames commit on the worker and the stale write (token 5, current 6) is
+/// accepted and committed; only `lease.cluster_fence_problems()` notices
+/// afterwards ("the owner guard of <t> here is missing"). Expected: the
+/// renames refused on the worker, or the stale write refused (LF001, or
+/// LF008 for an inconsistent fence); never accepted.
+#[test]
+fn citus_owner_shell_swapped_on_a_worker_never_consults_a_look_alike() {
+    let c = citus();
+    let poker = poker("sw");
+    let Poker { t, p } = &poker;
+    let mut m = c.coordinator_as(MIGRATOR);
+    bump_to_6(&mut m, t, 7);
+    let d = decoy(&mut m, &poker);
+    let (port, _, _) = placement(&mut m, t, p, 7);
+    let shard_ids = |m: &mut Client, rel: &str| -> Vec<i64> {
+        m.query(
+            &format!(
+                "SELECT s.shardid FROM pg_dist_shard s JOIN pg_dist_placement pl USING (shardid)
+                   JOIN pg_dist_node n USING (groupid)
+                  WHERE s.logicalrelid = '{rel}'::regclass AND n.nodeport = {port} ORDER BY s.shardid"
+            ),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    };
+    let (t_shards, d_shards) = (shard_ids(&mut m, t), shard_ids(&mut m, &d));
+    let mut sql = format!(
+        "BEGIN; SET LOCAL citus.enable_ddl_propagation = off; SET LOCAL citus.enable_manual_changes_to_shards = on;
+         ALTER TABLE {t} RENAME TO {t}_real; ALTER TABLE {d} RENAME TO {t};"
+    );
+    for s in &t_shards {
+        sql += &format!("ALTER TABLE {t}_{s} RENAME TO {t}_real_{s};");
+    }
+    for s in &d_shards {
+        sql += &format!("ALTER TABLE {d}_{s} RENAME TO {t}_{s};");
+    }
+    sql += "COMMIT;";
+    let mut w = c.node_as(port, MIGRATOR);
+    let renamed = attempt(&mut w, &sql);
+    let _ = w.batch_execute("ROLLBACK");
+    let mut app = c.coordinator_as(APP);
+    let stale = attempt(&mut app, &pay(p, 7, 5));
+    let stale_rows = one_i64(&mut m, &format!("SELECT count(*) FROM {p} WHERE table_id = 7 AND fencing_token = 5"));
+    assert!(
+        stale.as_ref().is_err_and(|e| e.starts_with("LF001") || e.starts_with("LF008")) && stale_rows == 0,
+        "after renames on the worker ({renamed:?}): stale token 5 gave {stale:?}; stale rows {stale_rows}"
+    );
+}
+
+/// Whether `r` is a refusal that says what pg_lease refuses: one of its LF
+/// codes, or 0A000 (an unsupported layout), never a Citus internal error
+/// raised from inside pg_lease's own guard.
+fn clear_refusal(r: &Result<(), String>) -> bool {
+    r.as_ref().is_err_and(|e| e.starts_with("LF") || e.starts_with("0A000"))
+}
+
+/// **Hole (medium: a legitimate Citus operation broken, unclear error).**
+/// Attack: the migrator runs `alter_distributed_table` (a new shard count
+/// for the fenced table and, cascading, its co-located owner table): Citus
+/// builds new tables, copies the rows, drops the old ones and renames the
+/// new ones into place. Observed: `25001 cannot perform query on placements
+/// that were modified in this transaction by a different user`, raised from
+/// pg_lease's drop guard (`lease._guard_drop` drops the owner guard of the
+/// owner table as the extension owner, in the migrator's transaction that
+/// Citus already wrote as the migrator). The same on unprotected tables
+/// succeeds. Expected: either it works and the tables stay fenced (stale
+/// token refused, current accepted, both tables still in
+/// `lease.protected`), or pg_lease refuses it with its own clear error
+/// (LF008/0A000 saying to unprotect first).
+#[test]
+fn citus_alter_distributed_table_by_the_migrator_keeps_the_fence_or_is_refused_clearly() {
+    let c = citus();
+    let poker = poker("adt");
+    let Poker { t, p } = &poker;
+    let mut m = c.coordinator_as(MIGRATOR);
+    bump_to_6(&mut m, t, 7);
+    let r = attempt(
+        &mut m,
+        &format!("SELECT alter_distributed_table('{p}', shard_count => 8, cascade_to_colocated => true)"),
+    );
+    let stale = attempt(&mut m, &pay(p, 7, 5));
+    let current = attempt(&mut m, &pay(p, 7, 6));
+    let protected = one_i64(&mut m, &format!("SELECT count(*) FROM lease.protected WHERE relid = '{p}'::regclass"));
+    assert!(
+        clear_refusal(&r) || (stale.as_ref().is_err_and(|e| e.starts_with("LF001")) && current.is_ok() && protected == 1),
+        "alter_distributed_table gave {r:?}; then stale token 5: {stale:?}, current token 6: {current:?}, protected: {protected}"
+    );
+    if r.is_err() {
+        still_fenced(&mut m, &poker, 7);
+    }
+}
+
+/// **Hole (high: tokens can go backwards; the fence and the audit's view of
+/// it silently lost).** Attack: a DBA (superuser, doing maintenance, not
+/// tampering) changes the shard count of a fenced table and its owner table
+/// with `alter_distributed_table(..., cascade_to_colocated => true)`, with
+/// `citus.enable_unsafe_triggers = on` (without it Citus refuses to recreate
+/// pg_lease's triggers: `triggers are not supported on distributed
+/// tables`, an unclear error). Observed: it succeeds; `lease.protected` and
+/// `lease.protected_tables` no longer list either table, the owner table
+/// has no `pg_lease_owner_guard` any more, so an UPDATE lowers owner 7's
+/// token from 6 to 5 (accepted) and the stale token 5 then writes; and
+/// `lease.cluster_fence_problems()` reports nothing. Expected: the
+/// operation keeps the fence (config, owner guard: lowering is LF004) or is
+/// refused with a clear pg_lease error (LF008/0A000: unprotect first).
+#[test]
+fn citus_alter_distributed_table_by_a_dba_keeps_the_owner_guard_or_is_refused() {
+    let c = citus();
+    let poker = poker("adtsu");
+    let Poker { t, p } = &poker;
+    let mut su = c.coordinator.connect();
+    bump_to_6(&mut su, t, 7);
+    let r = attempt(
+        &mut su,
+        &format!(
+            "SET citus.enable_unsafe_triggers = on;
+             SELECT alter_distributed_table('{p}', shard_count => 8, cascade_to_colocated => true);"
+        ),
+    );
+    ok(&mut su, "RESET citus.enable_unsafe_triggers");
+    let protected = one_i64(&mut su, &format!("SELECT count(*) FROM lease.protected WHERE relid = '{p}'::regclass"));
+    let problems =
+        one_i64(&mut su, &format!("SELECT count(*) FROM lease.cluster_fence_problems() WHERE target LIKE '%{p}'"));
+    // A role allowed to UPDATE owner rows lowers a token.
+    let lowered = attempt(&mut su, &format!("UPDATE {t} SET owner_fencing_token = 5 WHERE id = 7"));
+    let (held, state) = fence_state(&mut su, &poker, 7);
+    assert!(
+        clear_refusal(&r)
+            || (r.is_ok() && protected == 1 && lowered.as_ref().is_err_and(|e| e.starts_with("LF004")) && held),
+        "alter_distributed_table gave {r:?}; lease.protected rows for {p}: {protected}; \
+         cluster_fence_problems rows: {problems}; lowering owner 7's token to 5 gave {lowered:?}; {state}"
+    );
+}
+
+/// **Hole (medium: unclear error).** Attack: the migrator runs
+/// `undistribute_table` on the fenced table (Citus recreates it as a local
+/// table; the owner table stays distributed, a layout `lease.protect`
+/// refuses). Observed: `25001 cannot perform query on placements that were
+/// modified in this transaction by a different user`, from inside
+/// pg_lease's drop guard. Expected: refused with a clear pg_lease error
+/// (LF008/0A000), the table still fenced.
+#[test]
+fn citus_undistribute_table_of_a_fenced_table_by_the_migrator_is_refused_clearly() {
+    let c = citus();
+    let poker = poker("und");
+    let Poker { t, p } = &poker;
+    let mut m = c.coordinator_as(MIGRATOR);
+    bump_to_6(&mut m, t, 7);
+    let r = attempt(&mut m, &format!("SELECT undistribute_table('{p}')"));
+    let (held, state) = fence_state(&mut m, &poker, 7);
+    assert!(clear_refusal(&r) && held, "undistribute_table gave {r:?}; {state}");
+}
+
+/// **Hole (high: tokens can go backwards).** Attack: a DBA (superuser)
+/// runs `undistribute_table` on the fenced table. Observed: it succeeds;
+/// the new local table carries `pg_lease_fence` but `lease.protected` has
+/// no entry (every write LF008 with a hint about schema-only dumps), and the
+/// owner table lost `pg_lease_owner_guard`: an UPDATE lowers owner 7's token
+/// from 6 to 1 unchecked (once the table is protected again, old tokens
+/// write). Expected: refused with a clear error (the layout it leaves is
+/// one `lease.protect` refuses: unprotect first), owner guard kept
+/// (lowering LF004).
+#[test]
+fn citus_undistribute_table_by_a_dba_keeps_the_owner_guard_or_is_refused() {
+    let c = citus();
+    let poker = poker("undsu");
+    let Poker { t, p } = &poker;
+    let mut su = c.coordinator.connect();
+    bump_to_6(&mut su, t, 7);
+    let r = attempt(&mut su, &format!("SELECT undistribute_table('{p}')"));
+    let lowered = attempt(&mut su, &format!("UPDATE {t} SET owner_fencing_token = 1 WHERE id = 7"));
+    assert!(
+        clear_refusal(&r) && lowered.as_ref().is_err_and(|e| e.starts_with("LF004")),
+        "undistribute_table gave {r:?}; lowering owner 7's token to 1 then gave {lowered:?}"
+    );
+}
+
+/// **Defence holds.** `undistribute_table` of the owner table is refused
+/// by pg_lease (LF008: it would drop an owner table in use), tokens kept.
+#[test]
+fn citus_undistribute_table_of_an_owner_table_is_refused() {
+    let c = citus();
+    let poker = poker("undo");
+    let Poker { t, .. } = &poker;
+    let mut m = c.coordinator_as(MIGRATOR);
+    bump_to_6(&mut m, t, 7);
+    let r = attempt(&mut m, &format!("SELECT undistribute_table('{t}', cascade_via_foreign_keys => false)"));
+    assert!(clear_refusal(&r), "undistribute_table of an owner table in use: {r:?}");
+    still_fenced(&mut m, &poker, 7);
+}
+
+/// **Hole (low: legitimate DDL refused with a wrong reason).** The
+/// migrator renames the owner table through the coordinator, which one node
+/// allows (the fence follows the table, README: "A session with warm caches
+/// keeps judging against the real owner table after schema and table
+/// renames"). Observed: LF008 "ALTER TABLE would leave the fence on
+/// <payouts> incomplete | trigger pg_lease_fence on <payouts> no longer fires
+/// on every INSERT, UPDATE and DELETE of every row" — the trigger is
+/// untouched; what changed is the owner table's name in the fence
+/// trigger's Citus config. (Renaming the fenced table itself works.)
+/// Expected: the rename works and the fence keeps judging against the
+/// renamed owner table (stale refused, current accepted), or a refusal
+/// that says the owner table of a distributed fence cannot be renamed.
+#[test]
+fn citus_owner_table_rename_through_the_coordinator_works_as_on_one_node() {
+    let c = citus();
+    let poker = poker("orn");
+    let Poker { t, p } = &poker;
+    let mut m = c.coordinator_as(MIGRATOR);
+    bump_to_6(&mut m, t, 7);
+    let r = attempt(&mut m, &format!("ALTER TABLE {t} RENAME TO {t}_new"));
+    let renamed = Poker { t: if r.is_ok() { format!("{t}_new") } else { t.clone() }, p: p.clone() };
+    let current = attempt(&mut m, &pay(p, 7, 6));
+    let (held, state) = fence_state(&mut m, &renamed, 7);
+    assert!(
+        (r.is_ok() || r.as_ref().is_err_and(|e| e.contains("rename"))) && held && current.is_ok(),
+        "renaming owner table {t} gave {r:?}; current token 6: {current:?}; {state}"
+    );
+}
+
+/// **Defence check: `lease.bind_token` after the transaction already has
+/// connections to the workers.** A transaction reads the distributed table
+/// (Citus opens its worker connections), then binds its token and writes:
+/// the bound token must reach the shard (README: "binds on every node the
+/// transaction writes through"). Expected: the current token is accepted,
+/// the stale one refused (LF001), never LF003.
+#[test]
+fn citus_bind_token_after_worker_connections_are_open_reaches_the_shards() {
+    let c = citus();
+    let n = SEQ.fetch_add(1, Ordering::SeqCst);
+    let (t, p) = (format!("bt{n}_tables"), format!("bt{n}_payouts"));
+    let mut su = c.coordinator.connect();
+    ok(
+        &mut su,
+        &format!(
+            "CREATE TABLE {t} (id bigint PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE {p} (table_id bigint NOT NULL, amount bigint NOT NULL DEFAULT 0);
+             SELECT create_distributed_table('{t}', 'id', shard_count => 4, colocate_with => 'none');
+             SELECT create_distributed_table('{p}', 'table_id', colocate_with => '{t}');
+             INSERT INTO {t} SELECT g, 6 FROM generate_series(1, {OWNERS}) g;
+             SELECT lease.protect('{p}', '{{table_id}}', NULL, '{t}', '{{id}}', 'owner_fencing_token');"
+        ),
+    );
+    for (token, expect) in [(6, None), (5, Some("LF001"))] {
+        let mut tx = su.transaction().unwrap();
+        tx.batch_execute(&format!("SELECT count(*) FROM {p}")).unwrap();
+        tx.batch_execute(&format!("SELECT lease.bind_token({token})")).unwrap();
+        let r =
+            tx.batch_execute(&format!("INSERT INTO {p} (table_id, amount) VALUES (7, 1)")).map_err(|e| describe(&e));
+        drop(tx);
+        match expect {
+            None => assert!(r.is_ok(), "current bound token after worker connections opened: {r:?}"),
+            Some(code) => assert!(r.as_ref().is_err_and(|e| e.starts_with(code)), "stale bound token: {r:?}"),
+        }
+    }
+}

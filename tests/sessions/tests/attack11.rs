@@ -212,6 +212,29 @@ fn still_fenced(c: &mut Client, poker: &Poker, id: i64) {
     assert!(held, "{state}");
 }
 
+/// A fresh pair of tables (`poker(name)`) and a coordinator connection as
+/// the migrator, after owner 7's token was raised to 6.
+fn attacked(name: &str) -> (Poker, Client) {
+    let poker = poker(name);
+    let mut m = citus().coordinator_as(MIGRATOR);
+    bump_to_6(&mut m, &poker.t, 7);
+    (poker, m)
+}
+
+/// Runs `body` as the migrator straight on the worker at `port`, in one
+/// transaction that allows manual changes to shards; rolled back on error.
+fn as_migrator_on_worker(port: u16, body: &str) -> Result<(), String> {
+    let mut w = citus().node_as(port, MIGRATOR);
+    let r = attempt(&mut w, &format!("BEGIN; SET LOCAL citus.enable_manual_changes_to_shards = on; {body}; COMMIT;"));
+    let _ = w.batch_execute("ROLLBACK");
+    r
+}
+
+/// Whether `r` failed with one of the SQLSTATEs `codes`.
+fn failed_with(r: &Result<(), String>, codes: &[&str]) -> bool {
+    r.as_ref().is_err_and(|e| codes.iter().any(|code| e.starts_with(code)))
+}
+
 /// **Hole (critical).** Attack: the migrator, who owns the tables, connects
 /// straight to the worker that holds owner row 7's shard and, in ONE
 /// transaction, disables the shard's copy of `pg_lease_owner_guard`, lowers
@@ -224,30 +247,19 @@ fn still_fenced(c: &mut Client, poker: &Poker, id: i64) {
 /// refused because the owner token was lowered); the token stays 6.
 #[test]
 fn citus_worker_owner_guard_disabled_and_reenabled_in_one_transaction_lowers_a_token() {
-    let c = citus();
-    let poker = poker("og");
+    let (poker, mut m) = attacked("og");
     let Poker { t, p } = &poker;
-    let mut m = c.coordinator_as(MIGRATOR);
-    bump_to_6(&mut m, t, 7);
     let (port, ts, _) = placement(&mut m, t, p, 7);
-    let mut w = c.node_as(port, MIGRATOR);
-    let r = attempt(
-        &mut w,
+    let r = as_migrator_on_worker(
+        port,
         &format!(
-            "BEGIN;
-             SET LOCAL citus.enable_manual_changes_to_shards = on;
-             ALTER TABLE {t}_{ts} DISABLE TRIGGER pg_lease_owner_guard_{ts};
+            "ALTER TABLE {t}_{ts} DISABLE TRIGGER pg_lease_owner_guard_{ts};
              UPDATE {t}_{ts} SET owner_fencing_token = 5 WHERE id = 7;
-             ALTER TABLE {t}_{ts} ENABLE ALWAYS TRIGGER pg_lease_owner_guard_{ts};
-             COMMIT;"
+             ALTER TABLE {t}_{ts} ENABLE ALWAYS TRIGGER pg_lease_owner_guard_{ts}"
         ),
     );
-    let _ = w.batch_execute("ROLLBACK");
     let (held, state) = fence_state(&mut m, &poker, 7);
-    assert!(
-        r.as_ref().is_err_and(|e| e.starts_with("LF008") || e.starts_with("LF004")) && held,
-        "worker tampering gave {r:?}; {state}"
-    );
+    assert!(failed_with(&r, &["LF008", "LF004"]) && held, "worker tampering gave {r:?}; {state}");
 }
 
 /// **Hole (critical).** Attack: the migrator on the worker holding the
@@ -258,27 +270,19 @@ fn citus_worker_owner_guard_disabled_and_reenabled_in_one_transaction_lowers_a_t
 /// no stale row.
 #[test]
 fn citus_worker_fence_copy_disabled_and_reenabled_in_one_transaction_commits_a_stale_row() {
-    let c = citus();
-    let poker = poker("fc");
+    let (poker, mut m) = attacked("fc");
     let Poker { t, p } = &poker;
-    let mut m = c.coordinator_as(MIGRATOR);
-    bump_to_6(&mut m, t, 7);
     let (port, _, ps) = placement(&mut m, t, p, 7);
-    let mut w = c.node_as(port, MIGRATOR);
-    let r = attempt(
-        &mut w,
+    let r = as_migrator_on_worker(
+        port,
         &format!(
-            "BEGIN;
-             SET LOCAL citus.enable_manual_changes_to_shards = on;
-             ALTER TABLE {p}_{ps} DISABLE TRIGGER pg_lease_fence_{ps};
+            "ALTER TABLE {p}_{ps} DISABLE TRIGGER pg_lease_fence_{ps};
              INSERT INTO {p}_{ps} (table_id, amount, fencing_token) VALUES (7, 1000000, 5);
-             ALTER TABLE {p}_{ps} ENABLE ALWAYS TRIGGER pg_lease_fence_{ps};
-             COMMIT;"
+             ALTER TABLE {p}_{ps} ENABLE ALWAYS TRIGGER pg_lease_fence_{ps}"
         ),
     );
-    let _ = w.batch_execute("ROLLBACK");
     let (held, state) = fence_state(&mut m, &poker, 7);
-    assert!(r.as_ref().is_err_and(|e| e.starts_with("LF008")) && held, "worker tampering gave {r:?}; {state}");
+    assert!(failed_with(&r, &["LF008"]) && held, "worker tampering gave {r:?}; {state}");
 }
 
 /// **Hole (critical).** Attack: the migrator on the worker rewrites the
@@ -291,49 +295,38 @@ fn citus_worker_fence_copy_disabled_and_reenabled_in_one_transaction_commits_a_s
 /// Expected: LF008.
 #[test]
 fn citus_worker_owner_shard_token_column_retyped_lowers_a_token() {
-    let c = citus();
-    let poker = poker("rt");
+    let (poker, mut m) = attacked("rt");
     let Poker { t, p } = &poker;
-    let mut m = c.coordinator_as(MIGRATOR);
-    bump_to_6(&mut m, t, 7);
     // The same on the coordinator is refused.
     let r = attempt(
         &mut m,
         &format!("ALTER TABLE {t} ALTER COLUMN owner_fencing_token TYPE bigint USING owner_fencing_token - 1"),
     );
-    assert!(r.as_ref().is_err_and(|e| e.starts_with("LF008")), "retype through the coordinator: {r:?}");
+    assert!(failed_with(&r, &["LF008"]), "retype through the coordinator: {r:?}");
     let (port, ts, _) = placement(&mut m, t, p, 7);
-    let mut w = c.node_as(port, MIGRATOR);
-    let r = attempt(
-        &mut w,
+    let r = as_migrator_on_worker(
+        port,
         &format!(
-            "BEGIN;
-             SET LOCAL citus.enable_manual_changes_to_shards = on;
-             ALTER TABLE {t}_{ts} ALTER COLUMN owner_fencing_token TYPE bigint
-                   USING CASE WHEN id = 7 THEN 5 ELSE owner_fencing_token END;
-             COMMIT;"
+            "ALTER TABLE {t}_{ts} ALTER COLUMN owner_fencing_token TYPE bigint
+                   USING CASE WHEN id = 7 THEN 5 ELSE owner_fencing_token END"
         ),
     );
-    let _ = w.batch_execute("ROLLBACK");
     let (held, state) = fence_state(&mut m, &poker, 7);
-    assert!(r.as_ref().is_err_and(|e| e.starts_with("LF008")) && held, "retype on the worker gave {r:?}; {state}");
+    assert!(failed_with(&r, &["LF008"]) && held, "retype on the worker gave {r:?}; {state}");
 }
 
 /// **Hole (high).** Attack: the migrator on a worker adds to the payouts
 /// shard a BEFORE ROW trigger named to fire after the shard's copy of
 /// `pg_lease_fence` (`zz_...`), which moves the row the fence accepted for
-/// owner 7 (token 6) to owner 8 of the same shard, whose token is 9 and
-/// which the writer never held. On one node and on the coordinator such a
+/// owner 7 (token 6) to another owner of the same shard, whose token is 9
+/// and which the writer never held. On one node and on the coordinator such a
 /// trigger is refused (LF008: it could change the row the fence judged).
-/// Observed on the worker: accepted, and a row for owner 8 commits with a
-/// token that is not 8's. Expected: LF008 at CREATE TRIGGER (or at commit).
+/// Observed on the worker: accepted, and a row for that other owner commits
+/// with a token that is not its own. Expected: LF008 at CREATE TRIGGER (or at commit).
 #[test]
 fn citus_worker_trigger_after_the_fence_copy_rewrites_judged_rows() {
-    let c = citus();
-    let poker = poker("af");
+    let (poker, mut m) = attacked("af");
     let Poker { t, p } = &poker;
-    let mut m = c.coordinator_as(MIGRATOR);
-    bump_to_6(&mut m, t, 7);
     let (port, _, ps) = placement(&mut m, t, p, 7);
     // Another owner on the same shard.
     let other = (1..=OWNERS)
@@ -347,25 +340,18 @@ fn citus_worker_trigger_after_the_fence_copy_rewrites_judged_rows() {
              $$ BEGIN NEW.table_id := {other}; RETURN NEW; END $$"
         ),
     );
-    let mut w = c.node_as(port, MIGRATOR);
-    let r = attempt(
-        &mut w,
-        &format!(
-            "BEGIN;
-             SET LOCAL citus.enable_manual_changes_to_shards = on;
-             CREATE TRIGGER zz_move BEFORE INSERT ON {p}_{ps} FOR EACH ROW EXECUTE FUNCTION {p}_move();
-             COMMIT;"
-        ),
+    let r = as_migrator_on_worker(
+        port,
+        &format!("CREATE TRIGGER zz_move BEFORE INSERT ON {p}_{ps} FOR EACH ROW EXECUTE FUNCTION {p}_move()"),
     );
-    let _ = w.batch_execute("ROLLBACK");
     if r.is_ok() {
         // The application writes for owner 7 with 7's current token...
-        let mut app = c.coordinator_as(APP);
+        let mut app = citus().coordinator_as(APP);
         let _ = app.batch_execute(&pay(p, 7, 6));
     }
     let moved = one_i64(&mut m, &format!("SELECT count(*) FROM {p} WHERE table_id = {other}"));
     assert!(
-        r.as_ref().is_err_and(|e| e.starts_with("LF008")) && moved == 0,
+        failed_with(&r, &["LF008"]) && moved == 0,
         "a trigger firing after the fence on a shard: {r:?}; rows that landed on owner {other} (token 9) with token 6: {moved}"
     );
 }
@@ -380,28 +366,17 @@ fn citus_worker_trigger_after_the_fence_copy_rewrites_judged_rows() {
 /// Expected: LF004 (or LF008), owner rows kept.
 #[test]
 fn citus_worker_truncate_of_an_owner_shard_loses_tokens() {
-    let c = citus();
-    let poker = poker("tr");
+    let (poker, mut m) = attacked("tr");
     let Poker { t, p } = &poker;
-    let mut m = c.coordinator_as(MIGRATOR);
-    bump_to_6(&mut m, t, 7);
     let r = attempt(&mut m, &format!("TRUNCATE {t}"));
-    assert!(r.as_ref().is_err_and(|e| e.starts_with("LF004") || e.starts_with("LF008")), "{r:?}");
+    assert!(failed_with(&r, &["LF004", "LF008"]), "{r:?}");
     let (port, ts, _) = placement(&mut m, t, p, 7);
-    let mut w = c.node_as(port, MIGRATOR);
-    let r = attempt(
-        &mut w,
-        &format!("BEGIN; SET LOCAL citus.enable_manual_changes_to_shards = on; TRUNCATE {t}_{ts}; COMMIT;"),
-    );
-    let _ = w.batch_execute("ROLLBACK");
+    let r = as_migrator_on_worker(port, &format!("TRUNCATE {t}_{ts}"));
     if r.is_ok() {
         let _ = m.batch_execute(&format!("INSERT INTO {t} VALUES (7, 5)"));
     }
     let (held, state) = fence_state(&mut m, &poker, 7);
-    assert!(
-        r.as_ref().is_err_and(|e| e.starts_with("LF004") || e.starts_with("LF008")) && held,
-        "TRUNCATE of the owner shard gave {r:?}; {state}"
-    );
+    assert!(failed_with(&r, &["LF004", "LF008"]) && held, "TRUNCATE of the owner shard gave {r:?}; {state}");
 }
 
 /// **Defence holds.** The application role connected straight to a worker
@@ -411,18 +386,15 @@ fn citus_worker_truncate_of_an_owner_shard_loses_tokens() {
 /// refused.
 #[test]
 fn citus_application_on_a_worker_is_fenced() {
-    let c = citus();
-    let poker = poker("app");
+    let (poker, mut m) = attacked("app");
     let Poker { t, p } = &poker;
-    let mut m = c.coordinator_as(MIGRATOR);
-    bump_to_6(&mut m, t, 7);
     let (port, _, ps) = placement(&mut m, t, p, 7);
-    let mut w = c.node_as(port, APP);
+    let mut w = citus().node_as(port, APP);
     for sql in [format!("INSERT INTO {p}_{ps} (table_id, amount, fencing_token) VALUES (7, 10, 5)"), pay(p, 7, 5)] {
         let r = attempt(&mut w, &sql);
         assert!(r.as_ref().is_err_and(|e| e.starts_with("LF001")), "{sql}: {r:?}");
     }
-    let mut su = c.coordinator.connect();
+    let mut su = citus().coordinator.connect();
     let r = attempt(&mut su, &format!("ALTER ROLE {APP} SET pg_lease.token = '6'"));
     assert!(r.as_ref().is_err_and(|e| e.starts_with("22023")), "ALTER ROLE SET pg_lease.token: {r:?}");
     still_fenced(&mut m, &poker, 7);
@@ -458,17 +430,14 @@ fn decoy(m: &mut Client, Poker { t, .. }: &Poker) -> String {
 /// look-alike.
 #[test]
 fn citus_owner_table_renamed_through_the_coordinator_never_consults_a_look_alike() {
-    let c = citus();
-    let poker = poker("rn");
+    let (poker, mut m) = attacked("rn");
     let Poker { t, p } = &poker;
-    let mut m = c.coordinator_as(MIGRATOR);
-    bump_to_6(&mut m, t, 7);
     let d = decoy(&mut m, &poker);
     let renamed =
         attempt(&mut m, &format!("BEGIN; ALTER TABLE {t} RENAME TO {t}_real; ALTER TABLE {d} RENAME TO {t}; COMMIT;"));
     let _ = m.batch_execute("ROLLBACK");
     let real = if renamed.is_ok() { format!("{t}_real") } else { t.clone() };
-    let mut app = c.coordinator_as(APP);
+    let mut app = citus().coordinator_as(APP);
     let stale = attempt(&mut app, &pay(p, 7, 5));
     let current = attempt(&mut app, &pay(p, 7, 6));
     eprintln!("renames through the coordinator: {renamed:?}; stale: {stale:?}; current: {current:?}");
@@ -494,11 +463,8 @@ fn citus_owner_table_renamed_through_the_coordinator_never_consults_a_look_alike
 /// LF008 for an inconsistent fence); never accepted.
 #[test]
 fn citus_owner_shell_swapped_on_a_worker_never_consults_a_look_alike() {
-    let c = citus();
-    let poker = poker("sw");
+    let (poker, mut m) = attacked("sw");
     let Poker { t, p } = &poker;
-    let mut m = c.coordinator_as(MIGRATOR);
-    bump_to_6(&mut m, t, 7);
     let d = decoy(&mut m, &poker);
     let (port, _, _) = placement(&mut m, t, p, 7);
     let shard_ids = |m: &mut Client, rel: &str| -> Vec<i64> {
@@ -517,7 +483,7 @@ fn citus_owner_shell_swapped_on_a_worker_never_consults_a_look_alike() {
     };
     let (t_shards, d_shards) = (shard_ids(&mut m, t), shard_ids(&mut m, &d));
     let mut sql = format!(
-        "BEGIN; SET LOCAL citus.enable_ddl_propagation = off; SET LOCAL citus.enable_manual_changes_to_shards = on;
+        "SET LOCAL citus.enable_ddl_propagation = off;
          ALTER TABLE {t} RENAME TO {t}_real; ALTER TABLE {d} RENAME TO {t};"
     );
     for s in &t_shards {
@@ -526,11 +492,9 @@ fn citus_owner_shell_swapped_on_a_worker_never_consults_a_look_alike() {
     for s in &d_shards {
         sql += &format!("ALTER TABLE {d}_{s} RENAME TO {t}_{s};");
     }
-    sql += "COMMIT;";
-    let mut w = c.node_as(port, MIGRATOR);
-    let renamed = attempt(&mut w, &sql);
-    let _ = w.batch_execute("ROLLBACK");
-    let mut app = c.coordinator_as(APP);
+    sql += "SELECT 1";
+    let renamed = as_migrator_on_worker(port, &sql);
+    let mut app = citus().coordinator_as(APP);
     let stale = attempt(&mut app, &pay(p, 7, 5));
     let stale_rows = one_i64(&mut m, &format!("SELECT count(*) FROM {p} WHERE table_id = 7 AND fencing_token = 5"));
     assert!(
@@ -561,11 +525,8 @@ fn clear_refusal(r: &Result<(), String>) -> bool {
 /// (LF008/0A000 saying to unprotect first).
 #[test]
 fn citus_alter_distributed_table_by_the_migrator_keeps_the_fence_or_is_refused_clearly() {
-    let c = citus();
-    let poker = poker("adt");
-    let Poker { t, p } = &poker;
-    let mut m = c.coordinator_as(MIGRATOR);
-    bump_to_6(&mut m, t, 7);
+    let (poker, mut m) = attacked("adt");
+    let p = &poker.p;
     let r = attempt(
         &mut m,
         &format!("SELECT alter_distributed_table('{p}', shard_count => 8, cascade_to_colocated => true)"),
@@ -573,8 +534,12 @@ fn citus_alter_distributed_table_by_the_migrator_keeps_the_fence_or_is_refused_c
     let stale = attempt(&mut m, &pay(p, 7, 5));
     let current = attempt(&mut m, &pay(p, 7, 6));
     let protected = one_i64(&mut m, &format!("SELECT count(*) FROM lease.protected WHERE relid = '{p}'::regclass"));
+    eprintln!(
+        "migrator alter_distributed_table: {r:?}; stale: {stale:?}; current: {current:?}; protected: {protected}"
+    );
     assert!(
-        clear_refusal(&r) || (stale.as_ref().is_err_and(|e| e.starts_with("LF001")) && current.is_ok() && protected == 1),
+        clear_refusal(&r)
+            || (r.is_ok() && failed_with(&stale, &["LF001"]) && current.is_ok() && protected == 1),
         "alter_distributed_table gave {r:?}; then stale token 5: {stale:?}, current token 6: {current:?}, protected: {protected}"
     );
     if r.is_err() {
@@ -633,11 +598,8 @@ fn citus_alter_distributed_table_by_a_dba_keeps_the_owner_guard_or_is_refused() 
 /// (LF008/0A000), the table still fenced.
 #[test]
 fn citus_undistribute_table_of_a_fenced_table_by_the_migrator_is_refused_clearly() {
-    let c = citus();
-    let poker = poker("und");
-    let Poker { t, p } = &poker;
-    let mut m = c.coordinator_as(MIGRATOR);
-    bump_to_6(&mut m, t, 7);
+    let (poker, mut m) = attacked("und");
+    let p = &poker.p;
     let r = attempt(&mut m, &format!("SELECT undistribute_table('{p}')"));
     let (held, state) = fence_state(&mut m, &poker, 7);
     assert!(clear_refusal(&r) && held, "undistribute_table gave {r:?}; {state}");
@@ -695,11 +657,8 @@ fn citus_undistribute_table_of_an_owner_table_is_refused() {
 /// that says the owner table of a distributed fence cannot be renamed.
 #[test]
 fn citus_owner_table_rename_through_the_coordinator_works_as_on_one_node() {
-    let c = citus();
-    let poker = poker("orn");
+    let (poker, mut m) = attacked("orn");
     let Poker { t, p } = &poker;
-    let mut m = c.coordinator_as(MIGRATOR);
-    bump_to_6(&mut m, t, 7);
     let r = attempt(&mut m, &format!("ALTER TABLE {t} RENAME TO {t}_new"));
     let renamed = Poker { t: if r.is_ok() { format!("{t}_new") } else { t.clone() }, p: p.clone() };
     let current = attempt(&mut m, &pay(p, 7, 6));

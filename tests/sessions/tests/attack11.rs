@@ -12,7 +12,7 @@
 use pg_lease_sessions::postgres::{Client, NoTls};
 use pg_lease_sessions::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread;
 
 /// Ports of the coordinator and the two workers (plus `PG_LEASE_PORT_OFFSET`).
@@ -42,6 +42,34 @@ struct CitusCluster {
 
 static CLUSTER: OnceLock<CitusCluster> = OnceLock::new();
 static SEQ: AtomicUsize = AtomicUsize::new(0);
+/// Held for reading by every test, for writing by those that leave tables in
+/// a state that makes pg_lease's DDL guard fail on any later `ALTER TABLE`
+/// in the database (a table stripped of its protection by Citus but still
+/// carrying pg_lease's TRUNCATE trigger: the guard drops such a trigger, and
+/// Citus refuses trigger DDL on distributed tables), until they cleaned up.
+static STATE: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    STATE.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn exclusive() -> RwLockWriteGuard<'static, ()> {
+    STATE.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Drops a test's tables when it ends, passed or failed (as a superuser, with
+/// Citus's trigger switch on, the fenced table first).
+struct DropAtEnd(Vec<String>);
+
+impl Drop for DropAtEnd {
+    fn drop(&mut self) {
+        let mut su = citus().coordinator.connect();
+        let _ = su.batch_execute("SET citus.enable_unsafe_triggers = on");
+        for table in &self.0 {
+            let _ = su.batch_execute(&format!("DROP TABLE IF EXISTS {table} CASCADE"));
+        }
+    }
+}
 
 extern "C" {
     fn atexit(callback: extern "C" fn()) -> std::os::raw::c_int;
@@ -247,6 +275,7 @@ fn failed_with(r: &Result<(), String>, codes: &[&str]) -> bool {
 /// refused because the owner token was lowered); the token stays 6.
 #[test]
 fn citus_worker_owner_guard_disabled_and_reenabled_in_one_transaction_lowers_a_token() {
+    let _state = shared();
     let (poker, mut m) = attacked("og");
     let Poker { t, p } = &poker;
     let (port, ts, _) = placement(&mut m, t, p, 7);
@@ -270,6 +299,7 @@ fn citus_worker_owner_guard_disabled_and_reenabled_in_one_transaction_lowers_a_t
 /// no stale row.
 #[test]
 fn citus_worker_fence_copy_disabled_and_reenabled_in_one_transaction_commits_a_stale_row() {
+    let _state = shared();
     let (poker, mut m) = attacked("fc");
     let Poker { t, p } = &poker;
     let (port, _, ps) = placement(&mut m, t, p, 7);
@@ -295,6 +325,7 @@ fn citus_worker_fence_copy_disabled_and_reenabled_in_one_transaction_commits_a_s
 /// Expected: LF008.
 #[test]
 fn citus_worker_owner_shard_token_column_retyped_lowers_a_token() {
+    let _state = shared();
     let (poker, mut m) = attacked("rt");
     let Poker { t, p } = &poker;
     // The same on the coordinator is refused.
@@ -325,6 +356,7 @@ fn citus_worker_owner_shard_token_column_retyped_lowers_a_token() {
 /// with a token that is not its own. Expected: LF008 at CREATE TRIGGER (or at commit).
 #[test]
 fn citus_worker_trigger_after_the_fence_copy_rewrites_judged_rows() {
+    let _state = shared();
     let (poker, mut m) = attacked("af");
     let Poker { t, p } = &poker;
     let (port, _, ps) = placement(&mut m, t, p, 7);
@@ -366,6 +398,7 @@ fn citus_worker_trigger_after_the_fence_copy_rewrites_judged_rows() {
 /// Expected: LF004 (or LF008), owner rows kept.
 #[test]
 fn citus_worker_truncate_of_an_owner_shard_loses_tokens() {
+    let _state = shared();
     let (poker, mut m) = attacked("tr");
     let Poker { t, p } = &poker;
     let r = attempt(&mut m, &format!("TRUNCATE {t}"));
@@ -386,6 +419,7 @@ fn citus_worker_truncate_of_an_owner_shard_loses_tokens() {
 /// refused.
 #[test]
 fn citus_application_on_a_worker_is_fenced() {
+    let _state = shared();
     let (poker, mut m) = attacked("app");
     let Poker { t, p } = &poker;
     let (port, _, ps) = placement(&mut m, t, p, 7);
@@ -430,6 +464,7 @@ fn decoy(m: &mut Client, Poker { t, .. }: &Poker) -> String {
 /// look-alike.
 #[test]
 fn citus_owner_table_renamed_through_the_coordinator_never_consults_a_look_alike() {
+    let _state = shared();
     let (poker, mut m) = attacked("rn");
     let Poker { t, p } = &poker;
     let d = decoy(&mut m, &poker);
@@ -463,6 +498,7 @@ fn citus_owner_table_renamed_through_the_coordinator_never_consults_a_look_alike
 /// LF008 for an inconsistent fence); never accepted.
 #[test]
 fn citus_owner_shell_swapped_on_a_worker_never_consults_a_look_alike() {
+    let _state = shared();
     let (poker, mut m) = attacked("sw");
     let Poker { t, p } = &poker;
     let d = decoy(&mut m, &poker);
@@ -525,6 +561,7 @@ fn clear_refusal(r: &Result<(), String>) -> bool {
 /// (LF008/0A000 saying to unprotect first).
 #[test]
 fn citus_alter_distributed_table_by_the_migrator_keeps_the_fence_or_is_refused_clearly() {
+    let _state = shared();
     let (poker, mut m) = attacked("adt");
     let p = &poker.p;
     let r = attempt(
@@ -557,14 +594,20 @@ fn citus_alter_distributed_table_by_the_migrator_keeps_the_fence_or_is_refused_c
 /// `lease.protected_tables` no longer list either table, the owner table
 /// has no `pg_lease_owner_guard` any more, so an UPDATE lowers owner 7's
 /// token from 6 to 5 (accepted) and the stale token 5 then writes; and
-/// `lease.cluster_fence_problems()` reports nothing. Expected: the
-/// operation keeps the fence (config, owner guard: lowering is LF004) or is
-/// refused with a clear pg_lease error (LF008/0A000: unprotect first).
+/// `lease.cluster_fence_problems()` reports nothing. Worse, the fenced
+/// table keeps pg_lease's TRUNCATE trigger: from then on every `ALTER TABLE`
+/// anyone runs in the database fails (`XX000 triggers are not supported on
+/// distributed tables`, from pg_lease's DDL guard dropping that stray
+/// trigger). Expected: the operation keeps the fence (config, owner guard:
+/// lowering is LF004) or is refused with a clear pg_lease error
+/// (LF008/0A000: unprotect first); other DDL unaffected.
 #[test]
 fn citus_alter_distributed_table_by_a_dba_keeps_the_owner_guard_or_is_refused() {
+    let _state = exclusive();
     let c = citus();
     let poker = poker("adtsu");
     let Poker { t, p } = &poker;
+    let _drop = DropAtEnd(vec![p.clone(), t.clone()]);
     let mut su = c.coordinator.connect();
     bump_to_6(&mut su, t, 7);
     let r = attempt(
@@ -581,11 +624,17 @@ fn citus_alter_distributed_table_by_a_dba_keeps_the_owner_guard_or_is_refused() 
     // A role allowed to UPDATE owner rows lowers a token.
     let lowered = attempt(&mut su, &format!("UPDATE {t} SET owner_fencing_token = 5 WHERE id = 7"));
     let (held, state) = fence_state(&mut su, &poker, 7);
+    // Unrelated DDL in the database still works.
+    let other = self::poker("adtother");
+    let unrelated =
+        attempt(&mut citus().coordinator_as(MIGRATOR), &format!("ALTER TABLE {} ADD COLUMN note text", other.t));
     assert!(
-        clear_refusal(&r)
-            || (r.is_ok() && protected == 1 && lowered.as_ref().is_err_and(|e| e.starts_with("LF004")) && held),
+        (clear_refusal(&r)
+            || (r.is_ok() && protected == 1 && lowered.as_ref().is_err_and(|e| e.starts_with("LF004")) && held))
+            && unrelated.is_ok(),
         "alter_distributed_table gave {r:?}; lease.protected rows for {p}: {protected}; \
-         cluster_fence_problems rows: {problems}; lowering owner 7's token to 5 gave {lowered:?}; {state}"
+         cluster_fence_problems rows: {problems}; lowering owner 7's token to 5 gave {lowered:?}; {state}; \
+         then an unrelated ALTER TABLE by the migrator gave {unrelated:?}"
     );
 }
 
@@ -598,6 +647,7 @@ fn citus_alter_distributed_table_by_a_dba_keeps_the_owner_guard_or_is_refused() 
 /// (LF008/0A000), the table still fenced.
 #[test]
 fn citus_undistribute_table_of_a_fenced_table_by_the_migrator_is_refused_clearly() {
+    let _state = shared();
     let (poker, mut m) = attacked("und");
     let p = &poker.p;
     let r = attempt(&mut m, &format!("SELECT undistribute_table('{p}')"));
@@ -616,9 +666,11 @@ fn citus_undistribute_table_of_a_fenced_table_by_the_migrator_is_refused_clearly
 /// (lowering LF004).
 #[test]
 fn citus_undistribute_table_by_a_dba_keeps_the_owner_guard_or_is_refused() {
+    let _state = exclusive();
     let c = citus();
     let poker = poker("undsu");
     let Poker { t, p } = &poker;
+    let _drop = DropAtEnd(vec![p.clone(), t.clone()]);
     let mut su = c.coordinator.connect();
     bump_to_6(&mut su, t, 7);
     let r = attempt(&mut su, &format!("SELECT undistribute_table('{p}')"));
@@ -633,6 +685,7 @@ fn citus_undistribute_table_by_a_dba_keeps_the_owner_guard_or_is_refused() {
 /// by pg_lease (LF008: it would drop an owner table in use), tokens kept.
 #[test]
 fn citus_undistribute_table_of_an_owner_table_is_refused() {
+    let _state = shared();
     let c = citus();
     let poker = poker("undo");
     let Poker { t, .. } = &poker;
@@ -657,6 +710,7 @@ fn citus_undistribute_table_of_an_owner_table_is_refused() {
 /// that says the owner table of a distributed fence cannot be renamed.
 #[test]
 fn citus_owner_table_rename_through_the_coordinator_works_as_on_one_node() {
+    let _state = shared();
     let (poker, mut m) = attacked("orn");
     let Poker { t, p } = &poker;
     let r = attempt(&mut m, &format!("ALTER TABLE {t} RENAME TO {t}_new"));
@@ -669,6 +723,80 @@ fn citus_owner_table_rename_through_the_coordinator_works_as_on_one_node() {
     );
 }
 
+/// **Hole (medium: the co-location rule broken after protect; writes then
+/// refused, monitoring blind).** Attack: the migrator moves the fenced
+/// table out of its owner table's co-location group with
+/// `update_distributed_table_colocation(p, colocate_with => 'none')`, a
+/// layout `lease.protect` refuses (0A000). Observed: accepted;
+/// `lease.cluster_fence_problems()` reports nothing; the next routine move
+/// of the owner table's shard (Citus now moves it alone) leaves the payouts
+/// shard without its owner rows on its node: every write for those owners,
+/// current tokens included, is LF008 "has no shard of its owner table
+/// co-located with it on this node". Expected: the co-location change
+/// refused while the fence needs it (0A000/LF008), so that writes with the
+/// current token keep working after the move.
+#[test]
+fn citus_update_distributed_table_colocation_cannot_break_the_co_location_rule() {
+    let _state = shared();
+    let (poker, mut m) = attacked("col");
+    let Poker { t, p } = &poker;
+    let r = attempt(&mut m, &format!("SELECT update_distributed_table_colocation('{p}', colocate_with => 'none')"));
+    let mut su = citus().coordinator.connect();
+    let problems =
+        one_i64(&mut su, &format!("SELECT count(*) FROM lease.cluster_fence_problems() WHERE target LIKE '%{p}'"));
+    let (port, ts, _) = placement(&mut m, t, p, 7);
+    let to = WORKER_PORTS.iter().map(|w| w + port_offset()).find(|&w| w != port).unwrap();
+    ok(
+        &mut su,
+        &format!("SELECT citus_move_shard_placement({ts}, '127.0.0.1', {port}, '127.0.0.1', {to}, 'block_writes')"),
+    );
+    let current = attempt(&mut m, &pay(p, 7, 6));
+    let (held, state) = fence_state(&mut m, &poker, 7);
+    assert!(
+        clear_refusal(&r) && current.is_ok() && held,
+        "update_distributed_table_colocation gave {r:?} (cluster_fence_problems rows after it: {problems}); \
+         after moving owner 7's shard, a write with the current token gave {current:?}; {state}"
+    );
+}
+
+/// **Defence holds.** Owner tables protected while local, then handed to
+/// Citus by the migrator: `citus_add_local_table_to_metadata` is refused
+/// (LF008, pg_lease's triggers would be dropped from the table that becomes
+/// the shard), `create_reference_table` fails (with the unsafe-trigger
+/// switch on, pg_lease's owner guard refuses to run on the new shard: "fired
+/// on <t>_1021xx, which pg_lease does not guard", unclear but safe); the
+/// fence keeps working on the local tables.
+#[test]
+fn citus_local_fenced_tables_handed_to_citus_keep_their_fence() {
+    let _state = shared();
+    let n = SEQ.fetch_add(1, Ordering::SeqCst);
+    let poker = Poker { t: format!("loc{n}_tables"), p: format!("loc{n}_payouts") };
+    let Poker { t, p } = &poker;
+    let mut m = citus().coordinator_as(MIGRATOR);
+    ok(
+        &mut m,
+        &format!(
+            "CREATE TABLE {t} (id bigint PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE {p} (table_id bigint NOT NULL, amount bigint NOT NULL DEFAULT 0, fencing_token bigint);
+             INSERT INTO {t} SELECT g, 6 FROM generate_series(1, {OWNERS}) g;
+             SELECT lease.protect('{p}', '{{table_id}}', 'fencing_token', '{t}', '{{id}}', 'owner_fencing_token');
+             SET citus.enable_unsafe_triggers = on;"
+        ),
+    );
+    for sql in [
+        format!("SELECT citus_add_local_table_to_metadata('{p}')"),
+        format!("SELECT citus_add_local_table_to_metadata('{t}')"),
+    ] {
+        let r = attempt(&mut m, &sql);
+        assert!(failed_with(&r, &["LF008"]), "{sql}: {r:?}");
+    }
+    let r = attempt(&mut m, &format!("SELECT create_reference_table('{t}')"));
+    assert!(r.is_err(), "create_reference_table of a local owner table: accepted");
+    let lowered = attempt(&mut m, &format!("UPDATE {t} SET owner_fencing_token = 1 WHERE id = 7"));
+    assert!(failed_with(&lowered, &["LF004"]), "{lowered:?}");
+    still_fenced(&mut m, &poker, 7);
+}
+
 /// **Defence check: `lease.bind_token` after the transaction already has
 /// connections to the workers.** A transaction reads the distributed table
 /// (Citus opens its worker connections), then binds its token and writes:
@@ -677,6 +805,7 @@ fn citus_owner_table_rename_through_the_coordinator_works_as_on_one_node() {
 /// the stale one refused (LF001), never LF003.
 #[test]
 fn citus_bind_token_after_worker_connections_are_open_reaches_the_shards() {
+    let _state = shared();
     let c = citus();
     let n = SEQ.fetch_add(1, Ordering::SeqCst);
     let (t, p) = (format!("bt{n}_tables"), format!("bt{n}_payouts"));

@@ -25,6 +25,9 @@ const OWNERS: i64 = 40;
 const MIGRATOR: &str = "a11_migrator";
 /// The application role: INSERT on payouts, no rights on owner rows.
 const APP: &str = "a11_app";
+/// A role granted UPDATE and DELETE on owner rows (README: "Even a role
+/// allowed to UPDATE owner rows cannot lower or clear a token").
+const UPDATER: &str = "a11_updater";
 
 const CONF: &[&str] = &[
     "shared_preload_libraries = 'citus,pg_lease'",
@@ -116,7 +119,8 @@ fn citus() -> &'static CitusCluster {
              GRANT CREATE ON SCHEMA public TO {MIGRATOR};
              GRANT EXECUTE ON FUNCTION lease.protect, lease.unprotect TO {MIGRATOR};
              CREATE ROLE {APP} LOGIN;
-             GRANT USAGE ON SCHEMA lease TO {APP};"
+             GRANT USAGE ON SCHEMA lease TO {APP};
+             CREATE ROLE {UPDATER} LOGIN;"
         ))
         .unwrap();
         citus
@@ -183,6 +187,7 @@ fn poker(name: &str) -> Poker {
              INSERT INTO {t} SELECT g, 5 FROM generate_series(1, {OWNERS}) g;
              SELECT lease.protect('{p}', '{{table_id}}', 'fencing_token', '{t}', '{{id}}', 'owner_fencing_token');
              GRANT SELECT ON {t} TO {APP};
+             GRANT SELECT, UPDATE, DELETE ON {t} TO {UPDATER};
              GRANT SELECT, INSERT ON {p} TO {APP};"
         ),
     );
@@ -795,6 +800,141 @@ fn citus_local_fenced_tables_handed_to_citus_keep_their_fence() {
     let lowered = attempt(&mut m, &format!("UPDATE {t} SET owner_fencing_token = 1 WHERE id = 7"));
     assert!(failed_with(&lowered, &["LF004"]), "{lowered:?}");
     still_fenced(&mut m, &poker, 7);
+}
+
+/// **Defence holds.** A role granted UPDATE and DELETE on owner rows,
+/// connected straight to the worker holding owner 7, lowers, clears or
+/// deletes owner 7's row or changes its key, in the shard and through the
+/// worker's shell: LF004 each time (Citus itself refuses a key change
+/// through the shell), the token stays 6.
+#[test]
+fn citus_owner_row_updater_on_a_worker_cannot_lower_a_token() {
+    let _state = shared();
+    let (poker, mut m) = attacked("upd");
+    let Poker { t, p } = &poker;
+    let (port, ts, _) = placement(&mut m, t, p, 7);
+    let mut w = citus().node_as(port, UPDATER);
+    for sql in [
+        format!("UPDATE {t}_{ts} SET owner_fencing_token = 5 WHERE id = 7"),
+        format!("UPDATE {t}_{ts} SET owner_fencing_token = NULL WHERE id = 7"),
+        format!("DELETE FROM {t}_{ts} WHERE id = 7"),
+        format!("UPDATE {t} SET owner_fencing_token = 5 WHERE id = 7"),
+        format!("UPDATE {t}_{ts} SET id = 1000 WHERE id = 7"),
+    ] {
+        let r = attempt(&mut w, &sql);
+        assert!(failed_with(&r, &["LF004"]), "{sql}: {r:?}");
+    }
+    // Through the shell, Citus refuses a new distribution value by itself.
+    let r = attempt(&mut w, &format!("UPDATE {t} SET id = 1000 WHERE id = 7"));
+    assert!(failed_with(&r, &["LF004", "0A000"]), "{r:?}");
+    still_fenced(&mut m, &poker, 7);
+}
+
+/// **Defence holds.** `lease.acquire` called on a worker for an owner row
+/// whose lease is held on the coordinator: lease state lives per node, so a
+/// second live holder would be possible; it is refused (the worker's
+/// `lease.protected` is empty: "is not the owner table of any table
+/// protected", a misleading reason, but no second holder and no token).
+#[test]
+fn citus_lease_acquire_on_a_worker_gives_no_second_holder() {
+    let _state = shared();
+    let (poker, mut m) = attacked("lw");
+    let Poker { t, p } = &poker;
+    let mut su = citus().coordinator.connect();
+    let held: i64 = su
+        .query_one(&format!("SELECT token FROM lease.acquire('{t}:7', 'host-a', 60000, '{t}', '{{7}}')"), &[])
+        .unwrap()
+        .get(0);
+    let (port, _, _) = placement(&mut m, t, p, 7);
+    let mut w = citus().node_as(port, "postgres");
+    let r = attempt(&mut w, &format!("SELECT lease.acquire('{t}:7', 'host-b', 60000, '{t}', '{{7}}')"));
+    assert!(r.is_err(), "a second holder of {t}:7 on worker {port}");
+    assert_eq!(token_of(&mut m, t, 7), held);
+}
+
+/// **Defence holds.** Equal keys written differently: owner and fenced key
+/// columns `numeric` (Citus hashes 7, 7.0 and 7.00 alike), the lease
+/// acquired for `{7.000}` and the payout written for `7.00`: the current
+/// token is accepted, the one before it refused (LF001).
+#[test]
+fn citus_numeric_keys_of_another_scale_are_one_resource() {
+    let _state = shared();
+    let n = SEQ.fetch_add(1, Ordering::SeqCst);
+    let (t, p) = (format!("num{n}_tables"), format!("num{n}_payouts"));
+    let mut su = citus().coordinator.connect();
+    ok(
+        &mut su,
+        &format!(
+            "CREATE TABLE {t} (id numeric PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE {p} (table_id numeric NOT NULL, amount bigint NOT NULL DEFAULT 0, fencing_token bigint);
+             SELECT create_distributed_table('{t}', 'id', shard_count => 4, colocate_with => 'none');
+             SELECT create_distributed_table('{p}', 'table_id', colocate_with => '{t}');
+             INSERT INTO {t} SELECT g, NULL FROM generate_series(1, {OWNERS}) g;
+             SELECT lease.protect('{p}', '{{table_id}}', 'fencing_token', '{t}', '{{id}}', 'owner_fencing_token');"
+        ),
+    );
+    let acquire = |su: &mut Client, key: &str| -> i64 {
+        su.query_one(&format!("SELECT token FROM lease.acquire('{t}:{key}', 'h', 60000, '{t}', '{{{key}}}')"), &[])
+            .unwrap()
+            .get(0)
+    };
+    let (old, new) = (acquire(&mut su, "7.000"), acquire(&mut su, "7.0"));
+    let stale = attempt(&mut su, &format!("INSERT INTO {p} VALUES (7.00, 1, {old})"));
+    assert!(failed_with(&stale, &["LF001"]), "{stale:?}");
+    ok(&mut su, &format!("INSERT INTO {p} VALUES (7.00, 1, {new})"));
+}
+
+/// **Defence holds (a legitimate operation).** `ALTER EXTENSION pg_lease
+/// UPDATE` from 0.7.0 on a Citus coordinator (in a database of its own on
+/// every node) updates every node, and distributed tables can then be
+/// protected and are fenced on the workers.
+#[test]
+fn citus_alter_extension_update_from_0_7_0_reaches_every_node() {
+    let _state = shared();
+    let c = citus();
+    let db = "a11_upgrade";
+    let nodes: Vec<&Cluster> = c.workers.iter().chain([&c.coordinator]).collect();
+    for node in &nodes {
+        let mut admin = node.connect();
+        let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"));
+        ok(&mut admin, &format!("CREATE DATABASE {db}"));
+        ok(&mut node.connect_db(db), "CREATE EXTENSION citus");
+    }
+    let mut u = c.coordinator.connect_db(db);
+    u.execute("SELECT citus_set_coordinator_host('127.0.0.1', $1)", &[&i32::from(c.coordinator.port)]).unwrap();
+    for node in &c.workers {
+        u.execute("SELECT citus_add_node('127.0.0.1', $1)", &[&i32::from(node.port)]).unwrap();
+    }
+    ok(&mut u, "CREATE EXTENSION pg_lease VERSION '0.7.0'; ALTER EXTENSION pg_lease UPDATE");
+    let versions: Vec<String> = u
+        .query(
+            "SELECT result FROM run_command_on_all_nodes($$SELECT extversion FROM pg_extension WHERE extname = 'pg_lease'$$)",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, ["0.8.0", "0.8.0", "0.8.0"]);
+    ok(
+        &mut u,
+        &format!(
+            "CREATE TABLE tables (id bigint PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE payouts (table_id bigint NOT NULL, amount bigint NOT NULL DEFAULT 0, fencing_token bigint);
+             SELECT create_distributed_table('tables', 'id', shard_count => 4);
+             SELECT create_distributed_table('payouts', 'table_id', colocate_with => 'tables');
+             INSERT INTO tables SELECT g, 6 FROM generate_series(1, {OWNERS}) g;
+             SELECT lease.protect('payouts', '{{table_id}}', 'fencing_token', 'tables', '{{id}}', 'owner_fencing_token');"
+        ),
+    );
+    for id in 1..=OWNERS {
+        let r = attempt(&mut u, &format!("INSERT INTO payouts VALUES ({id}, 1, 5)"));
+        assert!(failed_with(&r, &["LF001"]), "owner {id}: {r:?}");
+    }
+    drop(u);
+    for node in &nodes {
+        let _ = node.connect().batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"));
+    }
 }
 
 /// **Defence check: `lease.bind_token` after the transaction already has

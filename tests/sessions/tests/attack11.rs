@@ -937,6 +937,78 @@ fn citus_alter_extension_update_from_0_7_0_reaches_every_node() {
     }
 }
 
+/// **Hole (high: a token capability leaked, forged audit, lock on another's
+/// owner rows).** Attack: a role with CREATE on a schema (here the
+/// migrator) but no right at all on someone else's owner table `v` (token
+/// 4242, owned by postgres) distributes a table of its own co-located with
+/// `v`, and gives it pg_lease's fence trigger with a hand-written config
+/// argument naming `v` as owner table (`CREATE TRIGGER pg_lease_fence ...
+/// lease.fence_trigger('{"mode": "owner", ..., "owner_table":
+/// "public.v", ...}')` plus `ENABLE ALWAYS` in the same transaction, with
+/// `citus.enable_unsafe_triggers` on). On one node pg_lease's trigger
+/// functions refuse to run on a table `lease.protect` did not set up ("no
+/// forged audit records"). On a shard the config comes from the trigger's
+/// argument and nothing checks that `lease.protect` wrote it. Observed: an
+/// INSERT into the attacker's table runs the fence as `v`'s owner and the
+/// LF001 DETAIL reveals `v`'s current token 4242 (a capability) to a role
+/// that cannot SELECT it; `lease.stats`/`lease.rejected_writes` on the
+/// worker record refusals for a table nobody protected; an accepted row
+/// holds a FOR SHARE lock on `v`'s owner row (blocking its token bumps) as
+/// long as the attacker's transaction stays open. Expected: the trigger is
+/// refused when created (LF008) or refuses to run on a table `lease.protect`
+/// did not set up (as on one node); `v`'s token appears nowhere.
+#[test]
+fn citus_fence_trigger_with_a_forged_config_reads_no_one_elses_owner_rows() {
+    let _state = shared();
+    let n = SEQ.fetch_add(1, Ordering::SeqCst);
+    let (v, fake) = (format!("victim{n}_tables"), format!("victim{n}_fake"));
+    let mut su = citus().coordinator.connect();
+    ok(
+        &mut su,
+        &format!(
+            "CREATE TABLE {v} (id bigint PRIMARY KEY, owner_fencing_token bigint);
+             SELECT create_distributed_table('{v}', 'id', shard_count => 4, colocate_with => 'none');
+             INSERT INTO {v} SELECT g, 4242 FROM generate_series(1, {OWNERS}) g;"
+        ),
+    );
+    let mut m = citus().coordinator_as(MIGRATOR);
+    let r = attempt(&mut m, &format!("SELECT * FROM {v}"));
+    assert!(failed_with(&r, &["42501"]), "the attacker cannot read {v}: {r:?}");
+    let config = format!(
+        r#"{{"mode": "owner", "key_columns": ["table_id"], "owner_table": "public.{v}", "token_column": "fencing_token", "owner_key_columns": ["id"], "owner_token_column": "owner_fencing_token"}}"#
+    );
+    ok(
+        &mut m,
+        &format!(
+            "CREATE TABLE {fake} (table_id bigint, fencing_token bigint);
+             SELECT create_distributed_table('{fake}', 'table_id', colocate_with => '{v}');
+             SET citus.enable_unsafe_triggers = on;"
+        ),
+    );
+    // One statement per query: Citus sends a DDL command's whole query
+    // string to the workers.
+    let installed = (|| {
+        let mut tx = m.transaction()?;
+        tx.batch_execute(&format!(
+            "CREATE TRIGGER pg_lease_fence BEFORE INSERT OR UPDATE OR DELETE ON {fake}
+                 FOR EACH ROW EXECUTE FUNCTION lease.fence_trigger('{config}')"
+        ))?;
+        tx.batch_execute(&format!("ALTER TABLE {fake} ENABLE ALWAYS TRIGGER pg_lease_fence"))?;
+        tx.commit()
+    })()
+    .map_err(|e| describe(&e));
+    let probe = attempt(&mut m, &format!("INSERT INTO {fake} VALUES (7, 1)"));
+    let stats = one_i64(
+        &mut su,
+        &format!("SELECT coalesce(sum(accepted + refused), 0)::bigint FROM lease.cluster_stats() WHERE table_name LIKE '%{fake}'"),
+    );
+    assert!(
+        !probe.as_ref().is_err_and(|e| e.contains("4242")) && stats == 0,
+        "forged fence trigger on {fake}: installing it gave {installed:?}; an INSERT then gave {probe:?}; \
+         lease.cluster_stats() counts {stats} verdicts for {fake}"
+    );
+}
+
 /// **Defence check: `lease.bind_token` after the transaction already has
 /// connections to the workers.** A transaction reads the distributed table
 /// (Citus opens its worker connections), then binds its token and writes:

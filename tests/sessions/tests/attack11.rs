@@ -1009,6 +1009,110 @@ fn citus_fence_trigger_with_a_forged_config_reads_no_one_elses_owner_rows() {
     );
 }
 
+/// The tables of `poker(name)`, created and filled but not protected.
+fn unprotected(name: &str) -> Poker {
+    let n = SEQ.fetch_add(1, Ordering::SeqCst);
+    let (t, p) = (format!("{name}{n}_tables"), format!("{name}{n}_payouts"));
+    let mut m = citus().coordinator_as(MIGRATOR);
+    ok(
+        &mut m,
+        &format!(
+            "CREATE TABLE {t} (id bigint PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE {p} (table_id bigint NOT NULL, hand bigint NOT NULL DEFAULT 0,
+                               amount bigint NOT NULL DEFAULT 0, fencing_token bigint);
+             SELECT create_distributed_table('{t}', 'id', shard_count => 4, colocate_with => 'none');
+             SELECT create_distributed_table('{p}', 'table_id', colocate_with => '{t}');
+             INSERT INTO {t} SELECT g, 6 FROM generate_series(1, {OWNERS}) g;"
+        ),
+    );
+    Poker { t, p }
+}
+
+/// **Hole (high: a fence silently not installed).** Attack (or an honest
+/// mistake: migration tools turn it off, and `ALTER ROLE ... SET` makes it
+/// stick): the migrator calls `lease.protect` in a session with
+/// `citus.enable_ddl_propagation = off`. Observed: protect succeeds and
+/// `lease.protected` lists the table, but pg_lease's triggers exist only on
+/// the coordinator's shells; no shard on any worker is fenced: a write with
+/// the stale token 5 commits, and owner 7's token can be lowered from 6 to 1
+/// (only `lease.cluster_fence_problems()` notices). Expected: protect
+/// installs the fence on every node whatever the session's propagation
+/// setting (as it does for `citus.enable_unsafe_triggers`), or refuses with
+/// a clear error.
+#[test]
+fn citus_protect_with_ddl_propagation_off_still_fences_the_shards() {
+    let _state = shared();
+    let poker = unprotected("dp");
+    let Poker { t, p } = &poker;
+    let mut m = citus().coordinator_as(MIGRATOR);
+    let r = attempt(
+        &mut m,
+        &format!(
+            "SET citus.enable_ddl_propagation = off;
+             SELECT lease.protect('{p}', '{{table_id}}', 'fencing_token', '{t}', '{{id}}', 'owner_fencing_token');"
+        ),
+    );
+    ok(&mut m, "RESET citus.enable_ddl_propagation");
+    let lowered = attempt(&mut m, &format!("UPDATE {t} SET owner_fencing_token = 1 WHERE id = 7"));
+    let stale = attempt(&mut m, &pay(p, 7, 5));
+    assert!(
+        clear_refusal(&r) || (r.is_ok() && failed_with(&lowered, &["LF004"]) && failed_with(&stale, &["LF001"])),
+        "protect with DDL propagation off gave {r:?}; then lowering owner 7's token gave {lowered:?}, \
+         a write with the stale token 5 gave {stale:?}"
+    );
+}
+
+/// **Hole (critical: a stale write commits).** Attack: the migrator on a
+/// worker, with `citus.enable_ddl_propagation = off`, replaces the fence
+/// trigger of its *shell* of the fenced table by one whose config argument
+/// names a look-alike owner table (co-located, owner 7 at the stale token
+/// 5), enabled ALWAYS. The shards on that worker read their config from that
+/// argument. Observed: accepted, and the application's stale write (token 5,
+/// current 6) through the coordinator commits; only
+/// `lease.cluster_fence_problems()` notices afterwards. The same through the
+/// coordinator is refused (LF008). Expected: refused on the worker (LF008),
+/// or the shards keep judging against the real owner table.
+#[test]
+fn citus_worker_shell_fence_config_replaced_never_consults_a_look_alike() {
+    let _state = shared();
+    let (poker, mut m) = attacked("cfg");
+    let Poker { t, p } = &poker;
+    let d = decoy(&mut m, &poker);
+    let config = format!(
+        r#"{{"mode": "owner", "key_columns": ["table_id"], "owner_table": "public.{d}", "token_column": "fencing_token", "owner_key_columns": ["id"], "owner_token_column": "owner_fencing_token"}}"#
+    );
+    let replace = format!(
+        "CREATE OR REPLACE TRIGGER pg_lease_fence BEFORE INSERT OR UPDATE OR DELETE ON {p}
+             FOR EACH ROW EXECUTE FUNCTION lease.fence_trigger('{config}')"
+    );
+    // Through the coordinator: refused.
+    let through_coordinator = (|| {
+        let mut tx = m.transaction()?;
+        tx.batch_execute("SET LOCAL citus.enable_unsafe_triggers = on")?;
+        tx.batch_execute(&replace)?;
+        tx.batch_execute(&format!("ALTER TABLE {p} ENABLE ALWAYS TRIGGER pg_lease_fence"))?;
+        tx.commit()
+    })()
+    .map_err(|e| describe(&e));
+    assert!(failed_with(&through_coordinator, &["LF008"]), "{through_coordinator:?}");
+    let (port, _, _) = placement(&mut m, t, p, 7);
+    let r = as_migrator_on_worker(
+        port,
+        &format!(
+            "SET LOCAL citus.enable_ddl_propagation = off;
+             {replace};
+             ALTER TABLE {p} ENABLE ALWAYS TRIGGER pg_lease_fence"
+        ),
+    );
+    let mut app = citus().coordinator_as(APP);
+    let stale = attempt(&mut app, &pay(p, 7, 5));
+    let (held, state) = fence_state(&mut m, &poker, 7);
+    assert!(
+        (failed_with(&r, &["LF008"]) || failed_with(&stale, &["LF001", "LF008"])) && held,
+        "replacing the shell's fence config on worker {port} gave {r:?}; the application's stale write then gave {stale:?}; {state}"
+    );
+}
+
 /// **Defence check: `lease.bind_token` after the transaction already has
 /// connections to the workers.** A transaction reads the distributed table
 /// (Citus opens its worker connections), then binds its token and writes:

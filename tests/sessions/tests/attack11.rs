@@ -173,25 +173,45 @@ struct Poker {
 }
 
 fn poker(name: &str) -> Poker {
+    let poker = unprotected(name, 5);
+    let Poker { t, p } = &poker;
+    ok(
+        &mut citus().coordinator_as(MIGRATOR),
+        &format!(
+            "SELECT lease.protect('{p}', '{{table_id}}', 'fencing_token', '{t}', '{{id}}', 'owner_fencing_token');
+             GRANT SELECT ON {t} TO {APP};
+             GRANT SELECT, UPDATE, DELETE ON {t} TO {UPDATER};
+             GRANT SELECT, INSERT ON {p} TO {APP};"
+        ),
+    );
+    poker
+}
+
+/// The tables of `poker(name)`, owner rows at `token`, not protected.
+fn unprotected(name: &str, token: i64) -> Poker {
     let n = SEQ.fetch_add(1, Ordering::SeqCst);
     let (t, p) = (format!("{name}{n}_tables"), format!("{name}{n}_payouts"));
-    let mut m = citus().coordinator_as(MIGRATOR);
     ok(
-        &mut m,
+        &mut citus().coordinator_as(MIGRATOR),
         &format!(
             "CREATE TABLE {t} (id bigint PRIMARY KEY, owner_fencing_token bigint);
              CREATE TABLE {p} (table_id bigint NOT NULL, hand bigint NOT NULL DEFAULT 0,
                                amount bigint NOT NULL DEFAULT 0, fencing_token bigint);
              SELECT create_distributed_table('{t}', 'id', shard_count => 4, colocate_with => 'none');
              SELECT create_distributed_table('{p}', 'table_id', colocate_with => '{t}');
-             INSERT INTO {t} SELECT g, 5 FROM generate_series(1, {OWNERS}) g;
-             SELECT lease.protect('{p}', '{{table_id}}', 'fencing_token', '{t}', '{{id}}', 'owner_fencing_token');
-             GRANT SELECT ON {t} TO {APP};
-             GRANT SELECT, UPDATE, DELETE ON {t} TO {UPDATER};
-             GRANT SELECT, INSERT ON {p} TO {APP};"
+             INSERT INTO {t} SELECT g, {token} FROM generate_series(1, {OWNERS}) g;"
         ),
     );
     Poker { t, p }
+}
+
+/// The config argument `lease.protect` gives the fence trigger of a Citus
+/// table fenced by `table_id`/`fencing_token` against `owner` (`id`,
+/// `owner_fencing_token`), written by hand.
+fn config_naming(owner: &str) -> String {
+    format!(
+        r#"{{"mode": "owner", "key_columns": ["table_id"], "owner_table": "public.{owner}", "token_column": "fencing_token", "owner_key_columns": ["id"], "owner_token_column": "owner_fencing_token"}}"#
+    )
 }
 
 fn pay(p: &str, id: i64, token: i64) -> String {
@@ -974,9 +994,7 @@ fn citus_fence_trigger_with_a_forged_config_reads_no_one_elses_owner_rows() {
     let mut m = citus().coordinator_as(MIGRATOR);
     let r = attempt(&mut m, &format!("SELECT * FROM {v}"));
     assert!(failed_with(&r, &["42501"]), "the attacker cannot read {v}: {r:?}");
-    let config = format!(
-        r#"{{"mode": "owner", "key_columns": ["table_id"], "owner_table": "public.{v}", "token_column": "fencing_token", "owner_key_columns": ["id"], "owner_token_column": "owner_fencing_token"}}"#
-    );
+    let config = config_naming(&v);
     ok(
         &mut m,
         &format!(
@@ -1009,25 +1027,6 @@ fn citus_fence_trigger_with_a_forged_config_reads_no_one_elses_owner_rows() {
     );
 }
 
-/// The tables of `poker(name)`, created and filled but not protected.
-fn unprotected(name: &str) -> Poker {
-    let n = SEQ.fetch_add(1, Ordering::SeqCst);
-    let (t, p) = (format!("{name}{n}_tables"), format!("{name}{n}_payouts"));
-    let mut m = citus().coordinator_as(MIGRATOR);
-    ok(
-        &mut m,
-        &format!(
-            "CREATE TABLE {t} (id bigint PRIMARY KEY, owner_fencing_token bigint);
-             CREATE TABLE {p} (table_id bigint NOT NULL, hand bigint NOT NULL DEFAULT 0,
-                               amount bigint NOT NULL DEFAULT 0, fencing_token bigint);
-             SELECT create_distributed_table('{t}', 'id', shard_count => 4, colocate_with => 'none');
-             SELECT create_distributed_table('{p}', 'table_id', colocate_with => '{t}');
-             INSERT INTO {t} SELECT g, 6 FROM generate_series(1, {OWNERS}) g;"
-        ),
-    );
-    Poker { t, p }
-}
-
 /// **Hole (high: a fence silently not installed).** Attack (or an honest
 /// mistake: migration tools turn it off, and `ALTER ROLE ... SET` makes it
 /// stick): the migrator calls `lease.protect` in a session with
@@ -1042,7 +1041,7 @@ fn unprotected(name: &str) -> Poker {
 #[test]
 fn citus_protect_with_ddl_propagation_off_still_fences_the_shards() {
     let _state = shared();
-    let poker = unprotected("dp");
+    let poker = unprotected("dp", 6);
     let Poker { t, p } = &poker;
     let mut m = citus().coordinator_as(MIGRATOR);
     let r = attempt(
@@ -1078,9 +1077,7 @@ fn citus_worker_shell_fence_config_replaced_never_consults_a_look_alike() {
     let (poker, mut m) = attacked("cfg");
     let Poker { t, p } = &poker;
     let d = decoy(&mut m, &poker);
-    let config = format!(
-        r#"{{"mode": "owner", "key_columns": ["table_id"], "owner_table": "public.{d}", "token_column": "fencing_token", "owner_key_columns": ["id"], "owner_token_column": "owner_fencing_token"}}"#
-    );
+    let config = config_naming(&d);
     let replace = format!(
         "CREATE OR REPLACE TRIGGER pg_lease_fence BEFORE INSERT OR UPDATE OR DELETE ON {p}
              FOR EACH ROW EXECUTE FUNCTION lease.fence_trigger('{config}')"

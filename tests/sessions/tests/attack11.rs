@@ -1110,6 +1110,41 @@ fn citus_worker_shell_fence_config_replaced_never_consults_a_look_alike() {
     );
 }
 
+/// **Defence check (legitimate operations).** A DBA isolates owner 7's
+/// tenant into shards of its own (`isolate_tenant_to_new_shard(...,
+/// 'CASCADE')`, the fenced table's shard with it) and moves them to the
+/// other worker (`block_writes`: a logical transfer failed here with
+/// "library citus may not be used as an output plugin", not looked into).
+/// Expected: owner 7
+/// still fenced on its new shard (stale refused, current accepted), the
+/// owner guard still refuses lowering, no fence problem reported.
+#[test]
+fn citus_isolated_tenant_moved_to_another_worker_stays_fenced() {
+    let _state = shared();
+    let (poker, mut m) = attacked("iso");
+    let Poker { t, p } = &poker;
+    let mut su = citus().coordinator.connect();
+    ok(
+        &mut su,
+        &format!("SELECT isolate_tenant_to_new_shard('{t}', 7, 'CASCADE', shard_transfer_mode => 'block_writes')"),
+    );
+    let (port, ts, _) = placement(&mut m, t, p, 7);
+    let to = WORKER_PORTS.iter().map(|w| w + port_offset()).find(|&w| w != port).unwrap();
+    ok(
+        &mut su,
+        &format!("SELECT citus_move_shard_placement({ts}, '127.0.0.1', {port}, '127.0.0.1', {to}, 'block_writes')"),
+    );
+    assert_eq!(placement(&mut m, t, p, 7).0, to);
+    let current = attempt(&mut m, &pay(p, 7, 6));
+    assert!(current.is_ok(), "{current:?}");
+    let lowered = attempt(&mut m, &format!("UPDATE {t} SET owner_fencing_token = 5 WHERE id = 7"));
+    assert!(failed_with(&lowered, &["LF004"]), "{lowered:?}");
+    still_fenced(&mut m, &poker, 7);
+    let problems =
+        one_i64(&mut su, &format!("SELECT count(*) FROM lease.cluster_fence_problems() WHERE target LIKE '%{p}'"));
+    assert_eq!(problems, 0);
+}
+
 /// **Defence check: `lease.bind_token` after the transaction already has
 /// connections to the workers.** A transaction reads the distributed table
 /// (Citus opens its worker connections), then binds its token and writes:

@@ -1145,6 +1145,61 @@ fn citus_isolated_tenant_moved_to_another_worker_stays_fenced() {
     assert_eq!(problems, 0);
 }
 
+/// **Defence check.** Other doors through the coordinator, as the
+/// application with a stale token: `MERGE` (insert and update arms),
+/// `lease.fenced_boundary_write`, a multi-row INSERT spanning both workers,
+/// `INSERT ... SELECT` evaluated on the coordinator, and `COPY`. Expected:
+/// each refused (LF001, or XX000 with pg_lease's message where README says
+/// Citus drops the code), no stale row committed; the current token passes
+/// through `fenced_boundary_write`.
+#[test]
+fn citus_other_write_doors_through_the_coordinator_are_fenced() {
+    let _state = shared();
+    let (poker, mut m) = attacked("door");
+    let Poker { t, p } = &poker;
+    let other = (1..=OWNERS)
+        .find(|&id| placement(&mut m, t, p, id).0 != placement(&mut m, t, p, 7).0)
+        .expect("an owner on the other worker");
+    ok(&mut m, &format!("UPDATE {t} SET owner_fencing_token = 6 WHERE id = {other}"));
+    ok(&mut m, &format!("GRANT UPDATE ON {p} TO {APP}"));
+    let mut app = citus().coordinator_as(APP);
+    ok(&mut app, &pay(p, 7, 6));
+    let stale_msg = |r: &Result<(), String>| r.as_ref().is_err_and(|e| e.contains("StaleOwnerBoundaryWrite"));
+    for sql in [
+        format!(
+            "MERGE INTO {p} d USING (SELECT id FROM {t} WHERE id = 7) s ON d.table_id = s.id AND d.fencing_token < 0
+             WHEN NOT MATCHED THEN INSERT (table_id, amount, fencing_token) VALUES (s.id, 1, 5)"
+        ),
+        format!(
+            "MERGE INTO {p} d USING (SELECT id FROM {t} WHERE id = 7) s ON d.table_id = s.id
+             WHEN MATCHED THEN UPDATE SET fencing_token = 5, amount = 99"
+        ),
+        format!(r#"SELECT lease.fenced_boundary_write('{p}', 5, '[{{"table_id": 7, "amount": 1}}]')"#),
+        format!("INSERT INTO {p} (table_id, amount, fencing_token) VALUES ({other}, 1, 6), (7, 1, 5)"),
+        format!("INSERT INTO {p} (table_id, amount, fencing_token) SELECT 7, g, 5 FROM generate_series(1, 3) g"),
+    ] {
+        let r = attempt(&mut app, &sql);
+        assert!(stale_msg(&r), "{sql}: {r:?}");
+    }
+    let copied = app
+        .copy_in(&format!("COPY {p} (table_id, amount, fencing_token) FROM STDIN"))
+        .and_then(|mut w| {
+            use std::io::Write;
+            w.write_all(b"7\t1\t5\n").map_err(|e| panic!("{e}")).unwrap();
+            w.finish()
+        })
+        .map(|_| ())
+        .map_err(|e| describe(&e));
+    assert!(stale_msg(&copied), "COPY: {copied:?}");
+    let r = attempt(
+        &mut app,
+        &format!(r#"SELECT lease.fenced_boundary_write('{p}', 6, '[{{"table_id": 7, "amount": 2}}]')"#),
+    );
+    assert!(r.is_ok(), "{r:?}");
+    still_fenced(&mut m, &poker, 7);
+    assert_eq!(one_i64(&mut m, &format!("SELECT count(*) FROM {p} WHERE amount = 99")), 0);
+}
+
 /// **Defence check: `lease.bind_token` after the transaction already has
 /// connections to the workers.** A transaction reads the distributed table
 /// (Citus opens its worker connections), then binds its token and writes:

@@ -1200,6 +1200,39 @@ fn citus_other_write_doors_through_the_coordinator_are_fenced() {
     assert_eq!(one_i64(&mut m, &format!("SELECT count(*) FROM {p} WHERE amount = 99")), 0);
 }
 
+/// **Defence check (time).** A long-lived application session straight on
+/// the worker holding owner 7 writes into the payouts shard (its caches
+/// warm: the shard's config, the owner shard); then the migrator, through
+/// the coordinator, unprotects the table and protects it again against a
+/// co-located second owner table where owner 7 is at token 9. Expected: the
+/// warm session's next write with token 6 is refused (LF001: judged against
+/// the new owner table), token 9 accepted.
+#[test]
+fn citus_warm_worker_session_follows_a_reprotect_against_another_owner_table() {
+    let _state = shared();
+    let (poker, mut m) = attacked("warm");
+    let Poker { t, p } = &poker;
+    let d = decoy(&mut m, &poker);
+    ok(&mut m, &format!("UPDATE {d} SET owner_fencing_token = 9 WHERE id = 7"));
+    let (port, _, ps) = placement(&mut m, t, p, 7);
+    let mut w = citus().node_as(port, APP);
+    let shard_write = |w: &mut Client, token: i64| {
+        attempt(w, &format!("INSERT INTO {p}_{ps} (table_id, amount, fencing_token) VALUES (7, 1, {token})"))
+    };
+    assert!(shard_write(&mut w, 6).is_ok());
+    ok(
+        &mut m,
+        &format!(
+            "SELECT lease.unprotect('{p}');
+             SELECT lease.protect('{p}', '{{table_id}}', 'fencing_token', '{d}', '{{id}}', 'owner_fencing_token');"
+        ),
+    );
+    let old = shard_write(&mut w, 6);
+    assert!(failed_with(&old, &["LF001"]), "warm session, token 6 after the re-protect: {old:?}");
+    let new = shard_write(&mut w, 9);
+    assert!(new.is_ok(), "warm session, token 9 after the re-protect: {new:?}");
+}
+
 /// **Defence check: `lease.bind_token` after the transaction already has
 /// connections to the workers.** A transaction reads the distributed table
 /// (Citus opens its worker connections), then binds its token and writes:

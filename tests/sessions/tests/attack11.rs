@@ -1,13 +1,45 @@
 //! Attack review 11 (0.8.0, Citus support): pg_lease on a real Citus cluster
 //! (a coordinator and two workers on loopback, ports 54800-54802 plus
-//! `PG_LEASE_PORT_OFFSET`), attacked as the roles README.md's "Roles and
-//! grants" names: a migrator that owns the fenced and owner tables (no
-//! superuser), an application role, connected to the coordinator or
-//! straight to a worker.
+//! `PG_LEASE_PORT_OFFSET`; Citus 13.2.2 built by
+//! shared/vendor/citus/build.sh), attacked as the roles README.md's "Roles
+//! and grants" names: a migrator that owns the fenced and owner tables (no
+//! superuser), the application role, a role with UPDATE on owner rows, a DBA
+//! (superuser doing maintenance, not tampering), connected to the
+//! coordinator or straight to a worker.
 //!
-//! Each test states the attack, what happened and what should happen. A
-//! test that fails against the commit it was written at (8d405cb) shows a
-//! hole; a test that passes documents a defence that held.
+//! Each test states the attack, what happened and what should happen. Every
+//! test marked **Hole** fails at the commit it was written against
+//! (8d405cb); those marked **Defence holds** pass and document what was
+//! tried. In short, most severe first:
+//!
+//! - critical: on a worker, the table owner disables a shard's copy of
+//!   pg_lease's trigger, writes, and re-enables it ALWAYS in one
+//!   transaction: the commit-time check sees the copy whole, so owner tokens
+//!   go back (`..._owner_guard_disabled_and_reenabled_...`) and stale rows
+//!   commit (`..._fence_copy_disabled_and_reenabled_...`);
+//! - critical: on a worker the DDL guard stops at once (the worker's
+//!   `lease.protected` is empty): retyping the owner shard's token column
+//!   `USING` lowers tokens; a BEFORE trigger named after the fence rewrites
+//!   judged rows; TRUNCATE of an owner shard loses its tokens;
+//! - critical: shards find their owner table by the *name* in the shell's
+//!   trigger argument: renaming shells/shards on a worker, or replacing the
+//!   shell's fence config there (DDL propagation off), points them at a
+//!   look-alike owner table;
+//! - high: `lease.protect` with `citus.enable_ddl_propagation = off`
+//!   fences no shard, silently;
+//! - high: a fence trigger with a hand-written config on a table nobody
+//!   protected runs on its shards: it reads another role's owner rows (the
+//!   current token in the refusal), counts and audits forged verdicts;
+//! - high: a DBA's `alter_distributed_table` / `undistribute_table` strips
+//!   the protection config and the owner guard silently (tokens can then be
+//!   lowered), and after `alter_distributed_table` every `ALTER TABLE` in the
+//!   database fails in pg_lease's DDL guard;
+//! - medium: `update_distributed_table_colocation` breaks the co-location
+//!   rule unrefused (a later move makes every write LF008, monitoring
+//!   silent); the migrator's `alter_distributed_table` / `undistribute_table`
+//!   fail with Citus's `25001` raised inside pg_lease's drop guard;
+//! - low: renaming an owner table through the coordinator (allowed on one
+//!   node) is refused with a wrong reason.
 
 use pg_lease_sessions::postgres::{Client, NoTls};
 use pg_lease_sessions::*;

@@ -858,7 +858,8 @@ fn citus_local_fenced_tables_handed_to_citus_keep_their_fence() {
 /// connected straight to the worker holding owner 7, lowers, clears or
 /// deletes owner 7's row or changes its key, in the shard and through the
 /// worker's shell: LF004 each time (Citus itself refuses a key change
-/// through the shell), the token stays 6.
+/// through the shell), the token stays 6; raising it above 2^62 - 1 is
+/// 22003 there as on one node.
 #[test]
 fn citus_owner_row_updater_on_a_worker_cannot_lower_a_token() {
     let _state = shared();
@@ -875,6 +876,13 @@ fn citus_owner_row_updater_on_a_worker_cannot_lower_a_token() {
     ] {
         let r = attempt(&mut w, &sql);
         assert!(failed_with(&r, &["LF004"]), "{sql}: {r:?}");
+    }
+    // A token so high that lease.acquire could not go above it: 22003 for a
+    // role other than a superuser, in the shard and through the shell.
+    for rel in [format!("{t}_{ts}"), t.clone()] {
+        let sql = format!("UPDATE {rel} SET owner_fencing_token = 4611686018427387904 WHERE id = 7");
+        let r = attempt(&mut w, &sql);
+        assert!(failed_with(&r, &["22003"]), "{sql}: {r:?}");
     }
     // Through the shell, Citus refuses a new distribution value by itself.
     let r = attempt(&mut w, &format!("UPDATE {t} SET id = 1000 WHERE id = 7"));

@@ -38,8 +38,8 @@
 //!   rule unrefused (a later move makes every write LF008, monitoring
 //!   silent); the migrator's `alter_distributed_table` / `undistribute_table`
 //!   fail with Citus's `25001` raised inside pg_lease's drop guard;
-//! - low: renaming an owner table through the coordinator (allowed on one
-//!   node) is refused with a wrong reason.
+//! - low: renaming an owner table or moving it to another schema through
+//!   the coordinator (allowed on one node) is refused with a wrong reason.
 
 use pg_lease_sessions::postgres::{Client, NoTls};
 use pg_lease_sessions::*;
@@ -1271,6 +1271,33 @@ fn citus_warm_worker_session_follows_a_reprotect_against_another_owner_table() {
     assert!(failed_with(&old, &["LF001"]), "warm session, token 6 after the re-protect: {old:?}");
     let new = shard_write(&mut w, 9);
     assert!(new.is_ok(), "warm session, token 9 after the re-protect: {new:?}");
+}
+
+/// **Hole (low: legitimate DDL refused with a wrong reason).** As
+/// `citus_owner_table_rename_through_the_coordinator_works_as_on_one_node`,
+/// for `ALTER TABLE <owner> SET SCHEMA` (moving the fenced table works).
+/// Observed: the same LF008 "pg_lease_fence ... no longer fires on every
+/// INSERT, UPDATE and DELETE of every row". Expected: the move works and the
+/// fence follows the owner table, or a refusal that names the real reason.
+#[test]
+fn citus_owner_table_set_schema_through_the_coordinator_works_as_on_one_node() {
+    let _state = shared();
+    let (poker, mut m) = attacked("oss");
+    let Poker { t, p } = &poker;
+    let schema = format!("{t}_s");
+    let mut su = citus().coordinator.connect();
+    ok(&mut su, &format!("CREATE SCHEMA {schema}; GRANT CREATE, USAGE ON SCHEMA {schema} TO {MIGRATOR}"));
+    let fenced = attempt(&mut m, &format!("ALTER TABLE {p} SET SCHEMA {schema}"));
+    assert!(fenced.is_ok(), "moving the fenced table: {fenced:?}");
+    let p = format!("{schema}.{p}");
+    let r = attempt(&mut m, &format!("ALTER TABLE {t} SET SCHEMA {schema}"));
+    let moved = Poker { t: if r.is_ok() { format!("{schema}.{t}") } else { t.clone() }, p: p.clone() };
+    let current = attempt(&mut m, &pay(&p, 7, 6));
+    let (held, state) = fence_state(&mut m, &moved, 7);
+    assert!(
+        (r.is_ok() || r.as_ref().is_err_and(|e| e.contains("schema"))) && held && current.is_ok(),
+        "moving owner table {t} to schema {schema} gave {r:?}; current token 6: {current:?}; {state}"
+    );
 }
 
 /// **Defence check: `lease.bind_token` after the transaction already has

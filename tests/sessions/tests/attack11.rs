@@ -429,6 +429,17 @@ fn citus_worker_trigger_after_the_fence_copy_rewrites_judged_rows() {
              $$ BEGIN NEW.table_id := {other}; RETURN NEW; END $$"
         ),
     );
+    // Through the coordinator: refused.
+    let through_coordinator = (|| {
+        let mut tx = m.transaction()?;
+        tx.batch_execute("SET LOCAL citus.enable_unsafe_triggers = on")?;
+        tx.batch_execute(&format!(
+            "CREATE TRIGGER zz_move BEFORE INSERT ON {p} FOR EACH ROW EXECUTE FUNCTION {p}_move()"
+        ))?;
+        tx.commit()
+    })()
+    .map_err(|e| describe(&e));
+    assert!(failed_with(&through_coordinator, &["LF008"]), "{through_coordinator:?}");
     let r = as_migrator_on_worker(
         port,
         &format!("CREATE TRIGGER zz_move BEFORE INSERT ON {p}_{ps} FOR EACH ROW EXECUTE FUNCTION {p}_move()"),

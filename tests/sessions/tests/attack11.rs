@@ -12,6 +12,10 @@
 //! (8d405cb); those marked **Defence holds** pass and document what was
 //! tried. In short, most severe first:
 //!
+//! - critical: what the table owner can do on a worker it can do from the
+//!   coordinator alone with Citus's `run_command_on_workers`
+//!   (`citus_run_command_on_workers_from_the_coordinator_lowers_a_token`):
+//!   README's `pg_hba.conf` mitigation does not stop the holes below;
 //! - critical: on a worker, the table owner disables a shard's copy of
 //!   pg_lease's trigger, writes, and re-enables it ALWAYS in one
 //!   transaction: the commit-time check sees the copy whole, so owner tokens
@@ -346,6 +350,40 @@ fn citus_worker_owner_guard_disabled_and_reenabled_in_one_transaction_lowers_a_t
     );
     let (held, state) = fence_state(&mut m, &poker, 7);
     assert!(failed_with(&r, &["LF008", "LF004"]) && held, "worker tampering gave {r:?}; {state}");
+}
+
+/// **Hole (critical: no worker access needed).** README's mitigation for
+/// what a table owner can do on a worker is "give roles that own fenced
+/// tables no direct access to workers (`pg_hba.conf`)". Attack: the
+/// migrator, connected to the coordinator only, sends the disable / lower /
+/// re-enable transaction of
+/// `citus_worker_owner_guard_disabled_and_reenabled_in_one_transaction_lowers_a_token`
+/// to the workers with Citus's `run_command_on_workers` (executable by any
+/// role; it connects to each worker as the caller). Observed: owner 7's
+/// token goes from 6 back to 5 and the stale token 5 writes. Expected: the
+/// token stays 6 (LF008/LF004 on the worker).
+#[test]
+fn citus_run_command_on_workers_from_the_coordinator_lowers_a_token() {
+    let _state = shared();
+    let (poker, mut m) = attacked("rcw");
+    let Poker { t, p } = &poker;
+    let (_, ts, _) = placement(&mut m, t, p, 7);
+    let results: Vec<(bool, String)> = m
+        .query(
+            &format!(
+                "SELECT success, result FROM run_command_on_workers(
+                     'BEGIN; ALTER TABLE {t}_{ts} DISABLE TRIGGER pg_lease_owner_guard_{ts};
+                      UPDATE {t}_{ts} SET owner_fencing_token = 5 WHERE id = 7;
+                      ALTER TABLE {t}_{ts} ENABLE ALWAYS TRIGGER pg_lease_owner_guard_{ts}; COMMIT')"
+            ),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let (held, state) = fence_state(&mut m, &poker, 7);
+    assert!(held, "run_command_on_workers gave {results:?}; {state}");
 }
 
 /// **Hole (critical).** Attack: the migrator on the worker holding the

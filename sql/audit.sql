@@ -126,8 +126,11 @@ COMMENT ON FUNCTION lease.cluster_stats() IS
 -- protected Citus table carries its fence and owner guard.
 CREATE FUNCTION lease.cluster_fence_problems() RETURNS TABLE (node text, target text, problem text)
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
     expected json;
+    p record;
+    why text;
 BEGIN
     SELECT json_agg(json_build_object(
                'target', format('%I.%I', tn.nspname, tc.relname),
@@ -143,6 +146,19 @@ BEGIN
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_node') IS NOT NULL AND expected IS NULL THEN
         RETURN;
     END IF;
+    -- The co-location rule, which Citus can be told to break later
+    -- (update_distributed_table_colocation).
+    FOR p IN SELECT x.* FROM lease.protected x WHERE (lease._citus_table(x.relid)).kind IS NOT NULL LOOP
+        BEGIN
+            PERFORM lease._check_citus_layout(p.relid, p.key_columns, p.owner_table, p.owner_key_columns);
+        EXCEPTION WHEN feature_not_supported THEN
+            GET STACKED DIAGNOSTICS why = PG_EXCEPTION_DETAIL;
+            node := '(coordinator)';
+            target := p.relid::text;
+            problem := SQLERRM || ': ' || why;
+            RETURN NEXT;
+        END;
+    END LOOP;
     RETURN QUERY
         SELECT a.node, x.target, x.problem
           FROM lease._on_all_nodes(format(

@@ -245,13 +245,16 @@ $$;
 -- every shard, named with the shard id as suffix, and statement triggers to
 -- the shards it moves. Always judged: each copy of pg_lease's triggers a
 -- shard carries is enabled ALWAYS, unconditional and fires on what the
--- original fires on. `complete` also requires a copy of each of the shell's
--- row triggers (the fence, the owner guard) on every shard. Run at commit
--- for shards DDL reached on this node (lease._check_at_commit; not complete
--- there: Citus changes a table's shell and its shards over several
--- connections, each its own transaction on the node, so one cannot see the
--- others' changes), and complete across nodes by lease.cluster_fence_problems.
-CREATE FUNCTION lease._shard_problems(shell regclass, shards regclass[] DEFAULT NULL, complete boolean DEFAULT false)
+-- original fires on (`created_now`: except a copy this transaction's CREATE
+-- TRIGGER just made, not yet enabled ALWAYS). `complete` also requires a
+-- copy of each of the shell's row triggers (the fence, the owner guard) on
+-- every shard. Run after each command and at commit for shards DDL reached
+-- on this node (lease._guard_shards; not complete there: Citus changes a
+-- table's shell and its shards over several connections, each its own
+-- transaction on the node, so one cannot see the others' changes), and
+-- complete across nodes by lease.cluster_fence_problems.
+CREATE FUNCTION lease._shard_problems(shell regclass, shards regclass[] DEFAULT NULL, complete boolean DEFAULT false,
+                                      created_now boolean DEFAULT false)
 RETURNS TABLE (rel regclass, problem text)
     LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -279,7 +282,9 @@ BEGIN
               FROM pg_trigger c
              WHERE c.tgrelid = shard AND NOT c.tgisinternal
                AND c.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
-               AND (c.tgenabled <> 'A' OR c.tgqual IS NOT NULL OR cardinality(c.tgattr::int2[]) > 0
+               AND ((c.tgenabled <> 'A'
+                     AND NOT (created_now AND c.tgenabled = 'O' AND c.xmin = pg_catalog.xid(pg_catalog.pg_current_xact_id())))
+                    OR c.tgqual IS NOT NULL OR cardinality(c.tgattr::int2[]) > 0
                     OR c.tgtype <> CASE WHEN c.tgfoid = 'lease.truncate_guard'::regproc THEN 34 ELSE 31 END);
         IF complete THEN
             RETURN QUERY
@@ -335,23 +340,103 @@ BEGIN
     END LOOP;
 END $$;
 
+-- Citus: the DDL guard on a node's shards. Citus runs each DDL command of a
+-- distributed table on the coordinator, where pg_lease's guard judges it,
+-- then on every shard; a command that reaches a shard of a fenced or owner
+-- table otherwise came to this node straight (or through
+-- run_command_on_workers). Refused at once (LF008), as on one node: leaving
+-- a shard's copy of pg_lease's triggers disabled or narrowed, rewriting a
+-- fenced column (ALTER COLUMN ... TYPE), or a BEFORE row trigger that runs
+-- after the fence or owner guard; checked again at commit.
+CREATE FUNCTION lease._guard_shards(tag text) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    x record;
+    gap record;
+    fenced text[];
+    bad text;
+BEGIN
+    FOR x IN
+        SELECT DISTINCT c.rel, lease._shard_of(c.rel)::regclass AS shell
+          FROM (SELECT (CASE d.classid WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = d.objid)
+                                       ELSE d.objid END)::regclass AS rel
+                  FROM pg_event_trigger_ddl_commands() d
+                 WHERE d.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass)) c
+         WHERE c.rel IS NOT NULL
+    LOOP
+        CONTINUE WHEN x.shell IS NULL
+            OR NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = x.shell
+                              AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc));
+        SELECT s.rel, s.problem INTO gap FROM lease._shard_problems(x.shell, ARRAY[x.rel], false, tag = 'CREATE TRIGGER') s LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would leave shard %s of %s without pg_lease''s fence', tag, x.rel, x.shell),
+                format('Shard %s: %s.', gap.rel, gap.problem));
+        END IF;
+        -- The shard's fenced columns: its fence's key and token columns, its
+        -- owner guard's token and key columns.
+        fenced := ARRAY(
+            SELECT k FROM pg_trigger t
+             CROSS JOIN LATERAL (SELECT (lease._trigger_args(t.tgargs))[1]::jsonb AS cfg) a
+             CROSS JOIN LATERAL (SELECT jsonb_array_elements_text(a.cfg -> 'key_columns') UNION ALL SELECT a.cfg ->> 'token_column') u(k)
+             WHERE t.tgrelid = x.shell AND t.tgname = 'pg_lease_fence' AND t.tgfoid = 'lease.fence_trigger'::regproc AND t.tgnargs = 1
+            UNION ALL
+            SELECT unnest(lease._trigger_args(t.tgargs)) FROM pg_trigger t
+             WHERE t.tgrelid = x.shell AND t.tgname = 'pg_lease_owner_guard' AND t.tgfoid = 'lease.owner_guard'::regproc);
+        SELECT r.col INTO bad
+          FROM pg_event_trigger_ddl_commands() d
+         CROSS JOIN LATERAL unnest(lease._retyped_columns(d.command)) r(col)
+         WHERE d.command_tag = 'ALTER TABLE' AND d.classid = 'pg_class'::regclass AND d.objid = x.rel AND r.col = ANY (fenced)
+         LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would rewrite fenced column %I of shard %s of %s', tag, bad, x.rel, x.shell),
+                format('Column %I of %s is fenced by pg_lease: a rewrite (ALTER COLUMN ... TYPE ... USING) passes no row trigger.', bad, x.shell));
+        END IF;
+        SELECT t.tgname INTO bad
+          FROM pg_trigger t JOIN pg_trigger ours ON ours.tgrelid = t.tgrelid
+         WHERE t.tgrelid = x.rel AND NOT t.tgisinternal
+           AND ours.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+           AND t.tgfoid NOT IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+           AND t.tgtype::integer & 3 = 3 AND t.tgtype::integer & 20 <> 0
+           AND t.tgname COLLATE "C" > ours.tgname COLLATE "C"
+         LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would leave shard %s of %s with trigger %I running after pg_lease''s', tag, x.rel, x.shell, bad),
+                format('A BEFORE row trigger that runs after the fence or owner guard could change the row they judged: name it to sort before %I.',
+                       (SELECT min(o.tgname COLLATE "C") FROM pg_trigger o WHERE o.tgrelid = x.rel
+                           AND o.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc))));
+        END IF;
+        INSERT INTO lease.deferred_checks (rel, root) VALUES (x.rel, x.shell);
+    END LOOP;
+END $$;
+
+REVOKE EXECUTE ON FUNCTION lease._guard_shards(text) FROM PUBLIC;
+
 -- Runs command, DDL of pg_lease's own triggers on rel. Citus refuses trigger
--- DDL on its tables unless told it may (citus.enable_unsafe_triggers): on
--- for this command only; pg_lease's fence is one Citus copies to every
--- shard (lease._shard_config).
+-- DDL on its tables unless told it may (citus.enable_unsafe_triggers), and
+-- sends DDL to the other nodes only with citus.enable_ddl_propagation on:
+-- both on for this command only; pg_lease's fence is one Citus copies to
+-- every shard (lease._shard_config).
 CREATE FUNCTION lease._trigger_ddl(rel regclass, command text) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     unsafe text;
+    propagate text;
 BEGIN
     IF (lease._citus_table(rel)).kind IS NULL THEN
         EXECUTE command;
         RETURN;
     END IF;
+    -- And it must reach every node, whatever the session says.
     unsafe := pg_catalog.current_setting('citus.enable_unsafe_triggers', true);
+    propagate := pg_catalog.current_setting('citus.enable_ddl_propagation', true);
     PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+    PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'on', true);
     EXECUTE command;
     PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', coalesce(unsafe, 'off'), true);
+    PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', coalesce(propagate, 'on'), true);
 END $$;
 CREATE FUNCTION lease._create_trigger(rel regclass, tgname name, func regproc, timing text, body text) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -763,8 +848,12 @@ BEGIN
      WHERE t.oid IS NULL OR t.tgenabled <> 'A' OR t.tgfoid <> e.func
     UNION ALL
     SELECT e.relid::regclass, e.rel::regclass, 'altered',
-           format('trigger %s on %s no longer fires on every %s', e.tgname, e.rel::regclass,
-                  CASE WHEN e.tgtype = 31 THEN 'INSERT, UPDATE and DELETE of every row' ELSE 'TRUNCATE' END)
+           CASE WHEN e.tgname = 'pg_lease_fence' AND cardinality(e.args) = 1 AND t.tgtype = e.tgtype
+                     AND t.tgqual IS NULL AND cardinality(t.tgattr::int2[]) = 0
+                THEN format('the config its Citus shards read from trigger %s names its owner table and key columns as they were when it was protected (%s), not as they are now (%s): unprotect it before you rename its owner table or a fenced column or move the owner table to another schema, and protect it again after',
+                            e.tgname, (lease._trigger_args(t.tgargs))[1], e.args[1])
+                ELSE format('trigger %s on %s no longer fires on every %s', e.tgname, e.rel::regclass,
+                            CASE WHEN e.tgtype = 31 THEN 'INSERT, UPDATE and DELETE of every row' ELSE 'TRUNCATE' END) END
       FROM expected_triggers e
       CROSS JOIN LATERAL (SELECT x.* FROM pg_trigger x
                            WHERE x.tgrelid = e.rel AND x.tgname = e.tgname AND x.tgfoid = e.func OFFSET 0) t
@@ -982,21 +1071,9 @@ DECLARE
     match text;
     citus_pending oid[] := '{}';
 BEGIN
-    -- Citus: a shard on this node that the command reached is checked at
-    -- commit (Citus changes a table's shards in several commands; see
-    -- lease._shard_problems).
+    -- Citus: DDL that reached a shard on this node (lease._guard_shards).
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
-        INSERT INTO lease.deferred_checks (rel, root)
-        SELECT DISTINCT x.rel, x.shell
-          FROM (SELECT c.objid::regclass AS rel, lease._shard_of(c.objid)::regclass AS shell
-                  FROM (SELECT CASE d.classid WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = d.objid)
-                                              ELSE d.objid END AS objid
-                          FROM pg_event_trigger_ddl_commands() d
-                         WHERE d.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass)) c
-                 WHERE c.objid IS NOT NULL) x
-         WHERE x.shell IS NOT NULL
-           AND EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = x.shell
-                          AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc));
+        PERFORM lease._guard_shards(tg_tag);
     END IF;
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
@@ -1149,7 +1226,7 @@ BEGIN
                 format('Table %s holds owner rows whose fencing tokens would leave the fence; tokens could then start over. Unprotect the tables fenced against it first.',
                        stray.tgrelid::regclass));
         END IF;
-        EXECUTE format('DROP TRIGGER %I ON %s', stray.tgname, stray.tgrelid::regclass);
+        PERFORM lease._trigger_ddl(stray.tgrelid::regclass, format('DROP TRIGGER %I ON %s', stray.tgname, stray.tgrelid::regclass));
     END LOOP;
 
     SELECT f.* INTO broken
@@ -1259,7 +1336,7 @@ END $$;
 CREATE EVENT TRIGGER pg_lease_guard_ddl ON ddl_command_end
     EXECUTE FUNCTION lease._guard_ddl();
 CREATE EVENT TRIGGER pg_lease_guard_ddl_start ON ddl_command_start
-    WHEN TAG IN ('ALTER TABLE')
+    WHEN TAG IN ('ALTER TABLE', 'DROP TABLE')
     EXECUTE FUNCTION lease._guard_ddl_start();
 CREATE EVENT TRIGGER pg_lease_guard_drop ON sql_drop
     EXECUTE FUNCTION lease._guard_drop();

@@ -16,7 +16,8 @@
 //! cache is dropped by the relcache invalidations of the shard, the
 //! distributed table's shell (its trigger) and the owner shard.
 
-use crate::pg::relation_names;
+use crate::errors::{LeaseError, Refusal};
+use crate::pg::{display, relation_names};
 use pgrx::prelude::*;
 use pgrx::spi::Spi;
 
@@ -28,6 +29,10 @@ pub struct Shard {
     pub id: i64,
     /// The shard's hash range (None for a reference table's one shard).
     range: (Option<String>, Option<String>),
+    /// Whether Citus's metadata places it on this node: false for the new
+    /// shard of a move or split still being built here (or the old one left
+    /// for Citus's cleanup).
+    placed: bool,
 }
 
 /// Whether Citus's metadata exists in this database.
@@ -53,7 +58,10 @@ pub fn shard_of(relid: pg_sys::Oid) -> Option<Shard> {
     Spi::connect(|client| {
         let rows = client
             .select(
-                "SELECT s.logicalrelid::pg_catalog.oid, s.shardminvalue, s.shardmaxvalue
+                "SELECT s.logicalrelid::pg_catalog.oid, s.shardminvalue, s.shardmaxvalue,
+                        EXISTS (SELECT 1 FROM pg_catalog.pg_dist_placement p, pg_catalog.pg_dist_local_group g
+                                 WHERE p.shardid OPERATOR(pg_catalog.=) s.shardid
+                                   AND p.groupid OPERATOR(pg_catalog.=) g.groupid)
                    FROM pg_catalog.pg_dist_shard s
                   WHERE s.shardid OPERATOR(pg_catalog.=) $1
                     AND pg_catalog.to_regclass(pg_catalog.shard_name(s.logicalrelid, s.shardid, false))::pg_catalog.oid
@@ -70,14 +78,18 @@ pub fn shard_of(relid: pg_sys::Oid) -> Option<Shard> {
             id,
             logical: row.get::<pg_sys::Oid>(1).ok()??,
             range: (row.get::<String>(2).ok()?, row.get::<String>(3).ok()?),
+            placed: row.get::<bool>(4).ok()?.unwrap_or(false),
         })
     })
 }
 
 /// This node's shard of `owner` (a distributed table's shell) that holds the
 /// owner rows of `shard`'s rows: the co-located shard with the same hash
-/// range, or the reference table's one shard. None when it is not on this
-/// node (Citus moves co-located shards together).
+/// range, or the reference table's one shard, placed here as `shard` is
+/// (Citus moves co-located shards together: a placed shard's owner rows are
+/// in a placed shard, never in one a move left behind for cleanup; a shard
+/// still being built finds the owner shard being built beside it). None
+/// when there is none.
 pub fn colocated_shard(owner: pg_sys::Oid, shard: &Shard) -> Option<pg_sys::Oid> {
     Spi::get_one_with_args::<pg_sys::Oid>(
         "SELECT pg_catalog.to_regclass(pg_catalog.shard_name(o.logicalrelid, o.shardid, false))::pg_catalog.oid
@@ -88,8 +100,11 @@ pub fn colocated_shard(owner: pg_sys::Oid, shard: &Shard) -> Option<pg_sys::Oid>
                  OR (d.partmethod OPERATOR(pg_catalog.=) 'h'
                      AND o.shardminvalue OPERATOR(pg_catalog.=) $2 AND o.shardmaxvalue OPERATOR(pg_catalog.=) $3))
             AND pg_catalog.to_regclass(pg_catalog.shard_name(o.logicalrelid, o.shardid, false)) IS NOT NULL
+            AND EXISTS (SELECT 1 FROM pg_catalog.pg_dist_placement p, pg_catalog.pg_dist_local_group g
+                         WHERE p.shardid OPERATOR(pg_catalog.=) o.shardid
+                           AND p.groupid OPERATOR(pg_catalog.=) g.groupid) OPERATOR(pg_catalog.=) $4
           LIMIT 1",
-        &[owner.into(), shard.range.0.clone().into(), shard.range.1.clone().into()],
+        &[owner.into(), shard.range.0.clone().into(), shard.range.1.clone().into(), shard.placed.into()],
     )
     .ok()
     .flatten()
@@ -145,4 +160,53 @@ const TRANSFER_ROLE_PREFIXES: [&str; 2] =
 /// subscription applies was judged by the fence on the shard it copies.
 pub fn shard_transfer_role(role_name: &str) -> bool {
     TRANSFER_ROLE_PREFIXES.iter().any(|prefix| role_name.starts_with(prefix)) && present()
+}
+
+/// A TRUNCATE statement's refusal, when it names a shard of a fenced or
+/// owner table on this node: Citus copies statement triggers (pg_lease's
+/// TRUNCATE guards among them) only to the shards it moves, so a shard
+/// truncated straight on its node (or through run_command_on_workers) is
+/// judged here, as the guards judge a TRUNCATE of the table itself. (A
+/// TRUNCATE of the table through the coordinator is refused there first.)
+pub fn truncate_refusal(stmt: *mut pg_sys::Node) -> Option<Refusal> {
+    // SAFETY: `stmt` is the utility statement ProcessUtility was given (or
+    // NULL); its tag says which node struct it is.
+    if stmt.is_null() || unsafe { (*stmt).type_ } != pg_sys::NodeTag::T_TruncateStmt || !present() {
+        return None;
+    }
+    // SAFETY: a TruncateStmt (checked above), whose relations list holds RangeVars.
+    let relations = unsafe { pgrx::PgList::<pg_sys::RangeVar>::from_pg((*(stmt as *mut pg_sys::TruncateStmt)).relations) };
+    for rv in relations.iter_ptr() {
+        // SAFETY: a name lookup of a RangeVar of the statement, no lock taken,
+        // a missing relation giving InvalidOid (TRUNCATE itself reports it).
+        let relid = unsafe {
+            pg_sys::RangeVarGetRelidExtended(
+                rv,
+                pg_sys::NoLock as pg_sys::LOCKMODE,
+                pg_sys::RVROption::RVR_MISSING_OK,
+                None,
+                std::ptr::null_mut(),
+            )
+        };
+        if relid == pg_sys::InvalidOid {
+            continue;
+        }
+        let Some(shard) = shard_of(relid) else { continue };
+        let (shard_name, table) = (display(relid), display(shard.logical));
+        if shell_trigger_args(shard.logical, "pg_lease_owner_guard", "lease.owner_guard()").is_some() {
+            return Some(Refusal::new(
+                LeaseError::FencingTokenRegression,
+                format!("TRUNCATE of shard {shard_name} of owner table {table} would erase its fencing tokens"),
+                format!("Table {table} holds the current fencing tokens of fenced resources; TRUNCATE would let tokens start over."),
+            ));
+        }
+        if shell_trigger_args(shard.logical, "pg_lease_fence", "lease.fence_trigger()").is_some() {
+            return Some(Refusal::new(
+                LeaseError::FenceTampering,
+                format!("TRUNCATE of shard {shard_name} of fenced table {table} bypasses the fence"),
+                format!("Table {table} is protected by pg_lease; TRUNCATE fires no row trigger, so no fencing token could be checked. Delete rows with a bound token, or call lease.unprotect first."),
+            ));
+        }
+    }
+    None
 }

@@ -252,6 +252,8 @@ struct ProtectedRow {
     owner_key_columns: Vec<String>,
     owner_token_column: Option<String>,
     judge_replicated: bool,
+    /// Read from a Citus table's fence trigger argument, not lease.protected.
+    from_trigger: bool,
 }
 
 /// `lease.protected p`'s `judge_replicated` (since 0.7.0), read so that the
@@ -293,6 +295,7 @@ fn load_row(relid: pg_sys::Oid) -> Option<ProtectedRow> {
             owner_key_columns: row.get(6).unwrap().unwrap_or_default(),
             owner_token_column: row.get(7).unwrap(),
             judge_replicated: row.get(8).unwrap().unwrap_or(true),
+            from_trigger: false,
         })
     })
 }
@@ -338,6 +341,7 @@ fn shard_row(logical: pg_sys::Oid) -> Result<ProtectedRow, String> {
         owner_table,
         owner_key_columns: texts("owner_key_columns"),
         owner_token_column: text("owner_token_column"),
+        from_trigger: true,
     })
 }
 
@@ -441,7 +445,29 @@ fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
                             crate::pg::display(relid)
                         ),
                     )
+                    .with_hint(format!(
+                        "pg_lease finds a row's owner row on the node that holds the row: {owner_display} must stay distributed by the owner key and co-located with {display} (update_distributed_table_colocation may not separate them), or be a reference table. Co-locate them again, or lease.unprotect('{display}') on the coordinator."
+                    ))
                 })?;
+                // The config came from a trigger argument, which whoever owns
+                // the fenced table could have written: it may name only an
+                // owner table whose owner the fenced table's owner acts as, as
+                // lease.protect requires of its caller for both tables.
+                let (fenced_owner, owner_owner) = (rel_owner(relid), rel_owner(owner_shard));
+                // SAFETY: a role-membership check of two role OIDs (syscache).
+                if row.from_trigger && !unsafe { pg_sys::has_privs_of_role(fenced_owner, owner_owner) } {
+                    return Err(misconfigured(
+                        &display,
+                        format!(
+                            "the fence trigger of {display} names owner table {owner_display}, whose owner {} {display}'s owner {} does not act as",
+                            crate::pg::role_name(owner_owner),
+                            crate::pg::role_name(fenced_owner)
+                        ),
+                    )
+                    .with_hint(format!(
+                        "Fences are set up by lease.protect on the Citus coordinator, by a role that owns both tables: lease.unprotect('{display}') there and protect it again."
+                    )));
+                }
                 let row = ProtectedRow { owner_table: Some(owner_shard), ..row.clone() };
                 let (mut owner, attnums) = prepare_owner_lookup(&display, &row, &keys)?;
                 owner.display = owner_display;

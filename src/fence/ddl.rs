@@ -82,6 +82,10 @@ pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
     let Some(data) = data else {
         pgrx::error!("lease._guard_ddl_start() may only be called as an event trigger");
     };
+    // SAFETY: as below, for a T_DropStmt node.
+    if let Some(drop) = unsafe { crate::pg::cast_node::<pg_sys::DropStmt>(data.parsetree, pg_sys::NodeTag::T_DropStmt) } {
+        return refuse_citus_fenced_drop(drop).map(|()| pg_sys::Datum::from(0));
+    }
     // SAFETY: parsetree is null or the command's parse tree, alive for the
     // whole event trigger call; a T_AlterTableStmt node is an AlterTableStmt.
     let stmt =
@@ -133,6 +137,54 @@ pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
         }
     }
     Ok(pg_sys::Datum::from(0))
+}
+
+/// DROP TABLE of a fenced Citus table: refused (LF008) until it is
+/// unprotected. On one node a dropped table takes its rows and its fence
+/// with it; Citus's alter_distributed_table and undistribute_table drop a
+/// table after copying its rows into a new one under the same name, which
+/// would carry the rows on without the fence.
+fn refuse_citus_fenced_drop(drop: &pg_sys::DropStmt) -> Result<(), Refusal> {
+    if drop.removeType != pg_sys::ObjectType::OBJECT_TABLE {
+        return Ok(());
+    }
+    // SAFETY: a DropStmt's objects is a List of name Lists (String nodes) of
+    // the same parse tree, which nothing modifies while this trigger runs.
+    for names in unsafe { crate::pg::list_ptrs(drop.objects) } {
+        // SAFETY: each element is a List of String nodes naming one table;
+        // with NoLock and RVR_MISSING_OK the lookup is a plain name lookup
+        // returning InvalidOid for a missing relation.
+        let relid = unsafe {
+            let rv = pg_sys::makeRangeVarFromNameList(names as *mut pg_sys::List);
+            pg_sys::RangeVarGetRelidExtended(
+                rv,
+                pg_sys::NoLock as i32,
+                pg_sys::RVROption::RVR_MISSING_OK,
+                None,
+                std::ptr::null_mut(),
+            )
+        };
+        if relid == pg_sys::InvalidOid {
+            continue;
+        }
+        let fenced_citus = pgrx::spi::Spi::get_one_with_args::<bool>(
+            "SELECT EXISTS (SELECT 1 FROM lease.protected p WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) $1)
+                AND (lease._citus_table($1::pg_catalog.oid::pg_catalog.regclass)).kind IS NOT NULL",
+            &[relid.into()],
+        )
+        .ok()
+        .flatten()
+        .unwrap_or(false);
+        if fenced_citus {
+            let display = crate::pg::display(relid);
+            return Err(Refusal::new(
+                crate::errors::LeaseError::FenceTampering,
+                format!("DROP TABLE of fenced Citus table {display} would drop its fence"),
+                format!("Table {display} is fenced by pg_lease. Citus's alter_distributed_table and undistribute_table drop a table after copying its rows into a new one: run lease.unprotect('{display}') first (and lease.protect again after, where the rows live on)."),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `lease._owner_key_index(owner, owner_key_columns, key_types)`: the unique

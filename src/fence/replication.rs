@@ -210,6 +210,12 @@ unsafe extern "C-unwind" fn process_utility(
     dest: *mut pg_sys::DestReceiver,
     qc: *mut pg_sys::QueryCompletion,
 ) {
+    // SAFETY: pstmt is the statement being run, a utility statement.
+    if let Some(refusal) = crate::fence::citus::truncate_refusal(unsafe { (*pstmt).utilityStmt }) {
+        // SAFETY: nothing of this function needs dropping, and nothing was
+        // entered yet: the error unwinds to Postgres's handler.
+        unsafe { crate::errors::raise(refusal) };
+    }
     enter();
     // SAFETY: as in `executor_run`, for ProcessUtility's arguments.
     unsafe {

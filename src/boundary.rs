@@ -392,3 +392,81 @@ unsafe fn release_all(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum,
     Ok(lease_calls::release_all(unsafe { definer(fcinfo) }, owner).into())
 }
 c_function!(pg_lease_release_all, pg_finfo_pg_lease_release_all, release_all, run_lease);
+
+/// `lease.acquire(name text, owner text, ttl_ms integer, owner_table
+/// regclass, owner_key text[]) → TABLE (token bigint, expires_at
+/// timestamptz)` (crate::lease_calls): one row.
+///
+/// # Safety
+/// `fcinfo` carries the SQL declaration's five arguments, in a call that
+/// accepts a set.
+unsafe fn acquire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Failure> {
+    // SAFETY: the caller's contract.
+    let call = unsafe { acquire_arguments(fcinfo) }?;
+    // SAFETY: as above.
+    let acquired = lease_calls::acquire(unsafe { definer(fcinfo) }, &call)?;
+    // SAFETY: as above: rows of (int8, timestamptz).
+    unsafe { return_acquired(fcinfo, Some(acquired)) };
+    Ok(pg_sys::Datum::from(0))
+}
+c_function!(pg_lease_acquire, pg_finfo_pg_lease_acquire, acquire, run_lease);
+
+/// `lease.try_acquire(...)`: as `lease.acquire`, but no row when another
+/// live owner holds the lease (crate::lease_calls).
+///
+/// # Safety
+/// As for [`acquire`].
+unsafe fn try_acquire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Failure> {
+    // SAFETY: the caller's contract.
+    let call = unsafe { acquire_arguments(fcinfo) }?;
+    // SAFETY: as above.
+    let acquired = lease_calls::try_acquire(unsafe { definer(fcinfo) }, &call)?;
+    // SAFETY: as above.
+    unsafe { return_acquired(fcinfo, acquired) };
+    Ok(pg_sys::Datum::from(0))
+}
+c_function!(pg_lease_try_acquire, pg_finfo_pg_lease_try_acquire, try_acquire, run_lease);
+
+/// acquire's arguments, checked in the order the PL/pgSQL version checked
+/// them: on a primary, ttl_ms, name, owner, then owner_table and owner_key
+/// together.
+///
+/// # Safety
+/// As for [`acquire`].
+unsafe fn acquire_arguments(fcinfo: pg_sys::FunctionCallInfo) -> Result<lease_calls::Acquire, Invalid> {
+    let timeline = lease_calls::timeline();
+    // SAFETY: the caller's contract: ttl_ms is argument 2, an int4.
+    let ttl = lease::check_ttl(unsafe { int_arg(fcinfo, 2) }.map(|t| t as i32))?;
+    // SAFETY: name and owner are arguments 0 and 1, text.
+    let (name, owner) = unsafe { (label_arg(fcinfo, 0, "name")?, label_arg(fcinfo, 1, "owner")?) };
+    // SAFETY: owner_table (regclass, by value) and owner_key (text[]) are
+    // arguments 3 and 4.
+    let (table, key) = unsafe {
+        let arg = |i: usize| {
+            let a = &*(*fcinfo).args.as_ptr().add(i);
+            (!a.isnull).then_some(a.value)
+        };
+        (arg(3).map(|d| pg_sys::Oid::from(d.value() as u32)), arg(4))
+    };
+    let bound = match (table, key) {
+        (Some(table), Some(key)) => Some((table, key)),
+        (None, None) => None,
+        _ => {
+            return Err(
+                Invalid::new("22023", "pg_lease: owner_table and owner_key go together").expect("a valid SQLSTATE")
+            )
+        }
+    };
+    Ok(lease_calls::Acquire { timeline, ttl, name, owner, bound })
+}
+
+/// Returns acquire's row (token, expires_at), or none.
+///
+/// # Safety
+/// As for [`acquire`].
+unsafe fn return_acquired(fcinfo: pg_sys::FunctionCallInfo, acquired: Option<lease_calls::Acquired>) {
+    let row = acquired.map(|a| [Some(pg_sys::Datum::from(a.token)), Some(a.expires_at)]);
+    // SAFETY: the caller's contract: the function returns a set of (int8,
+    // timestamptz) rows.
+    unsafe { crate::pg::return_rows(fcinfo, row.as_ref().map(|r| &r[..]).as_slice()) };
+}

@@ -302,53 +302,19 @@ COMMENT ON FUNCTION lease.renew(text, text, bigint, integer) IS
 -- The heartbeat's one step, shared by lease.heartbeat and lease.renew_all:
 -- extend owner's session with one row update and return the leases it lost
 -- since its last heartbeat, each once: taken over (taken = true, token = the
--- one it held), or expired with a session that lapsed (taken = false). Runs
--- inside those SECURITY DEFINER functions; not executable by PUBLIC.
+-- one it held), or expired with a session that lapsed (taken = false). Lock
+-- order, as in every lease function: lease rows, then session rows, then
+-- lost_leases. The session row is locked (created on first use) and judged
+-- on the clock read after the lock; a first heartbeat, or one after the
+-- session lapsed, reports the leases it carried past their own expiry (they
+-- died with it; a lease an acquire, renew or release is changing right now
+-- is skipped, not waited for: a takeover waiting for this session row would
+-- deadlock) and starts a new life, which carries only leases alive on their
+-- own. Takeovers are read after the session lock. Rust (src/lease_calls.rs,
+-- since 0.8.0), as the caller; not executable by PUBLIC.
 CREATE FUNCTION lease._beat(owner_id text, ttl_ms integer)
 RETURNS TABLE (name text, token bigint, expires_at timestamptz, taken boolean)
-    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    ttl integer := lease._check_ttl(ttl_ms);
-    p_owner text COLLATE "default" := lease._label('owner', owner_id);   -- see the convention at the top
-    sess lease.session_state;
-    now_ts timestamptz;
-BEGIN
-    -- Lock order, as in every lease function: lease rows, then session rows,
-    -- then lost_leases.
-    SELECT * INTO sess FROM lease.session_state s WHERE s.owner = p_owner FOR UPDATE;
-    IF NOT FOUND THEN
-        INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
-        VALUES (p_owner, '-infinity', '-infinity', '-infinity')
-        ON CONFLICT (owner) DO NOTHING;
-        SELECT * INTO sess FROM lease.session_state s WHERE s.owner = p_owner FOR UPDATE;
-    END IF;
-    now_ts := clock_timestamp();   -- read after the lock wait
-    IF sess.expires_at <= now_ts THEN
-        -- A first heartbeat, or the session lapsed: the leases it carried
-        -- that are past their own expiry died with it. A new life begins now
-        -- and carries only leases alive on their own, so these are reported
-        -- this once. A lease an acquire, renew or release is changing right
-        -- now is skipped, not waited for (a takeover waiting for this session
-        -- row would deadlock): its change decides, a renew keeps it, a
-        -- takeover reports it as taken at the next heartbeat.
-        RETURN QUERY
-        SELECT l.name, l.token, lease._expiry(l.expires_at, sess.live_since, sess.expires_at), false
-          FROM lease.lease_state l
-         WHERE l.owner = p_owner AND l.released_at IS NULL
-           AND l.expires_at <= now_ts AND l.expires_at > sess.live_since
-           FOR SHARE SKIP LOCKED;
-        sess.live_since := now_ts;
-    END IF;
-    UPDATE lease.session_state s
-       SET live_since = sess.live_since, renewed_at = now_ts, expires_at = now_ts + ttl * interval '1 millisecond'
-     WHERE s.owner = p_owner;
-    -- Takeovers, read after the session lock: one that committed while this
-    -- heartbeat waited for it is reported now.
-    RETURN QUERY
-    DELETE FROM lease.lost_leases x WHERE x.owner = p_owner
-    RETURNING x.name, x.token, NULL::timestamptz, true;
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_beat';
 COMMENT ON FUNCTION lease._beat(text, integer) IS
     'Extends owner''s heartbeat session; returns the leases lost since the last heartbeat (internal).';
 REVOKE EXECUTE ON FUNCTION lease._beat(text, integer) FROM PUBLIC;
@@ -356,34 +322,21 @@ REVOKE EXECUTE ON FUNCTION lease._beat(text, integer) FROM PUBLIC;
 -- The heartbeat at any scale: one row update, whatever the owner holds. Every
 -- live lease of owner lives on with the session; the rows are the leases lost
 -- since the last heartbeat (each reported once), so the caller can freeze them.
+-- Rust (src/lease_calls.rs, since 0.8.0): lease._beat's step as the
+-- function's owner, as lease.renew.
 CREATE FUNCTION lease.heartbeat(owner text, ttl_ms integer)
 RETURNS TABLE (name text, token bigint, lost text)
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    RETURN QUERY
-    SELECT b.name, b.token, CASE WHEN b.taken THEN 'taken' ELSE 'expired' END
-      FROM lease._beat(heartbeat.owner, heartbeat.ttl_ms) b;
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_heartbeat';
 COMMENT ON FUNCTION lease.heartbeat(text, integer) IS
     'Heartbeat in one row write: keeps every live lease of owner alive for ttl_ms; returns the ones lost (expired or taken).';
 
 -- The heartbeat that also lists what it renewed: lease.heartbeat's one write,
 -- plus a row per live lease of owner (renewed = true) beside the lost ones
 -- (renewed = false). Reading the list grows with the leases held; lease.heartbeat
--- does not.
+-- does not. Rust (src/lease_calls.rs, since 0.8.0), as lease.heartbeat.
 CREATE FUNCTION lease.renew_all(owner text, ttl_ms integer)
 RETURNS TABLE (name text, token bigint, expires_at timestamptz, renewed boolean)
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    p_owner text COLLATE "default" := owner;   -- see the convention at the top
-BEGIN
-    RETURN QUERY SELECT b.name, b.token, b.expires_at, false FROM lease._beat(p_owner, ttl_ms) b;
-    RETURN QUERY
-    SELECT l.name, l.token, greatest(l.expires_at, s.expires_at), true
-      FROM lease.session_state s JOIN lease.lease_state l ON l.owner = s.owner
-     WHERE s.owner = p_owner AND l.released_at IS NULL AND l.expires_at > s.live_since;
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_renew_all';
 COMMENT ON FUNCTION lease.renew_all(text, integer) IS
     'Heartbeat: renews every live lease of owner; lost ones come back with renewed = false.';
 

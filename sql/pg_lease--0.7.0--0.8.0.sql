@@ -14,4 +14,15 @@ CREATE OR REPLACE FUNCTION lease.try_acquire(name text, owner text, ttl_ms integ
                                              owner_key text[] DEFAULT NULL)
 RETURNS TABLE (token bigint, expires_at timestamptz)
     LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_try_acquire';
+-- The heartbeat too: lease._beat (its step, as the caller), lease.heartbeat
+-- and lease.renew_all (as the function's owner) over one Rust step.
+CREATE OR REPLACE FUNCTION lease._beat(owner_id text, ttl_ms integer)
+RETURNS TABLE (name text, token bigint, expires_at timestamptz, taken boolean)
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_beat';
+CREATE OR REPLACE FUNCTION lease.heartbeat(owner text, ttl_ms integer)
+RETURNS TABLE (name text, token bigint, lost text)
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_heartbeat';
+CREATE OR REPLACE FUNCTION lease.renew_all(owner text, ttl_ms integer)
+RETURNS TABLE (name text, token bigint, expires_at timestamptz, renewed boolean)
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_renew_all';
 -- ---- end of the acquire port ----

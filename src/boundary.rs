@@ -18,7 +18,7 @@ use crate::errors::{self, Failure, Invalid, LeaseError, Refusal};
 use crate::fence;
 use crate::lease;
 use crate::lease_calls::{self, Label};
-use crate::pg::{owned, TriggerCall};
+use crate::pg::{owned, text_datum, RowSink, TriggerCall};
 use pgrx::pg_sys;
 
 /// Runs `work` under pgrx's guard, counts and audits its verdict, and raises
@@ -465,8 +465,100 @@ unsafe fn acquire_arguments(fcinfo: pg_sys::FunctionCallInfo) -> Result<lease_ca
 /// # Safety
 /// As for [`acquire`].
 unsafe fn return_acquired(fcinfo: pg_sys::FunctionCallInfo, acquired: Option<lease_calls::Acquired>) {
-    let row = acquired.map(|a| [Some(pg_sys::Datum::from(a.token)), Some(a.expires_at)]);
     // SAFETY: the caller's contract: the function returns a set of (int8,
     // timestamptz) rows.
-    unsafe { crate::pg::return_rows(fcinfo, row.as_ref().map(|r| &r[..]).as_slice()) };
+    unsafe {
+        let sink = RowSink::new(fcinfo);
+        if let Some(a) = acquired {
+            sink.put(&[Some(pg_sys::Datum::from(a.token)), Some(a.expires_at)]);
+        }
+    }
 }
+
+/// The heartbeat's arguments `(owner text, ttl_ms integer)`, checked in the
+/// order lease._beat checked them: ttl_ms, then owner.
+///
+/// # Safety
+/// `fcinfo` carries a text and an int4 argument.
+unsafe fn beat_arguments(fcinfo: pg_sys::FunctionCallInfo) -> Result<(Label, i32), Invalid> {
+    // SAFETY: the caller's contract: ttl_ms is argument 1, an int4.
+    let ttl = lease::check_ttl(unsafe { int_arg(fcinfo, 1) }.map(|t| t as i32))?;
+    // SAFETY: owner is argument 0, text.
+    Ok((unsafe { label_arg(fcinfo, 0, "owner") }?, ttl))
+}
+
+/// The three heartbeat functions: `lease.heartbeat` (name, token, lost
+/// text), `lease.renew_all` (name, token, expires_at, renewed) and
+/// `lease._beat` (name, token, expires_at, taken) over one
+/// [`lease_calls::beat`].
+#[derive(Clone, Copy, PartialEq)]
+enum Beat {
+    Heartbeat,
+    RenewAll,
+    Step,
+}
+
+/// # Safety
+/// `fcinfo` carries the SQL declaration's two arguments, in a call of the
+/// function `which` names, that accepts a set.
+unsafe fn beat(fcinfo: pg_sys::FunctionCallInfo, which: Beat) -> Result<pg_sys::Datum, Failure> {
+    // SAFETY: the caller's contract.
+    let (owner, ttl) = unsafe { beat_arguments(fcinfo) }?;
+    // SAFETY: as above: each function returns a set of the rows put below.
+    let sink = unsafe { RowSink::new(fcinfo) };
+    // SAFETY: as above.
+    let definer = (which != Beat::Step).then(|| unsafe { definer(fcinfo) });
+    let (taken, expired) = (text_datum(b"taken"), text_datum(b"expired"));
+    let mut emit = |row: lease_calls::BeatRow| {
+        let (name, token) = (Some(row.name), Some(pg_sys::Datum::from(row.token)));
+        let b = |v: bool| Some(pg_sys::Datum::from(v));
+        // SAFETY: the datums are of the result columns' types: text, int8,
+        // then text, or timestamptz and boolean.
+        unsafe {
+            match (which, row.lost) {
+                (Beat::Heartbeat, Some(lost)) => {
+                    sink.put(&[name, token, Some(if lost { taken } else { expired }.datum())])
+                }
+                (Beat::Heartbeat, None) => unreachable!("heartbeat lists only lost leases"),
+                (Beat::RenewAll, lost) => sink.put(&[name, token, row.expires_at, b(lost.is_none())]),
+                (Beat::Step, lost) => sink.put(&[name, token, row.expires_at, b(lost == Some(true))]),
+            }
+        }
+    };
+    lease_calls::beat(definer, owner, ttl, which == Beat::RenewAll, &mut emit);
+    Ok(pg_sys::Datum::from(0))
+}
+
+/// `lease.heartbeat(owner text, ttl_ms integer) → TABLE (name text, token
+/// bigint, lost text)` (crate::lease_calls).
+///
+/// # Safety
+/// As for [`beat`].
+unsafe fn heartbeat(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Failure> {
+    // SAFETY: the caller's contract.
+    unsafe { beat(fcinfo, Beat::Heartbeat) }
+}
+c_function!(pg_lease_heartbeat, pg_finfo_pg_lease_heartbeat, heartbeat, run_lease);
+
+/// `lease.renew_all(owner text, ttl_ms integer) → TABLE (name text, token
+/// bigint, expires_at timestamptz, renewed boolean)` (crate::lease_calls).
+///
+/// # Safety
+/// As for [`beat`].
+unsafe fn renew_all(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Failure> {
+    // SAFETY: the caller's contract.
+    unsafe { beat(fcinfo, Beat::RenewAll) }
+}
+c_function!(pg_lease_renew_all, pg_finfo_pg_lease_renew_all, renew_all, run_lease);
+
+/// `lease._beat(owner_id text, ttl_ms integer) → TABLE (name text, token
+/// bigint, expires_at timestamptz, taken boolean)`: the heartbeat's step as
+/// the caller (crate::lease_calls).
+///
+/// # Safety
+/// As for [`beat`].
+unsafe fn beat_step(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Failure> {
+    // SAFETY: the caller's contract.
+    unsafe { beat(fcinfo, Beat::Step) }
+}
+c_function!(pg_lease_beat, pg_finfo_pg_lease_beat, beat_step, run_lease);

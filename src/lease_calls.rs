@@ -1,5 +1,6 @@
 //! The hot lease calls in Rust: `lease.acquire`, `lease.try_acquire`,
-//! `lease.renew`, `lease.release` and `lease.release_all` (issue #13).
+//! `lease.renew`, `lease.release`, `lease.release_all`, and the heartbeat
+//! (`lease.heartbeat`, `lease.renew_all`, their step `lease._beat`) (issue #13).
 //!
 //! They keep the PL/pgSQL versions' contract (sql/lease.sql) exactly: the
 //! same statements, now saved SPI plans prepared once per backend (the plan
@@ -13,8 +14,8 @@ use crate::errors::{Failure, Invalid, LeaseError, Refusal};
 use crate::lease::EPOCH_SHIFT;
 use crate::lease_owner::{lock_owner_row, set_owner_token};
 use crate::pg::{
-    as_definer, exec_saved, now, prepare_saved, result_datum, result_text, set_guc, spi_connected, subtransaction,
-    with_pinned_search_path,
+    as_definer, exec_saved, now, prepare_saved, result_datum, result_rows, result_text, row_datum, set_guc,
+    spi_connected, subtransaction, with_pinned_search_path,
 };
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
@@ -781,4 +782,171 @@ fn bump_owner_row(table: pg_sys::Oid, key: &[Option<String>], token: i64) -> Res
 /// refuses on a standby).
 pub fn timeline() -> i64 {
     crate::lease::token_floor() >> EPOCH_SHIFT
+}
+
+/// The heartbeat's statements (sql/lease.sql, lease._beat).
+#[derive(Clone, Copy)]
+struct BeatPlans {
+    /// The owner's session row, locked.
+    lock: pg_sys::SPIPlanPtr,
+    /// Leases the lapsed session carried past their own expiry, skipping
+    /// those being changed right now.
+    expired: pg_sys::SPIPlanPtr,
+    /// The session's one row write.
+    extend: pg_sys::SPIPlanPtr,
+    /// Takeovers to report, each once.
+    taken: pg_sys::SPIPlanPtr,
+    /// renew_all's list of what the session carries.
+    carried: pg_sys::SPIPlanPtr,
+}
+
+thread_local! {
+    static BEAT_PLANS: Cell<Option<BeatPlans>> = const { Cell::new(None) };
+}
+
+/// The saved plans of the heartbeat; call inside an SPI connection.
+fn beat_plans() -> BeatPlans {
+    if let Some(p) = BEAT_PLANS.with(|p| p.get()) {
+        return p;
+    }
+    use pg_sys::{INT4OID, TEXTOID, TIMESTAMPTZOID};
+    const WHAT: &str = "lease.heartbeat";
+    let p = BeatPlans {
+        lock: prepare_saved(
+            c"SELECT s.live_since, s.expires_at FROM lease.session_state s
+               WHERE s.owner OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+            &mut [TEXTOID],
+            WHAT,
+        ),
+        expired: prepare_saved(
+            // $2, $3: the session's live_since and expires_at; $4 the clock.
+            c"SELECT l.name, l.token, lease._expiry(l.expires_at, $2, $3)
+                FROM lease.lease_state l
+               WHERE l.owner OPERATOR(pg_catalog.=) $1 AND l.released_at IS NULL
+                 AND l.expires_at OPERATOR(pg_catalog.<=) $4 AND l.expires_at OPERATOR(pg_catalog.>) $2
+                 FOR SHARE SKIP LOCKED",
+            &mut [TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
+            WHAT,
+        ),
+        extend: prepare_saved(
+            c"UPDATE lease.session_state s
+                 SET live_since = $2, renewed_at = $3,
+                     expires_at = $3 OPERATOR(pg_catalog.+) ($4 OPERATOR(pg_catalog.*) '1 millisecond'::pg_catalog.interval)
+               WHERE s.owner OPERATOR(pg_catalog.=) $1",
+            &mut [TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID],
+            WHAT,
+        ),
+        taken: prepare_saved(
+            c"DELETE FROM lease.lost_leases x WHERE x.owner OPERATOR(pg_catalog.=) $1 RETURNING x.name, x.token",
+            &mut [TEXTOID],
+            WHAT,
+        ),
+        carried: prepare_saved(
+            c"SELECT l.name, l.token, GREATEST(l.expires_at, s.expires_at)
+                FROM lease.session_state s JOIN lease.lease_state l ON l.owner OPERATOR(pg_catalog.=) s.owner
+               WHERE s.owner OPERATOR(pg_catalog.=) $1 AND l.released_at IS NULL
+                 AND l.expires_at OPERATOR(pg_catalog.>) s.live_since",
+            &mut [TEXTOID],
+            "lease.renew_all",
+        ),
+    };
+    BEAT_PLANS.with(|c| c.set(Some(p)));
+    p
+}
+
+/// A row of the heartbeat: a lease lost since the last heartbeat (taken
+/// over, or expired with a session that lapsed), or, for renew_all, one the
+/// session carries. Its datums live until the call's SPI connection ends.
+pub struct BeatRow {
+    /// The lease's name (a text datum).
+    pub name: pg_sys::Datum,
+    pub token: i64,
+    /// Its expiry (a timestamptz datum); None for a takeover.
+    pub expires_at: Option<pg_sys::Datum>,
+    /// Lost: taken over (true) or expired (false); None: carried (renewed).
+    pub lost: Option<bool>,
+}
+
+/// The heartbeat: extends owner's session with one row update and hands
+/// `emit` the leases it lost since its last heartbeat, each once (expired
+/// ones, then takeovers), then with `list_carried` (renew_all) every lease
+/// the session carries. Runs as `definer` (heartbeat, renew_all), or as
+/// the caller (`lease._beat`, which only the extension owner may execute).
+pub fn beat(definer: Option<pg_sys::Oid>, owner: Label, ttl: i32, list_carried: bool, emit: &mut dyn FnMut(BeatRow)) {
+    let mut run = || spi_connected(|| beat_connected(owner, ttl, list_carried, emit));
+    match definer {
+        Some(definer) => as_definer(definer, run),
+        None => run(),
+    }
+}
+
+fn beat_connected(owner: Label, ttl: i32, list_carried: bool, emit: &mut dyn FnMut(BeatRow)) {
+    let p = beat_plans();
+    let owner_d = Some(owner.0);
+    // Lock order, as in every lease function: lease rows, then session
+    // rows, then lost_leases.
+    // SAFETY: inside spi_connected; the parameters are of the types the plan
+    // was prepared with (as for every exec_saved below).
+    let found = unsafe { exec_saved(p.lock, &[owner_d], WHAT_BEAT) };
+    if !found {
+        // SAFETY: as above; the row exists after the insert.
+        unsafe {
+            exec_saved(acquire_plans().session, &[owner_d], WHAT_BEAT);
+            exec_saved(p.lock, &[owner_d], WHAT_BEAT);
+        }
+    }
+    let (mut live_since, expires) =
+        (timestamp(1).expect("live_since is NOT NULL"), timestamp(2).expect("expires_at is NOT NULL"));
+    let now_ts = now(); // read after the lock wait
+    if expires <= now_ts {
+        // A first heartbeat, or the session lapsed: the leases it carried
+        // past their own expiry died with it, reported this once; a new life
+        // begins now (see lease._beat in sql/lease.sql).
+        let params = [owner_d, Some(live_since.into()), Some(expires.into()), Some(now_ts.into())];
+        // SAFETY: as above; rows of (name text, token int8, expiry timestamptz).
+        unsafe {
+            exec_saved(p.expired, &params, WHAT_BEAT);
+            emit_rows(emit, Some(false), true);
+        }
+        live_since = now_ts;
+    }
+    let params = [owner_d, Some(live_since.into()), Some(now_ts.into()), Some(ttl.into())];
+    // SAFETY: as above.
+    unsafe { exec_saved(p.extend, &params, WHAT_BEAT) };
+    // Takeovers, read after the session lock: one that committed while this
+    // heartbeat waited for it is reported now.
+    // SAFETY: as above; rows of (name text, token int8).
+    unsafe {
+        exec_saved(p.taken, &[owner_d], WHAT_BEAT);
+        emit_rows(emit, Some(true), false);
+    }
+    if list_carried {
+        // SAFETY: as above; rows of (name text, token int8, expiry timestamptz).
+        unsafe {
+            exec_saved(p.carried, &[owner_d], "lease.renew_all");
+            emit_rows(emit, None, true);
+        }
+    }
+}
+
+const WHAT_BEAT: &str = "lease.heartbeat";
+
+/// Hands `emit` every row the last statement returned: (name, token) and,
+/// `with_expiry`, the lease's expiry, each as a row `lost` says.
+///
+/// # Safety
+/// Right after an exec_saved whose rows have a text and an int8 column (and
+/// a timestamptz third, `with_expiry`), name and token NOT NULL.
+unsafe fn emit_rows(emit: &mut dyn FnMut(BeatRow), lost: Option<bool>, with_expiry: bool) {
+    for row in 0..result_rows() {
+        // SAFETY: the caller's contract; `row` is below the row count.
+        unsafe {
+            emit(BeatRow {
+                name: row_datum(row, 1).expect("name is NOT NULL"),
+                token: row_datum(row, 2).expect("token is NOT NULL").value() as i64,
+                expires_at: if with_expiry { row_datum(row, 3) } else { None },
+                lost,
+            });
+        }
+    }
 }

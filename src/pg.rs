@@ -210,11 +210,29 @@ pub unsafe fn exec_saved(plan: pg_sys::SPIPlanPtr, params: &[Option<pg_sys::Datu
 /// The last [`exec_saved`] in this connection returned a row with at least
 /// `col` columns.
 pub unsafe fn result_datum(col: i32) -> Option<pg_sys::Datum> {
+    // SAFETY: the caller's contract.
+    unsafe { row_datum(0, col) }
+}
+
+/// How many rows the last [`exec_saved`] returned (or changed).
+pub fn result_rows() -> usize {
+    // SAFETY: SPI's global row count, set by the last statement.
+    unsafe { pg_sys::SPI_processed as usize }
+}
+
+/// Column `col` (from 1) of row `row` (from 0) that [`exec_saved`] last
+/// returned, None when NULL. A by-reference value lives until the SPI
+/// connection ends.
+///
+/// # Safety
+/// The last [`exec_saved`] in this connection returned more than `row` rows
+/// with at least `col` columns.
+pub unsafe fn row_datum(row: usize, col: i32) -> Option<pg_sys::Datum> {
     let mut isnull = false;
     // SAFETY: the caller's contract: SPI_tuptable holds that row.
     let datum = unsafe {
         let table = &*pg_sys::SPI_tuptable;
-        pg_sys::SPI_getbinval(*table.vals, table.tupdesc, col, &mut isnull)
+        pg_sys::SPI_getbinval(*table.vals.add(row), table.tupdesc, col, &mut isnull)
     };
     (!isnull).then_some(datum)
 }
@@ -316,6 +334,12 @@ pub fn own_relid(name: &str) -> pg_sys::Oid {
 #[derive(Clone, Copy)]
 #[repr(transparent)]
 pub struct TextDatum(pg_sys::Datum);
+
+impl TextDatum {
+    pub fn datum(self) -> pg_sys::Datum {
+        self.0
+    }
+}
 
 /// `bytes` as a text datum, palloc'd in the current memory context.
 pub fn text_datum(bytes: &[u8]) -> TextDatum {
@@ -1059,30 +1083,45 @@ pub fn subtransaction<R, E>(f: impl FnOnce() -> Result<R, E>) -> Result<Result<R
     outcome
 }
 
-/// Makes the current call of a set-returning function return its rows in a
-/// tuplestore (materialize mode, as PL/pgSQL's functions do) and adds `row`
-/// to it, if any. Raises when the caller cannot accept a set.
-///
-/// # Safety
-/// `fcinfo` is the call's, of a function declared to return a set of rows
-/// whose columns are of the types of `row`'s datums, in order.
-pub unsafe fn return_rows(fcinfo: pg_sys::FunctionCallInfo, rows: &[&[Option<pg_sys::Datum>]]) {
-    // SAFETY: the caller's contract; InitMaterializedSRF checks the call
-    // context (raising when no set is accepted) and creates the tuplestore
-    // and its descriptor in the query's memory, where the values are copied.
-    unsafe {
-        pg_sys::InitMaterializedSRF(fcinfo, 0);
-        let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
-        for row in rows {
-            let mut values: Vec<pg_sys::Datum> = row.iter().map(|d| d.unwrap_or(pg_sys::Datum::from(0))).collect();
-            let mut nulls: Vec<bool> = row.iter().map(Option::is_none).collect();
+/// The rows a set-returning function returns, in a tuplestore
+/// (materialize mode, as PL/pgSQL's functions return theirs).
+pub struct RowSink(*mut pg_sys::ReturnSetInfo);
+
+impl RowSink {
+    /// Makes the current call return its rows through the sink; raises when
+    /// the caller cannot accept a set.
+    ///
+    /// # Safety
+    /// `fcinfo` is the call's, of a function declared to return a set of
+    /// rows.
+    pub unsafe fn new(fcinfo: pg_sys::FunctionCallInfo) -> RowSink {
+        // SAFETY: the caller's contract; InitMaterializedSRF checks the call
+        // context (raising when no set is accepted) and creates the
+        // tuplestore and its descriptor in the query's memory.
+        unsafe {
+            pg_sys::InitMaterializedSRF(fcinfo, 0);
+            (*fcinfo).isnull = true;
+            RowSink((*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo)
+        }
+    }
+
+    /// Adds a row (None: NULL), copied into the tuplestore.
+    ///
+    /// # Safety
+    /// `row`'s datums are valid values of the function's result columns'
+    /// types, in order.
+    pub unsafe fn put(&self, row: &[Option<pg_sys::Datum>]) {
+        let mut values: Vec<pg_sys::Datum> = row.iter().map(|d| d.unwrap_or(pg_sys::Datum::from(0))).collect();
+        let mut nulls: Vec<bool> = row.iter().map(Option::is_none).collect();
+        // SAFETY: the caller's contract; the tuplestore and descriptor were
+        // set up by `new` for this call; the values are copied.
+        unsafe {
             pg_sys::tuplestore_putvalues(
-                (*rsinfo).setResult,
-                (*rsinfo).setDesc,
+                (*self.0).setResult,
+                (*self.0).setDesc,
                 values.as_mut_ptr(),
                 nulls.as_mut_ptr(),
-            );
-        }
-        (*fcinfo).isnull = true;
+            )
+        };
     }
 }

@@ -350,3 +350,67 @@ fn acquire_makes_an_asynchronous_commit_local() {
     assert_eq!(text(&mut c, "SHOW synchronous_commit"), "local");
     c.batch_execute("COMMIT").unwrap();
 }
+
+#[test]
+fn heartbeat_and_renew_all_run_as_the_owner_whatever_the_callers_search_path() {
+    let db = TestDb::new("calls_heartbeat");
+    let mut c = db.connect();
+    let role = format!("beat_role_{}", std::process::id());
+    c.batch_execute(&format!(
+        "CREATE ROLE {role} LOGIN;
+         GRANT EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]),
+               lease.heartbeat(text, integer), lease.renew_all(text, integer) TO {role};"
+    ))
+    .unwrap();
+    let mut r = db.connect_as(&role);
+    token(&mut r, "a", "host-a");
+    token(&mut r, "b", "host-a");
+    let c_first = one_i64(&mut r, "SELECT token FROM lease.acquire('c', 'host-a', 100)");
+    token(&mut r, "d", "host-z");
+    // Look-alikes ahead of pg_catalog, as for renew.
+    r.batch_execute(
+        "CREATE FUNCTION pg_temp.clock_timestamp() RETURNS timestamptz LANGUAGE sql AS $$SELECT 'epoch'::timestamptz$$;
+         CREATE TEMP TABLE lease_state (name text);
+         CREATE TEMP TABLE session_state (owner text);
+         CREATE TEMP TABLE lost_leases (owner text);
+         SET search_path = pg_temp, pg_catalog;",
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    let c_second = token(&mut r, "c", "host-b");
+    // The first heartbeat reports the takeover once, as the function's owner.
+    let lost = text(&mut r, "SELECT coalesce(string_agg(name || ':' || token || ':' || lost, ','), '') FROM lease.heartbeat('host-a', 60000)");
+    assert_eq!(lost, format!("c:{c_first}:taken"));
+    assert_eq!(count(&mut r, "SELECT * FROM lease.heartbeat('host-a', 60000)"), 0, "reported once");
+    let listed = text(
+        &mut r,
+        "SELECT string_agg(name || ':' || renewed, ',' ORDER BY name) FROM lease.renew_all('host-a', 60000)",
+    );
+    assert_eq!(listed, "a:true,b:true");
+    assert_eq!(text(&mut r, "SELECT current_user::text"), role);
+    expect_error(&mut r, "SELECT * FROM lease._beat('host-a', 60000)", "42501");
+    expect_error(&mut r, "SELECT * FROM lease.heartbeat('host-a', 1)", "22023");
+    expect_error(&mut r, "SELECT * FROM lease.renew_all(NULL, 60000)", "22004");
+    // The session row is pg_lease's, extended; host-z's is untouched.
+    let until =
+        "SELECT (expires_at > pg_catalog.now() + interval '50 s')::int::bigint FROM lease.sessions WHERE owner = ";
+    assert_eq!(one_i64(&mut c, &format!("{until}'host-a'")), 1);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.sessions WHERE owner = 'host-z' AND live"), 0);
+    // lease._beat itself runs as its caller (here the superuser).
+    let e_first = one_i64(&mut c, "SELECT token FROM lease.acquire('e', 'host-y', 100)");
+    std::thread::sleep(Duration::from_millis(150));
+    token(&mut c, "e", "host-x");
+    let step =
+        text(&mut c, "SELECT string_agg(name || ':' || token || ':' || taken, ',') FROM lease._beat('host-y', 60000)");
+    assert_eq!(step, format!("e:{e_first}:true"));
+    // Plans follow the extension being created again in the same session.
+    drop(r);
+    c.batch_execute(&format!(
+        "DROP OWNED BY {role}; DROP ROLE {role}; DROP EXTENSION pg_lease; CREATE EXTENSION pg_lease"
+    ))
+    .unwrap();
+    token(&mut c, "a", "host-a");
+    assert_eq!(text(&mut c, "SELECT string_agg(name, ',') FROM lease.renew_all('host-a', 60000) WHERE renewed"), "a");
+    assert_eq!(count(&mut c, "SELECT * FROM lease.heartbeat('host-a', 60000)"), 0);
+    let _ = c_second;
+}

@@ -36,6 +36,24 @@ impl Label {
         // returns a palloc'd copy, copied again at once.
         unsafe { crate::pg::owned(pg_sys::text_to_cstring(self.0.cast_mut_ptr())) }
     }
+
+    /// The label's bytes (server encoding): what text equality compares
+    /// under the deterministic default collation. Its text, read as UTF-8
+    /// with replacement, would make distinct non-UTF-8 labels equal.
+    fn bytes(self) -> Vec<u8> {
+        // SAFETY: as for `text`.
+        unsafe { text_bytes(self.0) }
+    }
+}
+
+/// The bytes of a non-NULL text datum.
+///
+/// # Safety
+/// `datum` is a valid, non-NULL text value.
+unsafe fn text_bytes(datum: pg_sys::Datum) -> Vec<u8> {
+    // SAFETY: the caller's contract; text_to_cstring returns a palloc'd,
+    // NUL-terminated copy (text holds no NUL), copied at once.
+    unsafe { std::ffi::CStr::from_ptr(pg_sys::text_to_cstring(datum.cast_mut_ptr())).to_bytes().to_vec() }
 }
 
 #[derive(Clone, Copy)]
@@ -209,13 +227,19 @@ fn renew_connected(name: Label, owner: Label, token: i64, ttl: i32) -> Result<pg
         // SAFETY: the locked row: owner text, token int8, released_at and
         // expires_at timestamptz. The holder's datum stays valid until the
         // connection ends.
-        let (holder, d, t) = unsafe { (result_text(1), result_datum(1), result_datum(2)) };
+        let (d, t) = unsafe { (result_datum(1), result_datum(2)) };
         holder_d = d;
         holder_token = t.map(|d| d.value() as i64);
         released = timestamp(3);
         expiry = timestamp(4);
         let own = expiry.expect("expires_at is NOT NULL");
-        if released.is_none() && own <= now_ts && holder.as_deref() == Some(owner.text().as_str()) {
+        if released.is_none()
+            && own <= now_ts
+            && holder_d.map(|h| {
+                // SAFETY: the holder's datum (owner is NOT NULL text).
+                unsafe { text_bytes(h) }
+            }) == Some(owner.bytes())
+        {
             // Maybe carried by the owner's session: judged under its lock.
             // SAFETY: as above.
             let session = unsafe { exec_saved(p.lock_session, &[owner_d], "lease.renew") };
@@ -472,8 +496,9 @@ pub fn try_acquire(definer: pg_sys::Oid, call: &Acquire) -> Result<Option<Acquir
 /// The lease row as acquire found it (or, fresh, as it judges the row it
 /// will create).
 struct Current {
-    /// The holder's text and datum.
+    /// The holder's text (for messages), bytes (compared) and datum.
     owner: String,
+    owner_bytes: Vec<u8>,
     owner_d: pg_sys::Datum,
     token: i64,
     released: Option<i64>,
@@ -488,9 +513,11 @@ impl Current {
         // timestamptz. The owner datum stays valid until the SPI connection
         // ends.
         unsafe {
+            let owner_d = result_datum(1).expect("owner is NOT NULL");
             Current {
                 owner: result_text(1).expect("owner is NOT NULL"),
-                owner_d: result_datum(1).expect("owner is NOT NULL"),
+                owner_bytes: text_bytes(owner_d),
+                owner_d,
                 token: result_datum(2).expect("token is NOT NULL").value() as i64,
                 released: timestamp(3),
                 expiry: timestamp(4),
@@ -502,7 +529,7 @@ impl Current {
 fn acquire_connected(call: &Acquire) -> Result<Acquired, Failure> {
     let (p, a) = (plans(), acquire_plans());
     let (name_d, owner_d) = (Some(call.name.0), Some(call.owner.0));
-    let (name, owner) = (call.name.text(), call.owner.text());
+    let (name, owner, owner_bytes) = (call.name.text(), call.owner.text(), call.owner.bytes());
     // The binding's key columns (a text[] datum) and the key as text.
     let mut bound = None;
     if let Some((table, key)) = call.bound {
@@ -538,7 +565,14 @@ fn acquire_connected(call: &Acquire) -> Result<Acquired, Failure> {
         let found = unsafe { exec_saved(p.lock_lease, &[name_d], "lease.acquire") };
         let fresh = !found && bound.is_none();
         let mut cur = if fresh {
-            Current { owner: owner.clone(), owner_d: call.owner.0, token: 0, released: Some(i64::MIN), expiry: None }
+            Current {
+                owner: owner.clone(),
+                owner_bytes: owner_bytes.clone(),
+                owner_d: call.owner.0,
+                token: 0,
+                released: Some(i64::MIN),
+                expiry: None,
+            }
         } else if !found {
             // SAFETY: as above; the row exists after the insert (this
             // transaction's, or a committed one's it waited for).
@@ -558,7 +592,7 @@ fn acquire_connected(call: &Acquire) -> Result<Acquired, Failure> {
         }
         let mut now_ts = now(); // read after the lock wait
         let mut live = cur.released.is_none() && cur.expiry.is_some_and(|e| e > now_ts);
-        if cur.released.is_none() && !live && cur.owner != owner {
+        if cur.released.is_none() && !live && cur.owner_bytes != owner_bytes {
             // Past its own expiry, another owner's lease may still be
             // carried by that owner's session: judged under its lock, on the
             // clock read after it.
@@ -569,7 +603,7 @@ fn acquire_connected(call: &Acquire) -> Result<Acquired, Failure> {
             cur.expiry = Some(if session { carried(own, timestamp(1), timestamp(2)) } else { own });
             live = cur.expiry.is_some_and(|e| e > now_ts);
         }
-        if live && cur.owner != owner {
+        if live && cur.owner_bytes != owner_bytes {
             return Err(held_elsewhere(a, &name, &cur, now_ts).into());
         }
 
@@ -658,7 +692,7 @@ fn acquire_connected(call: &Acquire) -> Result<Acquired, Failure> {
                 returned()
             }
         };
-        if cur.owner != owner {
+        if cur.owner_bytes != owner_bytes {
             // Taken from a holder that did not release it: its next heartbeat
             // hears so. This owner's own report of an earlier loss of the
             // lease is moot now that it holds the lease again.

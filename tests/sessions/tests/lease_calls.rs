@@ -414,3 +414,22 @@ fn heartbeat_and_renew_all_run_as_the_owner_whatever_the_callers_search_path() {
     assert_eq!(count(&mut c, "SELECT * FROM lease.heartbeat('host-a', 60000)"), 0);
     let _ = c_second;
 }
+
+#[test]
+fn owners_that_differ_only_outside_ascii_stay_distinct_in_a_latin1_database() {
+    let db = TestDb::with_options("calls_latin1", "ENCODING 'LATIN1' LOCALE 'C' TEMPLATE template0");
+    let mut c = db.connect();
+    let t = token(&mut c, "a", "hôte-é");
+    // Each is one byte >= 0x80 in LATIN1, and neither is valid UTF-8 there.
+    let held = expect_error(&mut c, "SELECT lease.acquire('a', 'hôte-è', 60000)", "LF005");
+    assert!(held.contains(&format!("token {t}")), "{held}");
+    assert_eq!(count(&mut c, "SELECT * FROM lease.try_acquire('a', 'hôte-è', 60000)"), 0);
+    // Its holder re-takes it; a takeover after expiry is reported to the
+    // holder it was taken from, not to the taker.
+    let t2 = one_i64(&mut c, "SELECT token FROM lease.acquire('a', 'hôte-é', 100)");
+    assert!(t2 > t);
+    std::thread::sleep(Duration::from_millis(150));
+    token(&mut c, "a", "hôte-è");
+    let lost = text(&mut c, "SELECT string_agg(owner || ':' || token, ',') FROM lease.lost_leases");
+    assert_eq!(lost, format!("hôte-é:{t2}"));
+}

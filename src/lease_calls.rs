@@ -360,8 +360,10 @@ fn acquire_plans() -> AcquirePlans {
     const WHAT: &str = "lease.acquire";
     let p = AcquirePlans {
         binding: prepare_saved(
+            // Not IS DISTINCT FROM: it looks `=` up on the caller's
+            // search_path. ($2's cardinality is never NULL.)
             c"SELECT p.owner_key_columns,
-                     pg_catalog.cardinality($2) IS DISTINCT FROM pg_catalog.cardinality(p.owner_key_columns)
+                     (pg_catalog.cardinality($2) OPERATOR(pg_catalog.=) pg_catalog.cardinality(p.owner_key_columns)) IS NOT TRUE
                      OR pg_catalog.array_position($2, NULL) IS NOT NULL
                 FROM lease.protected p WHERE p.owner_table OPERATOR(pg_catalog.=) $1 LIMIT 1",
             &mut [REGCLASSOID, TEXTARRAYOID],

@@ -181,13 +181,15 @@ fn the_callers_search_path_cannot_redirect_acquire() {
     one_i64(&mut c, "SELECT token FROM lease.acquire('b', 'host-a', 100)");
     let mut listener = db.connect();
     listener.batch_execute("LISTEN pg_lease").unwrap();
-    // Look-alikes ahead of pg_catalog: a clock stuck at the epoch, a text
-    // equality that always holds, a pg_notify that does nothing, and
-    // temporary lease tables.
+    // Look-alikes ahead of pg_catalog: a clock stuck at the epoch, text and
+    // integer equalities that always hold, a pg_notify that does nothing,
+    // and temporary lease tables.
     c.batch_execute(
         "CREATE FUNCTION public.clock_timestamp() RETURNS timestamptz LANGUAGE sql AS $$SELECT 'epoch'::timestamptz$$;
          CREATE FUNCTION public.always(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true';
          CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.always);
+         CREATE FUNCTION public.always(integer, integer) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+         CREATE OPERATOR public.= (LEFTARG = integer, RIGHTARG = integer, FUNCTION = public.always);
          CREATE FUNCTION public.pg_notify(text, text) RETURNS void LANGUAGE sql AS '';
          CREATE TEMP TABLE lease_state (name text);
          CREATE TEMP TABLE lost_leases (owner text);

@@ -174,219 +174,33 @@ COMMENT ON FUNCTION lease._next_token(bigint, bigint) IS
     'The next fencing token after stored on timeline, by the epoch rule (NULL when none is left), with the epoch and the base raise it needs (internal).';
 REVOKE EXECUTE ON FUNCTION lease._next_token(bigint, bigint) FROM PUBLIC;
 
--- A name's first acquire without an owner row ("fresh") judges the row the
--- others create first (owner = the caller, token 0, released) and inserts it
--- once, with its token, after reading the epoch, where the others update it:
--- one statement instead of three. Its session row follows its lease row (the
--- lock order: lease rows, then session rows). With an owner row, the lease
--- row is created first, so the owner row is locked under its lock as always.
+-- acquire and try_acquire are Rust (src/lease_calls.rs, since 0.8.0), run as
+-- the function's owner as SECURITY DEFINER ran them (renew's way): the lease
+-- row locked FOR UPDATE (created on first use), the new holder's session row,
+-- a live holder's session row FOR SHARE (a lease past its own expiry may be
+-- carried by it), then the owner row (lease._lock_owner_row's FOR UPDATE, as
+-- the owner table's owner); at REPEATABLE READ and above the issued-epoch row
+-- FOR SHARE; the next token by lease._next_token; the lease row updated,
+-- lost_leases told, a live previous holder notified on channel pg_lease; and
+-- synchronous_commit = off raised to local for the transaction (a token is
+-- durable before the client sees it). A name's first acquire without an
+-- owner row ("fresh") inserts the lease row once, with its token, then its
+-- session row, in one statement; if another acquire created the row since,
+-- it judges again under that row's lock. With an owner row, the lease row is
+-- created first, so the owner row is locked under its lock as always.
 CREATE FUNCTION lease.acquire(name text, owner text, ttl_ms integer, owner_table regclass DEFAULT NULL,
                               owner_key text[] DEFAULT NULL)
 RETURNS TABLE (token bigint, expires_at timestamptz)
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    p_ttl_ms ALIAS FOR $3;
-    p_owner_table ALIAS FOR $4;
-    p_owner_key ALIAS FOR $5;
-    timeline bigint := lease._token_floor() >> 40;   -- also refuses on a standby
-    ttl integer := lease._check_ttl(p_ttl_ms);
-    p_name text COLLATE "default" := lease._label('name', $1);   -- see the convention at the top
-    p_owner text COLLATE "default" := lease._label('owner', $2);
-    epoch bigint; issued bigint; high bigint; stored bigint;
-    raise_base boolean; fresh boolean;
-    cur lease.lease_state;
-    cur_expiry timestamptz;
-    holder lease.session_state;
-    now_ts timestamptz;
-    live boolean;
-    binding record;
-    owner_row bigint[];
-    owner_token bigint;
-    landed bigint;
-    detail text;
-    new_token bigint;
-BEGIN
-    IF (p_owner_table IS NULL) <> (p_owner_key IS NULL) THEN
-        PERFORM lease._fail('22023', 'pg_lease: owner_table and owner_key go together');
-    END IF;
-    IF p_owner_table IS NOT NULL THEN
-        SELECT p.owner_key_columns, p.owner_token_column INTO binding
-          FROM lease.protected p WHERE p.owner_table = p_owner_table LIMIT 1;
-        IF NOT FOUND THEN
-            PERFORM lease._fail('55000', format('pg_lease: %s is not the owner table of any table protected with lease.protect', p_owner_table));
-        END IF;
-        IF cardinality(p_owner_key) IS DISTINCT FROM cardinality(binding.owner_key_columns)
-           OR array_position(p_owner_key, NULL) IS NOT NULL THEN
-            PERFORM lease._fail('22023', format('pg_lease: owner_key %s does not match the key columns %s of %s', p_owner_key, binding.owner_key_columns, p_owner_table));
-        END IF;
-    END IF;
-
-    -- The lease row, locked (created on first use): racing acquires queue here.
-    SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
-    fresh := NOT FOUND AND p_owner_table IS NULL;   -- see above
-    IF fresh THEN
-        cur.owner := p_owner; cur.token := 0; cur.released_at := '-infinity';
-    ELSIF NOT FOUND THEN
-        INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at, released_at)
-        VALUES (p_name, p_owner, 0, '-infinity', '-infinity', '-infinity', '-infinity')
-        ON CONFLICT (name) DO NOTHING;
-        SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
-    END IF;
-    -- The new holder's session row exists from its first lease on, so the
-    -- takeover check below can always lock it (an uncommitted first
-    -- heartbeat's INSERT could not be waited for). Fresh: after its row.
-    IF NOT fresh THEN
-        INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
-        VALUES (p_owner, '-infinity', '-infinity', '-infinity') ON CONFLICT (owner) DO NOTHING;
-    END IF;
-    now_ts := clock_timestamp();   -- read after the lock wait
-    cur_expiry := cur.expires_at;
-    live := cur.released_at IS NULL AND cur_expiry > now_ts;
-    IF cur.released_at IS NULL AND NOT live AND cur.owner <> p_owner THEN
-        -- Past its own expiry, another owner's lease may still be carried by
-        -- that owner's heartbeat session. Lock the session row (a heartbeat
-        -- waits for this acquire, or this acquire for it) and judge on the
-        -- clock read after the lock.
-        SELECT * INTO holder FROM lease.session_state s WHERE s.owner = cur.owner FOR SHARE;
-        now_ts := clock_timestamp();
-        cur_expiry := lease._expiry(cur.expires_at, holder.live_since, holder.expires_at);
-        live := cur_expiry > now_ts;
-    END IF;
-    IF live AND cur.owner <> p_owner THEN
-        PERFORM lease._raise('LeaseOwnedElsewhere',
-            format('lease "%s" is held by %s', p_name, cur.owner),
-            format('Lease %s, holder %s, token %s, expires at %s (in %s).', p_name, cur.owner, cur.token,
-                   cur_expiry, date_trunc('millisecond', cur_expiry - now_ts)));
-    END IF;
-
-    IF p_owner_table IS NOT NULL THEN
-        -- FOR UPDATE waits for writers still fenced under the old token. The
-        -- owner row is read and written as the owner table's owner, never as
-        -- this function's superuser owner (src/lease_owner.rs).
-        owner_row := lease._lock_owner_row(p_owner_table, p_owner_key);
-        owner_token := owner_row[1];
-        IF cardinality(owner_row) = 0 THEN
-            PERFORM lease._raise('FenceOwnerMissing',
-                format('lease "%s" is bound to owner row %s of %s, which does not exist', p_name, p_owner_key, p_owner_table),
-                format('Lease %s, owner table %s, key %s = %s.', p_name, p_owner_table, binding.owner_key_columns, p_owner_key));
-        END IF;
-    END IF;
-
-    -- Epoch = base + timeline, raised above a stored token's or an issued
-    -- epoch when needed: the rule is lease._next_token's.
-    stored := greatest(cur.token, owner_token, 0);
-    -- A REPEATABLE READ or SERIALIZABLE transaction reads the epoch in its
-    -- snapshot, which may be older than a raise (lease.issue_tokens_above,
-    -- another acquire's): every raise writes the issued-epoch row, so locking
-    -- it is a serialization failure then (and when the row is newer than the
-    -- snapshot altogether, the upsert below is).
-    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
-        PERFORM FROM lease.token_epoch_issued i FOR SHARE;
-    END IF;
-    SELECT n.token, n.epoch, n.issued, n.raise_base INTO new_token, epoch, issued, high
-      FROM lease._next_token(stored, timeline) n;
-    raise_base := high IS NOT NULL;
-    -- (Refused before anything below is written; the transaction would
-    -- undo it anyway.)
-    IF new_token IS NULL THEN
-        PERFORM lease._fail('22003', format('pg_lease: lease "%s" has no fencing token left (current %s)', p_name, stored), 'Fencing tokens are bigints; this resource''s token is at the top of their range.');
-    END IF;
-    IF fresh THEN
-        -- The lease row, then (only if it was inserted) the session row.
-        WITH ins AS (
-            INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at)
-            VALUES (p_name, p_owner, new_token, now_ts, now_ts, now_ts + ttl * interval '1 millisecond')
-            ON CONFLICT (name) DO NOTHING
-            RETURNING l.token, l.expires_at
-        ), sess AS (
-            INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
-            SELECT p_owner, '-infinity', '-infinity', '-infinity' FROM ins
-            ON CONFLICT (owner) DO NOTHING
-        )
-        SELECT i.token, i.expires_at INTO token, expires_at FROM ins i;
-        IF NOT FOUND THEN
-            -- Another acquire created the row since (nothing is written
-            -- yet): judge again, under its lock.
-            RETURN QUERY SELECT * FROM lease.acquire($1, $2, $3, $4, $5);
-            RETURN;
-        END IF;
-    END IF;
-    IF raise_base THEN
-        INSERT INTO lease.token_epoch (base) VALUES (high) ON CONFLICT DO NOTHING;
-    END IF;
-    IF epoch > coalesce(issued, 0) THEN
-        INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES (epoch)
-        ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
-    END IF;
-    IF p_owner_table IS NOT NULL THEN
-        BEGIN
-            landed := lease._set_owner_token(p_owner_table, p_owner_key, new_token);
-        EXCEPTION WHEN internal_error THEN
-            -- The owner guard's LF004 (a trigger on the owner table lowered
-            -- the bump) comes back from the Rust call as XX000: raise it again
-            -- with its own code.
-            IF SQLERRM LIKE 'FencingTokenRegression: %' THEN
-                GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
-                PERFORM lease._raise('FencingTokenRegression', substr(SQLERRM, 25), detail);
-            END IF;
-            RAISE;
-        END;
-    END IF;
-    IF p_owner_table IS NOT NULL AND landed IS DISTINCT FROM new_token THEN
-        -- A trigger or rule on the owner table swallowed or changed the bump:
-        -- the old holder's token would still be current.
-        PERFORM lease._raise('FenceTampering',
-            format('lease "%s": the token bump to %s did not reach owner row %s of %s', p_name, new_token, p_owner_key, p_owner_table),
-            format('Lease %s, owner table %s: a trigger or rule on it skipped or changed the UPDATE of its token column.',
-                   p_name, p_owner_table));
-    END IF;
-    IF NOT fresh THEN
-        UPDATE lease.lease_state l
-           SET owner = p_owner, token = new_token, acquired_at = now_ts, renewed_at = now_ts,
-               expires_at = now_ts + ttl * interval '1 millisecond', released_at = NULL,
-               owner_table = p_owner_table, owner_key = p_owner_key
-         WHERE l.name = p_name
-        RETURNING l.token, l.expires_at INTO token, expires_at;
-    END IF;
-    IF cur.owner <> p_owner THEN
-        -- Taken from a holder that did not release it: its next heartbeat
-        -- hears so. This owner's own report of an earlier loss of the lease
-        -- is moot now that it holds the lease again.
-        IF cur.released_at IS NULL THEN
-            INSERT INTO lease.lost_leases AS x (owner, name, token, lost_at)
-            VALUES (cur.owner, p_name, cur.token, now_ts)
-            ON CONFLICT (owner, name) DO UPDATE SET token = excluded.token, lost_at = excluded.lost_at;
-        END IF;
-        DELETE FROM lease.lost_leases x WHERE x.owner = p_owner AND x.name = p_name;
-    END IF;
-
-    -- The lease changed hands from a holder that did not release it (it expired,
-    -- or its owner re-took it from another process): tell a live previous
-    -- holder, so it can freeze before its next write is refused.
-    IF cur.released_at IS NULL AND cur.token > 0 THEN
-        PERFORM pg_notify('pg_lease', json_build_object(
-            'event', 'taken', 'name', p_name, 'owner', p_owner, 'token', new_token,
-            'previous_owner', cur.owner, 'previous_token', cur.token, 'expires_at', expires_at)::text);
-    END IF;
-    -- A token must be durable before the client sees it.
-    IF current_setting('synchronous_commit') = 'off' THEN
-        PERFORM set_config('synchronous_commit', 'local', true);
-    END IF;
-    RETURN NEXT;
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_acquire';
 COMMENT ON FUNCTION lease.acquire(text, text, integer, regclass, text[]) IS
     'Takes (or re-takes) a lease with a new, higher fencing token; LF005 when another live owner holds it.';
 
+-- acquire in a subtransaction: no row (and nothing done) when another live
+-- owner holds the lease.
 CREATE FUNCTION lease.try_acquire(name text, owner text, ttl_ms integer, owner_table regclass DEFAULT NULL,
                                   owner_key text[] DEFAULT NULL)
 RETURNS TABLE (token bigint, expires_at timestamptz)
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    RETURN QUERY SELECT * FROM lease.acquire(name, owner, ttl_ms, owner_table, owner_key);
-EXCEPTION WHEN SQLSTATE 'LF005' THEN
-    RETURN;   -- held by another live owner: no row
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_try_acquire';
 COMMENT ON FUNCTION lease.try_acquire(text, text, integer, regclass, text[]) IS
     'Like lease.acquire, but returns no row when another live owner holds the lease.';
 
@@ -488,53 +302,19 @@ COMMENT ON FUNCTION lease.renew(text, text, bigint, integer) IS
 -- The heartbeat's one step, shared by lease.heartbeat and lease.renew_all:
 -- extend owner's session with one row update and return the leases it lost
 -- since its last heartbeat, each once: taken over (taken = true, token = the
--- one it held), or expired with a session that lapsed (taken = false). Runs
--- inside those SECURITY DEFINER functions; not executable by PUBLIC.
+-- one it held), or expired with a session that lapsed (taken = false). Lock
+-- order, as in every lease function: lease rows, then session rows, then
+-- lost_leases. The session row is locked (created on first use) and judged
+-- on the clock read after the lock; a first heartbeat, or one after the
+-- session lapsed, reports the leases it carried past their own expiry (they
+-- died with it; a lease an acquire, renew or release is changing right now
+-- is skipped, not waited for: a takeover waiting for this session row would
+-- deadlock) and starts a new life, which carries only leases alive on their
+-- own. Takeovers are read after the session lock. Rust (src/lease_calls.rs,
+-- since 0.8.0), as the caller; not executable by PUBLIC.
 CREATE FUNCTION lease._beat(owner_id text, ttl_ms integer)
 RETURNS TABLE (name text, token bigint, expires_at timestamptz, taken boolean)
-    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    ttl integer := lease._check_ttl(ttl_ms);
-    p_owner text COLLATE "default" := lease._label('owner', owner_id);   -- see the convention at the top
-    sess lease.session_state;
-    now_ts timestamptz;
-BEGIN
-    -- Lock order, as in every lease function: lease rows, then session rows,
-    -- then lost_leases.
-    SELECT * INTO sess FROM lease.session_state s WHERE s.owner = p_owner FOR UPDATE;
-    IF NOT FOUND THEN
-        INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
-        VALUES (p_owner, '-infinity', '-infinity', '-infinity')
-        ON CONFLICT (owner) DO NOTHING;
-        SELECT * INTO sess FROM lease.session_state s WHERE s.owner = p_owner FOR UPDATE;
-    END IF;
-    now_ts := clock_timestamp();   -- read after the lock wait
-    IF sess.expires_at <= now_ts THEN
-        -- A first heartbeat, or the session lapsed: the leases it carried
-        -- that are past their own expiry died with it. A new life begins now
-        -- and carries only leases alive on their own, so these are reported
-        -- this once. A lease an acquire, renew or release is changing right
-        -- now is skipped, not waited for (a takeover waiting for this session
-        -- row would deadlock): its change decides, a renew keeps it, a
-        -- takeover reports it as taken at the next heartbeat.
-        RETURN QUERY
-        SELECT l.name, l.token, lease._expiry(l.expires_at, sess.live_since, sess.expires_at), false
-          FROM lease.lease_state l
-         WHERE l.owner = p_owner AND l.released_at IS NULL
-           AND l.expires_at <= now_ts AND l.expires_at > sess.live_since
-           FOR SHARE SKIP LOCKED;
-        sess.live_since := now_ts;
-    END IF;
-    UPDATE lease.session_state s
-       SET live_since = sess.live_since, renewed_at = now_ts, expires_at = now_ts + ttl * interval '1 millisecond'
-     WHERE s.owner = p_owner;
-    -- Takeovers, read after the session lock: one that committed while this
-    -- heartbeat waited for it is reported now.
-    RETURN QUERY
-    DELETE FROM lease.lost_leases x WHERE x.owner = p_owner
-    RETURNING x.name, x.token, NULL::timestamptz, true;
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_beat';
 COMMENT ON FUNCTION lease._beat(text, integer) IS
     'Extends owner''s heartbeat session; returns the leases lost since the last heartbeat (internal).';
 REVOKE EXECUTE ON FUNCTION lease._beat(text, integer) FROM PUBLIC;
@@ -542,34 +322,21 @@ REVOKE EXECUTE ON FUNCTION lease._beat(text, integer) FROM PUBLIC;
 -- The heartbeat at any scale: one row update, whatever the owner holds. Every
 -- live lease of owner lives on with the session; the rows are the leases lost
 -- since the last heartbeat (each reported once), so the caller can freeze them.
+-- Rust (src/lease_calls.rs, since 0.8.0): lease._beat's step as the
+-- function's owner, as lease.renew.
 CREATE FUNCTION lease.heartbeat(owner text, ttl_ms integer)
 RETURNS TABLE (name text, token bigint, lost text)
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    RETURN QUERY
-    SELECT b.name, b.token, CASE WHEN b.taken THEN 'taken' ELSE 'expired' END
-      FROM lease._beat(heartbeat.owner, heartbeat.ttl_ms) b;
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_heartbeat';
 COMMENT ON FUNCTION lease.heartbeat(text, integer) IS
     'Heartbeat in one row write: keeps every live lease of owner alive for ttl_ms; returns the ones lost (expired or taken).';
 
 -- The heartbeat that also lists what it renewed: lease.heartbeat's one write,
 -- plus a row per live lease of owner (renewed = true) beside the lost ones
 -- (renewed = false). Reading the list grows with the leases held; lease.heartbeat
--- does not.
+-- does not. Rust (src/lease_calls.rs, since 0.8.0), as lease.heartbeat.
 CREATE FUNCTION lease.renew_all(owner text, ttl_ms integer)
 RETURNS TABLE (name text, token bigint, expires_at timestamptz, renewed boolean)
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    p_owner text COLLATE "default" := owner;   -- see the convention at the top
-BEGIN
-    RETURN QUERY SELECT b.name, b.token, b.expires_at, false FROM lease._beat(p_owner, ttl_ms) b;
-    RETURN QUERY
-    SELECT l.name, l.token, greatest(l.expires_at, s.expires_at), true
-      FROM lease.session_state s JOIN lease.lease_state l ON l.owner = s.owner
-     WHERE s.owner = p_owner AND l.released_at IS NULL AND l.expires_at > s.live_since;
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_renew_all';
 COMMENT ON FUNCTION lease.renew_all(text, integer) IS
     'Heartbeat: renews every live lease of owner; lost ones come back with renewed = false.';
 

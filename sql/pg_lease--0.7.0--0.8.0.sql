@@ -10,7 +10,12 @@
 -- lease.bind_token binds through SET LOCAL, which Citus sends on to the
 -- workers. Trigger arguments are compared as text (lease._trigger_args): the
 -- escaped bytes never matched a column name with a backslash or a non-ASCII
--- character, so protect refused such tables.
+-- character, so protect refused such tables. Issue #13: lease.acquire,
+-- try_acquire, heartbeat, renew_all and _beat are C functions
+-- (src/lease_calls.rs), run as the function's owner as SECURITY DEFINER ran
+-- them. Citus workers guard the shards of fenced and owner tables
+-- (lease._guard_shards, TRUNCATE in the library), and DROP TABLE of a fenced
+-- Citus table is refused until it is unprotected.
 \echo Use "ALTER EXTENSION pg_lease UPDATE TO '0.8.0'" to load this file. \quit
 
 CREATE  FUNCTION "_shard_id"(
@@ -138,7 +143,8 @@ RETURNS text LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
      WHERE (lease._citus_table(target)).kind IS NOT NULL
 $$;
 
-CREATE FUNCTION lease._shard_problems(shell regclass, shards regclass[] DEFAULT NULL)
+CREATE FUNCTION lease._shard_problems(shell regclass, shards regclass[] DEFAULT NULL, complete boolean DEFAULT false,
+                                      created_now boolean DEFAULT false)
 RETURNS TABLE (rel regclass, problem text)
     LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -160,16 +166,25 @@ BEGIN
         CONTINUE WHEN shard IS NULL OR lease._shard_of(shard) IS DISTINCT FROM shell::oid;
         suffix := '_' || lease._shard_id(shard);
         RETURN QUERY
-            SELECT shard, format('its copy %I of pg_lease''s trigger %I on %s is %s', t.tgname || suffix, t.tgname, shell,
-                                 CASE WHEN c.oid IS NULL THEN 'missing'
-                                      WHEN c.tgenabled <> 'A' THEN 'not enabled ALWAYS'
-                                      ELSE 'not the same trigger' END)
-              FROM pg_trigger t
-              LEFT JOIN pg_trigger c ON c.tgrelid = shard AND c.tgname = t.tgname || suffix
-             WHERE t.tgrelid = shell AND NOT t.tgisinternal
-               AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
-               AND (c.oid IS NULL OR c.tgenabled <> 'A' OR c.tgfoid <> t.tgfoid OR c.tgtype <> t.tgtype
-                    OR c.tgargs <> t.tgargs OR c.tgattr <> t.tgattr OR c.tgqual IS NOT NULL);
+            SELECT shard, format('its copy %I of pg_lease''s trigger is %s', c.tgname,
+                                 CASE WHEN c.tgenabled <> 'A' THEN 'not enabled ALWAYS'
+                                      ELSE 'changed (it no longer fires on every row and event)' END)
+              FROM pg_trigger c
+             WHERE c.tgrelid = shard AND NOT c.tgisinternal
+               AND c.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+               AND ((c.tgenabled <> 'A'
+                     AND NOT (created_now AND c.tgenabled = 'O' AND c.xmin = pg_catalog.xid(pg_catalog.pg_current_xact_id())))
+                    OR c.tgqual IS NOT NULL OR cardinality(c.tgattr::int2[]) > 0
+                    OR c.tgtype <> CASE WHEN c.tgfoid = 'lease.truncate_guard'::regproc THEN 34 ELSE 31 END);
+        IF complete THEN
+            RETURN QUERY
+                SELECT shard, format('it has no copy %I of pg_lease''s trigger %I on %s', t.tgname || suffix, t.tgname, shell)
+                  FROM pg_trigger t
+                 WHERE t.tgrelid = shell AND NOT t.tgisinternal
+                   AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+                   AND NOT EXISTS (SELECT 1 FROM pg_trigger c
+                                    WHERE c.tgrelid = shard AND c.tgname = t.tgname || suffix AND c.tgfoid = t.tgfoid);
+        END IF;
     END LOOP;
 END $$;
 
@@ -202,25 +217,95 @@ BEGIN
             problem := format('the owner guard of %s here is missing, disabled or not the one the coordinator installed', e.owner);
             RETURN NEXT;
         END IF;
-        RETURN QUERY SELECT e.target, format('shard %s: %s', s.rel, s.problem) FROM lease._shard_problems(t) s
+        RETURN QUERY SELECT e.target, format('shard %s: %s', s.rel, s.problem) FROM lease._shard_problems(t, NULL, true) s
                      UNION ALL
-                     SELECT e.target, format('shard %s: %s', s.rel, s.problem) FROM lease._shard_problems(o) s;
+                     SELECT e.target, format('shard %s: %s', s.rel, s.problem) FROM lease._shard_problems(o, NULL, true) s;
     END LOOP;
 END $$;
+
+CREATE FUNCTION lease._guard_shards(tag text) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    x record;
+    gap record;
+    fenced text[];
+    bad text;
+BEGIN
+    FOR x IN
+        SELECT DISTINCT c.rel, lease._shard_of(c.rel)::regclass AS shell
+          FROM (SELECT (CASE d.classid WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = d.objid)
+                                       ELSE d.objid END)::regclass AS rel
+                  FROM pg_event_trigger_ddl_commands() d
+                 WHERE d.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass)) c
+         WHERE c.rel IS NOT NULL
+    LOOP
+        CONTINUE WHEN x.shell IS NULL
+            OR NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = x.shell
+                              AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc));
+        SELECT s.rel, s.problem INTO gap FROM lease._shard_problems(x.shell, ARRAY[x.rel], false, tag = 'CREATE TRIGGER') s LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would leave shard %s of %s without pg_lease''s fence', tag, x.rel, x.shell),
+                format('Shard %s: %s.', gap.rel, gap.problem));
+        END IF;
+        -- The shard's fenced columns: its fence's key and token columns, its
+        -- owner guard's token and key columns.
+        fenced := ARRAY(
+            SELECT k FROM pg_trigger t
+             CROSS JOIN LATERAL (SELECT (lease._trigger_args(t.tgargs))[1]::jsonb AS cfg) a
+             CROSS JOIN LATERAL (SELECT jsonb_array_elements_text(a.cfg -> 'key_columns') UNION ALL SELECT a.cfg ->> 'token_column') u(k)
+             WHERE t.tgrelid = x.shell AND t.tgname = 'pg_lease_fence' AND t.tgfoid = 'lease.fence_trigger'::regproc AND t.tgnargs = 1
+            UNION ALL
+            SELECT unnest(lease._trigger_args(t.tgargs)) FROM pg_trigger t
+             WHERE t.tgrelid = x.shell AND t.tgname = 'pg_lease_owner_guard' AND t.tgfoid = 'lease.owner_guard'::regproc);
+        SELECT r.col INTO bad
+          FROM pg_event_trigger_ddl_commands() d
+         CROSS JOIN LATERAL unnest(lease._retyped_columns(d.command)) r(col)
+         WHERE d.command_tag = 'ALTER TABLE' AND d.classid = 'pg_class'::regclass AND d.objid = x.rel AND r.col = ANY (fenced)
+         LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would rewrite fenced column %I of shard %s of %s', tag, bad, x.rel, x.shell),
+                format('Column %I of %s is fenced by pg_lease: a rewrite (ALTER COLUMN ... TYPE ... USING) passes no row trigger.', bad, x.shell));
+        END IF;
+        SELECT t.tgname INTO bad
+          FROM pg_trigger t JOIN pg_trigger ours ON ours.tgrelid = t.tgrelid
+         WHERE t.tgrelid = x.rel AND NOT t.tgisinternal
+           AND ours.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+           AND t.tgfoid NOT IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+           AND t.tgtype::integer & 3 = 3 AND t.tgtype::integer & 20 <> 0
+           AND t.tgname COLLATE "C" > ours.tgname COLLATE "C"
+         LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would leave shard %s of %s with trigger %I running after pg_lease''s', tag, x.rel, x.shell, bad),
+                format('A BEFORE row trigger that runs after the fence or owner guard could change the row they judged: name it to sort before %I.',
+                       (SELECT min(o.tgname COLLATE "C") FROM pg_trigger o WHERE o.tgrelid = x.rel
+                           AND o.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc))));
+        END IF;
+        INSERT INTO lease.deferred_checks (rel, root) VALUES (x.rel, x.shell);
+    END LOOP;
+END $$;
+REVOKE EXECUTE ON FUNCTION lease._guard_shards(text) FROM PUBLIC;
 
 CREATE FUNCTION lease._trigger_ddl(rel regclass, command text) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     unsafe text;
+    propagate text;
 BEGIN
     IF (lease._citus_table(rel)).kind IS NULL THEN
         EXECUTE command;
         RETURN;
     END IF;
+    -- And it must reach every node, whatever the session says.
     unsafe := pg_catalog.current_setting('citus.enable_unsafe_triggers', true);
+    propagate := pg_catalog.current_setting('citus.enable_ddl_propagation', true);
     PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+    PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'on', true);
     EXECUTE command;
     PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', coalesce(unsafe, 'off'), true);
+    PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', coalesce(propagate, 'on'), true);
 END $$;
 
 CREATE OR REPLACE FUNCTION lease._create_trigger(rel regclass, tgname name, func regproc, timing text, body text) RETURNS void
@@ -532,8 +617,12 @@ BEGIN
      WHERE t.oid IS NULL OR t.tgenabled <> 'A' OR t.tgfoid <> e.func
     UNION ALL
     SELECT e.relid::regclass, e.rel::regclass, 'altered',
-           format('trigger %s on %s no longer fires on every %s', e.tgname, e.rel::regclass,
-                  CASE WHEN e.tgtype = 31 THEN 'INSERT, UPDATE and DELETE of every row' ELSE 'TRUNCATE' END)
+           CASE WHEN e.tgname = 'pg_lease_fence' AND cardinality(e.args) = 1 AND t.tgtype = e.tgtype
+                     AND t.tgqual IS NULL AND cardinality(t.tgattr::int2[]) = 0
+                THEN format('the config its Citus shards read from trigger %s names its owner table and key columns as they were when it was protected (%s), not as they are now (%s): unprotect it before you rename its owner table or a fenced column or move the owner table to another schema, and protect it again after',
+                            e.tgname, (lease._trigger_args(t.tgargs))[1], e.args[1])
+                ELSE format('trigger %s on %s no longer fires on every %s', e.tgname, e.rel::regclass,
+                            CASE WHEN e.tgtype = 31 THEN 'INSERT, UPDATE and DELETE of every row' ELSE 'TRUNCATE' END) END
       FROM expected_triggers e
       CROSS JOIN LATERAL (SELECT x.* FROM pg_trigger x
                            WHERE x.tgrelid = e.rel AND x.tgname = e.tgname AND x.tgfoid = e.func OFFSET 0) t
@@ -647,7 +736,9 @@ BEGIN
      LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',
-            format('the transaction would commit partition %s of %s without its pg_lease guards', NEW.rel, NEW.root),
+            CASE WHEN NEW.rel = NEW.root
+                 THEN format('the transaction would commit %s without its pg_lease guards', NEW.rel)
+                 ELSE format('the transaction would commit partition %s of %s without its pg_lease guards', NEW.rel, NEW.root) END,
             format('Table %s: %s.', gap.relid, gap.problem));
     END IF;
     RETURN NULL;
@@ -664,22 +755,11 @@ DECLARE
     stray record;
     bad boolean;
     match text;
+    citus_pending oid[] := '{}';
 BEGIN
-    -- Citus: a shard on this node that the command reached is checked at
-    -- commit (Citus changes a table's shards in several commands; see
-    -- lease._shard_problems).
+    -- Citus: DDL that reached a shard on this node (lease._guard_shards).
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
-        INSERT INTO lease.deferred_checks (rel, root)
-        SELECT DISTINCT x.rel, x.shell
-          FROM (SELECT c.objid::regclass AS rel, lease._shard_of(c.objid)::regclass AS shell
-                  FROM (SELECT CASE d.classid WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = d.objid)
-                                              ELSE d.objid END AS objid
-                          FROM pg_event_trigger_ddl_commands() d
-                         WHERE d.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass)) c
-                 WHERE c.objid IS NOT NULL) x
-         WHERE x.shell IS NOT NULL
-           AND EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = x.shell
-                          AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc));
+        PERFORM lease._guard_shards(tg_tag);
     END IF;
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
@@ -694,11 +774,17 @@ BEGIN
               FROM pg_event_trigger_ddl_commands() c JOIN pg_trigger t ON t.oid = c.objid
              WHERE c.classid = 'pg_trigger'::regclass AND t.tgenabled <> 'A' AND t.tgparentid = 0
                AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
-               -- (Not on a Citus table: Citus sends the CREATE to the other
-               -- nodes after this; lease._create_trigger enables it next.)
-               AND (lease._citus_table(t.tgrelid)).kind IS NULL
         LOOP
-            EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname);
+            IF (lease._citus_table(broken.rel)).kind IS NULL THEN
+                EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname);
+            ELSE
+                -- Citus sends the CREATE to the other nodes after this
+                -- command, so an ALTER from here would reach them first:
+                -- the trigger must be ENABLE ALWAYS by commit instead
+                -- (lease._create_trigger enables it next).
+                citus_pending := citus_pending || broken.rel::oid;
+                INSERT INTO lease.deferred_checks (rel, root) VALUES (broken.rel, broken.rel);
+            END IF;
         END LOOP;
     END IF;
     SELECT array_agg(DISTINCT CASE c.classid
@@ -826,12 +912,13 @@ BEGIN
                 format('Table %s holds owner rows whose fencing tokens would leave the fence; tokens could then start over. Unprotect the tables fenced against it first.',
                        stray.tgrelid::regclass));
         END IF;
-        EXECUTE format('DROP TRIGGER %I ON %s', stray.tgname, stray.tgrelid::regclass);
+        PERFORM lease._trigger_ddl(stray.tgrelid::regclass, format('DROP TRIGGER %I ON %s', stray.tgname, stray.tgrelid::regclass));
     END LOOP;
 
     SELECT f.* INTO broken
       FROM lease._fence_problems(concerned) f
      WHERE f.kind NOT IN ('missing', 'constraint')
+       AND NOT (f.kind = 'disabled' AND f.rel::oid = ANY (citus_pending))
      LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',
@@ -849,19 +936,6 @@ DECLARE
     orphan record;
     victim record;
 BEGIN
-    -- Citus: a trigger dropped from a shard on this node that stays is
-    -- checked at commit (lease._shard_problems).
-    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
-        INSERT INTO lease.deferred_checks (rel, root)
-        SELECT DISTINCT x.rel, x.shell
-          FROM (SELECT r.rel, lease._shard_of(r.rel)::regclass AS shell
-                  FROM pg_event_trigger_dropped_objects() d
-                  -- (by name: Citus hides shards from pg_class queries)
-                 CROSS JOIN LATERAL (SELECT pg_catalog.to_regclass(pg_catalog.quote_ident(d.address_names[1]) || '.'
-                                                                 || pg_catalog.quote_ident(d.address_names[2])) AS rel) r
-                 WHERE d.object_type = 'trigger' AND r.rel IS NOT NULL) x
-         WHERE x.shell IS NOT NULL;
-    END IF;
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
     END IF;
@@ -940,6 +1014,28 @@ BEGIN
     END IF;
 END $$;
 
+CREATE OR REPLACE FUNCTION lease.acquire(name text, owner text, ttl_ms integer, owner_table regclass DEFAULT NULL,
+                              owner_key text[] DEFAULT NULL)
+RETURNS TABLE (token bigint, expires_at timestamptz)
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_acquire';
+
+CREATE OR REPLACE FUNCTION lease.try_acquire(name text, owner text, ttl_ms integer, owner_table regclass DEFAULT NULL,
+                                  owner_key text[] DEFAULT NULL)
+RETURNS TABLE (token bigint, expires_at timestamptz)
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_try_acquire';
+
+CREATE OR REPLACE FUNCTION lease._beat(owner_id text, ttl_ms integer)
+RETURNS TABLE (name text, token bigint, expires_at timestamptz, taken boolean)
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_beat';
+
+CREATE OR REPLACE FUNCTION lease.heartbeat(owner text, ttl_ms integer)
+RETURNS TABLE (name text, token bigint, lost text)
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_heartbeat';
+
+CREATE OR REPLACE FUNCTION lease.renew_all(owner text, ttl_ms integer)
+RETURNS TABLE (name text, token bigint, expires_at timestamptz, renewed boolean)
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_renew_all';
+
 CREATE FUNCTION lease._on_all_nodes(command text)
 RETURNS TABLE (node text, result json) LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -994,8 +1090,11 @@ COMMENT ON FUNCTION lease.cluster_stats() IS
 
 CREATE FUNCTION lease.cluster_fence_problems() RETURNS TABLE (node text, target text, problem text)
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
     expected json;
+    p record;
+    why text;
 BEGIN
     SELECT json_agg(json_build_object(
                'target', format('%I.%I', tn.nspname, tc.relname),
@@ -1011,6 +1110,19 @@ BEGIN
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_node') IS NOT NULL AND expected IS NULL THEN
         RETURN;
     END IF;
+    -- The co-location rule, which Citus can be told to break later
+    -- (update_distributed_table_colocation).
+    FOR p IN SELECT x.* FROM lease.protected x WHERE (lease._citus_table(x.relid)).kind IS NOT NULL LOOP
+        BEGIN
+            PERFORM lease._check_citus_layout(p.relid, p.key_columns, p.owner_table, p.owner_key_columns);
+        EXCEPTION WHEN feature_not_supported THEN
+            GET STACKED DIAGNOSTICS why = PG_EXCEPTION_DETAIL;
+            node := '(coordinator)';
+            target := p.relid::text;
+            problem := SQLERRM || ': ' || why;
+            RETURN NEXT;
+        END;
+    END LOOP;
     RETURN QUERY
         SELECT a.node, x.target, x.problem
           FROM lease._on_all_nodes(format(
@@ -1024,3 +1136,10 @@ COMMENT ON FUNCTION lease.cluster_fence_problems() IS
 
 REVOKE EXECUTE ON FUNCTION lease._on_all_nodes(text), lease.cluster_rejected_writes(timestamptz),
     lease.cluster_stats(), lease.cluster_fence_problems() FROM PUBLIC;
+
+-- DROP TABLE too reaches the ddl_command_start guard (a fenced Citus table
+-- is unprotected before it is dropped).
+DROP EVENT TRIGGER pg_lease_guard_ddl_start;
+CREATE EVENT TRIGGER pg_lease_guard_ddl_start ON ddl_command_start
+    WHEN TAG IN ('ALTER TABLE', 'DROP TABLE')
+    EXECUTE FUNCTION lease._guard_ddl_start();

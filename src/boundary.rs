@@ -18,7 +18,7 @@ use crate::errors::{self, Failure, Invalid, LeaseError, Refusal};
 use crate::fence;
 use crate::lease;
 use crate::lease_calls::{self, Label};
-use crate::pg::{owned, TriggerCall};
+use crate::pg::{owned, text_datum, RowSink, TriggerCall};
 use pgrx::pg_sys;
 
 /// Runs `work` under pgrx's guard, counts and audits its verdict, and raises
@@ -392,3 +392,173 @@ unsafe fn release_all(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum,
     Ok(lease_calls::release_all(unsafe { definer(fcinfo) }, owner).into())
 }
 c_function!(pg_lease_release_all, pg_finfo_pg_lease_release_all, release_all, run_lease);
+
+/// `lease.acquire(name text, owner text, ttl_ms integer, owner_table
+/// regclass, owner_key text[]) → TABLE (token bigint, expires_at
+/// timestamptz)` (crate::lease_calls): one row.
+///
+/// # Safety
+/// `fcinfo` carries the SQL declaration's five arguments, in a call that
+/// accepts a set.
+unsafe fn acquire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Failure> {
+    // SAFETY: the caller's contract.
+    let call = unsafe { acquire_arguments(fcinfo) }?;
+    // SAFETY: as above.
+    let acquired = lease_calls::acquire(unsafe { definer(fcinfo) }, &call)?;
+    // SAFETY: as above: rows of (int8, timestamptz).
+    unsafe { return_acquired(fcinfo, Some(acquired)) };
+    Ok(pg_sys::Datum::from(0))
+}
+c_function!(pg_lease_acquire, pg_finfo_pg_lease_acquire, acquire, run_lease);
+
+/// `lease.try_acquire(...)`: as `lease.acquire`, but no row when another
+/// live owner holds the lease (crate::lease_calls).
+///
+/// # Safety
+/// As for [`acquire`].
+unsafe fn try_acquire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Failure> {
+    // SAFETY: the caller's contract.
+    let call = unsafe { acquire_arguments(fcinfo) }?;
+    // SAFETY: as above.
+    let acquired = lease_calls::try_acquire(unsafe { definer(fcinfo) }, &call)?;
+    // SAFETY: as above.
+    unsafe { return_acquired(fcinfo, acquired) };
+    Ok(pg_sys::Datum::from(0))
+}
+c_function!(pg_lease_try_acquire, pg_finfo_pg_lease_try_acquire, try_acquire, run_lease);
+
+/// acquire's arguments, checked in the order the PL/pgSQL version checked
+/// them: on a primary, ttl_ms, name, owner, then owner_table and owner_key
+/// together.
+///
+/// # Safety
+/// As for [`acquire`].
+unsafe fn acquire_arguments(fcinfo: pg_sys::FunctionCallInfo) -> Result<lease_calls::Acquire, Invalid> {
+    let timeline = lease_calls::timeline();
+    // SAFETY: the caller's contract: ttl_ms is argument 2, an int4.
+    let ttl = lease::check_ttl(unsafe { int_arg(fcinfo, 2) }.map(|t| t as i32))?;
+    // SAFETY: name and owner are arguments 0 and 1, text.
+    let (name, owner) = unsafe { (label_arg(fcinfo, 0, "name")?, label_arg(fcinfo, 1, "owner")?) };
+    // SAFETY: owner_table (regclass, by value) and owner_key (text[]) are
+    // arguments 3 and 4.
+    let (table, key) = unsafe {
+        let arg = |i: usize| {
+            let a = &*(*fcinfo).args.as_ptr().add(i);
+            (!a.isnull).then_some(a.value)
+        };
+        (arg(3).map(|d| pg_sys::Oid::from(d.value() as u32)), arg(4))
+    };
+    let bound = match (table, key) {
+        (Some(table), Some(key)) => Some((table, key)),
+        (None, None) => None,
+        _ => {
+            return Err(
+                Invalid::new("22023", "pg_lease: owner_table and owner_key go together").expect("a valid SQLSTATE")
+            )
+        }
+    };
+    Ok(lease_calls::Acquire { timeline, ttl, name, owner, bound })
+}
+
+/// Returns acquire's row (token, expires_at), or none.
+///
+/// # Safety
+/// As for [`acquire`].
+unsafe fn return_acquired(fcinfo: pg_sys::FunctionCallInfo, acquired: Option<lease_calls::Acquired>) {
+    // SAFETY: the caller's contract: the function returns a set of (int8,
+    // timestamptz) rows.
+    unsafe {
+        let sink = RowSink::new(fcinfo);
+        if let Some(a) = acquired {
+            sink.put(&[Some(pg_sys::Datum::from(a.token)), Some(a.expires_at)]);
+        }
+    }
+}
+
+/// The heartbeat's arguments `(owner text, ttl_ms integer)`, checked in the
+/// order lease._beat checked them: ttl_ms, then owner.
+///
+/// # Safety
+/// `fcinfo` carries a text and an int4 argument.
+unsafe fn beat_arguments(fcinfo: pg_sys::FunctionCallInfo) -> Result<(Label, i32), Invalid> {
+    // SAFETY: the caller's contract: ttl_ms is argument 1, an int4.
+    let ttl = lease::check_ttl(unsafe { int_arg(fcinfo, 1) }.map(|t| t as i32))?;
+    // SAFETY: owner is argument 0, text.
+    Ok((unsafe { label_arg(fcinfo, 0, "owner") }?, ttl))
+}
+
+/// The three heartbeat functions: `lease.heartbeat` (name, token, lost
+/// text), `lease.renew_all` (name, token, expires_at, renewed) and
+/// `lease._beat` (name, token, expires_at, taken) over one
+/// [`lease_calls::beat`].
+#[derive(Clone, Copy, PartialEq)]
+enum Beat {
+    Heartbeat,
+    RenewAll,
+    Step,
+}
+
+/// # Safety
+/// `fcinfo` carries the SQL declaration's two arguments, in a call of the
+/// function `which` names, that accepts a set.
+unsafe fn beat(fcinfo: pg_sys::FunctionCallInfo, which: Beat) -> Result<pg_sys::Datum, Failure> {
+    // SAFETY: the caller's contract.
+    let (owner, ttl) = unsafe { beat_arguments(fcinfo) }?;
+    // SAFETY: as above: each function returns a set of the rows put below.
+    let sink = unsafe { RowSink::new(fcinfo) };
+    // SAFETY: as above.
+    let definer = (which != Beat::Step).then(|| unsafe { definer(fcinfo) });
+    let (taken, expired) = (text_datum(b"taken"), text_datum(b"expired"));
+    let mut emit = |row: lease_calls::BeatRow| {
+        let (name, token) = (Some(row.name), Some(pg_sys::Datum::from(row.token)));
+        let b = |v: bool| Some(pg_sys::Datum::from(v));
+        // SAFETY: the datums are of the result columns' types: text, int8,
+        // then text, or timestamptz and boolean.
+        unsafe {
+            match (which, row.lost) {
+                (Beat::Heartbeat, Some(lost)) => {
+                    sink.put(&[name, token, Some(if lost { taken } else { expired }.datum())])
+                }
+                (Beat::Heartbeat, None) => unreachable!("heartbeat lists only lost leases"),
+                (Beat::RenewAll, lost) => sink.put(&[name, token, row.expires_at, b(lost.is_none())]),
+                (Beat::Step, lost) => sink.put(&[name, token, row.expires_at, b(lost == Some(true))]),
+            }
+        }
+    };
+    lease_calls::beat(definer, owner, ttl, which == Beat::RenewAll, &mut emit);
+    Ok(pg_sys::Datum::from(0))
+}
+
+/// `lease.heartbeat(owner text, ttl_ms integer) → TABLE (name text, token
+/// bigint, lost text)` (crate::lease_calls).
+///
+/// # Safety
+/// As for [`beat`].
+unsafe fn heartbeat(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Failure> {
+    // SAFETY: the caller's contract.
+    unsafe { beat(fcinfo, Beat::Heartbeat) }
+}
+c_function!(pg_lease_heartbeat, pg_finfo_pg_lease_heartbeat, heartbeat, run_lease);
+
+/// `lease.renew_all(owner text, ttl_ms integer) → TABLE (name text, token
+/// bigint, expires_at timestamptz, renewed boolean)` (crate::lease_calls).
+///
+/// # Safety
+/// As for [`beat`].
+unsafe fn renew_all(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Failure> {
+    // SAFETY: the caller's contract.
+    unsafe { beat(fcinfo, Beat::RenewAll) }
+}
+c_function!(pg_lease_renew_all, pg_finfo_pg_lease_renew_all, renew_all, run_lease);
+
+/// `lease._beat(owner_id text, ttl_ms integer) → TABLE (name text, token
+/// bigint, expires_at timestamptz, taken boolean)`: the heartbeat's step as
+/// the caller (crate::lease_calls).
+///
+/// # Safety
+/// As for [`beat`].
+unsafe fn beat_step(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Failure> {
+    // SAFETY: the caller's contract.
+    unsafe { beat(fcinfo, Beat::Step) }
+}
+c_function!(pg_lease_beat, pg_finfo_pg_lease_beat, beat_step, run_lease);

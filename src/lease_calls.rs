@@ -1,5 +1,6 @@
-//! The hot lease calls in Rust: `lease.renew`, `lease.release` and
-//! `lease.release_all` (issue #13).
+//! The hot lease calls in Rust: `lease.acquire`, `lease.try_acquire`,
+//! `lease.renew`, `lease.release`, `lease.release_all`, and the heartbeat
+//! (`lease.heartbeat`, `lease.renew_all`, their step `lease._beat`) (issue #13).
 //!
 //! They keep the PL/pgSQL versions' contract (sql/lease.sql) exactly: the
 //! same statements, now saved SPI plans prepared once per backend (the plan
@@ -9,9 +10,16 @@
 //! costs. Nothing here depends on the caller's search_path: every table,
 //! function, operator and type in the plans is schema-qualified.
 
-use crate::errors::{LeaseError, Refusal};
-use crate::pg::{as_definer, exec_saved, now, prepare_saved, result_datum, result_text, spi_connected};
+use crate::errors::{Failure, Invalid, LeaseError, Refusal};
+use crate::lease::EPOCH_SHIFT;
+use crate::lease_owner::{lock_owner_row, set_owner_token};
+use crate::pg::{
+    as_definer, exec_saved, now, prepare_saved, result_datum, result_rows, result_text, row_datum, set_guc,
+    spi_connected, subtransaction, with_pinned_search_path,
+};
 use pgrx::pg_sys;
+use pgrx::pg_sys::panic::CaughtError;
+use pgrx::FromDatum;
 use std::cell::Cell;
 
 /// A lease name or owner argument that passed `lease::check_label`: its
@@ -28,6 +36,24 @@ impl Label {
         // returns a palloc'd copy, copied again at once.
         unsafe { crate::pg::owned(pg_sys::text_to_cstring(self.0.cast_mut_ptr())) }
     }
+
+    /// The label's bytes (server encoding): what text equality compares
+    /// under the deterministic default collation. Its text, read as UTF-8
+    /// with replacement, would make distinct non-UTF-8 labels equal.
+    fn bytes(self) -> Vec<u8> {
+        // SAFETY: as for `text`.
+        unsafe { text_bytes(self.0) }
+    }
+}
+
+/// The bytes of a non-NULL text datum.
+///
+/// # Safety
+/// `datum` is a valid, non-NULL text value.
+unsafe fn text_bytes(datum: pg_sys::Datum) -> Vec<u8> {
+    // SAFETY: the caller's contract; text_to_cstring returns a palloc'd,
+    // NUL-terminated copy (text holds no NUL), copied at once.
+    unsafe { std::ffi::CStr::from_ptr(pg_sys::text_to_cstring(datum.cast_mut_ptr())).to_bytes().to_vec() }
 }
 
 #[derive(Clone, Copy)]
@@ -164,6 +190,16 @@ fn timestamp(col: i32) -> Option<i64> {
     unsafe { result_datum(col) }.map(|d| d.value() as i64)
 }
 
+/// lease._expiry(own, live_since, session expires_at): a lease's own expiry,
+/// or its owner session's when the session carries it (no session row: its
+/// own).
+fn carried(own: i64, since: Option<i64>, until: Option<i64>) -> i64 {
+    match (since, until) {
+        (Some(since), Some(until)) if own > since => own.max(until),
+        _ => own,
+    }
+}
+
 /// `lease.renew(name, owner, token, ttl_ms)` as the function's owner
 /// `definer`; the new expiry (a timestamptz datum) or LeaseLost.
 pub fn renew(definer: pg_sys::Oid, name: Label, owner: Label, token: i64, ttl: i32) -> Result<pg_sys::Datum, Refusal> {
@@ -191,24 +227,25 @@ fn renew_connected(name: Label, owner: Label, token: i64, ttl: i32) -> Result<pg
         // SAFETY: the locked row: owner text, token int8, released_at and
         // expires_at timestamptz. The holder's datum stays valid until the
         // connection ends.
-        let (holder, d, t) = unsafe { (result_text(1), result_datum(1), result_datum(2)) };
+        let (d, t) = unsafe { (result_datum(1), result_datum(2)) };
         holder_d = d;
         holder_token = t.map(|d| d.value() as i64);
         released = timestamp(3);
         expiry = timestamp(4);
         let own = expiry.expect("expires_at is NOT NULL");
-        if released.is_none() && own <= now_ts && holder.as_deref() == Some(owner.text().as_str()) {
+        if released.is_none()
+            && own <= now_ts
+            && holder_d.map(|h| {
+                // SAFETY: the holder's datum (owner is NOT NULL text).
+                unsafe { text_bytes(h) }
+            }) == Some(owner.bytes())
+        {
             // Maybe carried by the owner's session: judged under its lock.
             // SAFETY: as above.
             let session = unsafe { exec_saved(p.lock_session, &[owner_d], "lease.renew") };
             now_ts = now();
             if session {
-                // lease._expiry(own, live_since, session expires_at).
-                if let (Some(since), Some(until)) = (timestamp(1), timestamp(2)) {
-                    if own > since {
-                        expiry = Some(own.max(until));
-                    }
-                }
+                expiry = Some(carried(own, timestamp(1), timestamp(2)));
             }
         }
     }
@@ -278,4 +315,674 @@ pub fn release_all(definer: pg_sys::Oid, owner: Label) -> i32 {
             }
         })
     })
+}
+
+/// `lease.acquire`'s statements besides the lease and session row locks it
+/// shares with renew ([`Plans`]); prepared on a backend's first acquire.
+#[derive(Clone, Copy)]
+struct AcquirePlans {
+    /// An owner table's binding, and whether owner_key fits its key columns.
+    binding: pg_sys::SPIPlanPtr,
+    /// The lease row a bound lease's first acquire creates (released), so
+    /// that the owner row is locked under its lock.
+    placeholder: pg_sys::SPIPlanPtr,
+    /// The new holder's session row (exists from its first lease on).
+    session: pg_sys::SPIPlanPtr,
+    /// The issued-epoch row, locked at REPEATABLE READ and above.
+    issued_share: pg_sys::SPIPlanPtr,
+    /// lease._next_token, the epoch rule's one home.
+    next_token: pg_sys::SPIPlanPtr,
+    /// A name's first acquire without an owner row: both rows in one statement.
+    fresh: pg_sys::SPIPlanPtr,
+    raise_base: pg_sys::SPIPlanPtr,
+    issued: pg_sys::SPIPlanPtr,
+    /// The lease row's update to the new holder and token.
+    take: pg_sys::SPIPlanPtr,
+    lost: pg_sys::SPIPlanPtr,
+    lost_moot: pg_sys::SPIPlanPtr,
+    notify: pg_sys::SPIPlanPtr,
+    /// The texts of a refusal's timestamps (LF005's DETAIL).
+    held_texts: pg_sys::SPIPlanPtr,
+    /// The texts of an owner table, owner key and key columns, for messages.
+    owner_texts: pg_sys::SPIPlanPtr,
+}
+
+thread_local! {
+    static ACQUIRE_PLANS: Cell<Option<AcquirePlans>> = const { Cell::new(None) };
+}
+
+/// The saved plans of acquire; call inside an SPI connection.
+fn acquire_plans() -> AcquirePlans {
+    if let Some(p) = ACQUIRE_PLANS.with(|p| p.get()) {
+        return p;
+    }
+    use pg_sys::{INT4OID, INT8OID, REGCLASSOID, TEXTARRAYOID, TEXTOID, TIMESTAMPTZOID};
+    const WHAT: &str = "lease.acquire";
+    let p = AcquirePlans {
+        binding: prepare_saved(
+            // Not IS DISTINCT FROM: it looks `=` up on the caller's
+            // search_path. ($2's cardinality is never NULL.)
+            c"SELECT p.owner_key_columns,
+                     (pg_catalog.cardinality($2) OPERATOR(pg_catalog.=) pg_catalog.cardinality(p.owner_key_columns)) IS NOT TRUE
+                     OR pg_catalog.array_position($2, NULL) IS NOT NULL
+                FROM lease.protected p WHERE p.owner_table OPERATOR(pg_catalog.=) $1 LIMIT 1",
+            &mut [REGCLASSOID, TEXTARRAYOID],
+            WHAT,
+        ),
+        placeholder: prepare_saved(
+            c"INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at, released_at)
+              VALUES ($1, $2, 0, '-infinity', '-infinity', '-infinity', '-infinity')
+              ON CONFLICT (name) DO NOTHING",
+            &mut [TEXTOID, TEXTOID],
+            WHAT,
+        ),
+        session: prepare_saved(
+            c"INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
+              VALUES ($1, '-infinity', '-infinity', '-infinity') ON CONFLICT (owner) DO NOTHING",
+            &mut [TEXTOID],
+            WHAT,
+        ),
+        issued_share: prepare_saved(c"SELECT FROM lease.token_epoch_issued i FOR SHARE", &mut [], WHAT),
+        next_token: prepare_saved(
+            c"SELECT n.token, n.epoch, n.issued, n.raise_base FROM lease._next_token($1, $2) n",
+            &mut [INT8OID, INT8OID],
+            WHAT,
+        ),
+        fresh: prepare_saved(
+            // The lease row, then (only if it was inserted) the session row.
+            c"WITH ins AS (
+                INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at)
+                VALUES ($1, $2, $3, $4, $4, $4 OPERATOR(pg_catalog.+) ($5 OPERATOR(pg_catalog.*) '1 millisecond'::pg_catalog.interval))
+                ON CONFLICT (name) DO NOTHING
+                RETURNING l.token, l.expires_at
+              ), sess AS (
+                INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
+                SELECT $2, '-infinity', '-infinity', '-infinity' FROM ins
+                ON CONFLICT (owner) DO NOTHING
+              )
+              SELECT i.token, i.expires_at FROM ins i",
+            &mut [TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, INT4OID],
+            WHAT,
+        ),
+        raise_base: prepare_saved(
+            c"INSERT INTO lease.token_epoch (base) VALUES ($1) ON CONFLICT DO NOTHING",
+            &mut [INT8OID],
+            WHAT,
+        ),
+        issued: prepare_saved(
+            c"INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES ($1)
+              ON CONFLICT (singleton) DO UPDATE SET epoch = GREATEST(i.epoch, excluded.epoch)",
+            &mut [INT8OID],
+            WHAT,
+        ),
+        take: prepare_saved(
+            c"UPDATE lease.lease_state l
+                 SET owner = $2, token = $3, acquired_at = $4, renewed_at = $4,
+                     expires_at = $4 OPERATOR(pg_catalog.+) ($5 OPERATOR(pg_catalog.*) '1 millisecond'::pg_catalog.interval),
+                     released_at = NULL, owner_table = $6, owner_key = $7
+               WHERE l.name OPERATOR(pg_catalog.=) $1
+              RETURNING l.token, l.expires_at",
+            &mut [TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, INT4OID, REGCLASSOID, TEXTARRAYOID],
+            WHAT,
+        ),
+        lost: prepare_saved(
+            c"INSERT INTO lease.lost_leases AS x (owner, name, token, lost_at) VALUES ($1, $2, $3, $4)
+              ON CONFLICT (owner, name) DO UPDATE SET token = excluded.token, lost_at = excluded.lost_at",
+            &mut [TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID],
+            WHAT,
+        ),
+        lost_moot: prepare_saved(
+            c"DELETE FROM lease.lost_leases x
+               WHERE x.owner OPERATOR(pg_catalog.=) $1 AND x.name OPERATOR(pg_catalog.=) $2",
+            &mut [TEXTOID, TEXTOID],
+            WHAT,
+        ),
+        notify: prepare_saved(
+            c"SELECT pg_catalog.pg_notify('pg_lease', pg_catalog.json_build_object(
+                'event', 'taken', 'name', $1, 'owner', $2, 'token', $3,
+                'previous_owner', $4, 'previous_token', $5, 'expires_at', $6)::pg_catalog.text)",
+            &mut [TEXTOID, TEXTOID, INT8OID, TEXTOID, INT8OID, TIMESTAMPTZOID],
+            WHAT,
+        ),
+        held_texts: prepare_saved(
+            c"SELECT $1::pg_catalog.text,
+                     pg_catalog.date_trunc('millisecond', $1 OPERATOR(pg_catalog.-) $2)::pg_catalog.text",
+            &mut [TIMESTAMPTZOID, TIMESTAMPTZOID],
+            WHAT,
+        ),
+        owner_texts: prepare_saved(
+            c"SELECT $1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text",
+            &mut [REGCLASSOID, TEXTARRAYOID, TEXTARRAYOID],
+            WHAT,
+        ),
+    };
+    ACQUIRE_PLANS.with(|c| c.set(Some(p)));
+    p
+}
+
+/// What `lease.acquire` was asked, its arguments checked.
+pub struct Acquire {
+    /// The WAL timeline (`lease._token_floor() >> 40`).
+    pub timeline: i64,
+    pub ttl: i32,
+    pub name: Label,
+    pub owner: Label,
+    /// The owner table and key (a text[] datum), given together or not at all.
+    pub bound: Option<(pg_sys::Oid, pg_sys::Datum)>,
+}
+
+/// What `lease.acquire` returns: the new token and the lease's expiry (a
+/// timestamptz datum).
+pub struct Acquired {
+    pub token: i64,
+    pub expires_at: pg_sys::Datum,
+}
+
+/// `lease.acquire(...)` as the function's owner `definer`.
+pub fn acquire(definer: pg_sys::Oid, call: &Acquire) -> Result<Acquired, Failure> {
+    as_definer(definer, || spi_connected(|| acquire_connected(call)))
+}
+
+/// `lease.try_acquire(...)` as the function's owner `definer`: acquire in a
+/// subtransaction (as the PL/pgSQL version's EXCEPTION block ran it), None
+/// (everything it did undone) when another live owner holds the lease.
+pub fn try_acquire(definer: pg_sys::Oid, call: &Acquire) -> Result<Option<Acquired>, Failure> {
+    match subtransaction(|| acquire(definer, call)) {
+        Ok(Ok(acquired)) => Ok(Some(acquired)),
+        Ok(Err(Failure::Refused(r))) if r.error == LeaseError::LeaseOwnedElsewhere => Ok(None),
+        Ok(Err(failure)) => Err(failure),
+        Err(raised) => std::panic::resume_unwind(raised),
+    }
+}
+
+/// The lease row as acquire found it (or, fresh, as it judges the row it
+/// will create).
+struct Current {
+    /// The holder's text (for messages), bytes (compared) and datum.
+    owner: String,
+    owner_bytes: Vec<u8>,
+    owner_d: pg_sys::Datum,
+    token: i64,
+    released: Option<i64>,
+    expiry: Option<i64>,
+}
+
+impl Current {
+    /// The row `lock_lease` just returned.
+    fn read() -> Current {
+        // SAFETY: called right after lock_lease returned its row: owner
+        // text, token int8 (both NOT NULL), released_at and expires_at
+        // timestamptz. The owner datum stays valid until the SPI connection
+        // ends.
+        unsafe {
+            let owner_d = result_datum(1).expect("owner is NOT NULL");
+            Current {
+                owner: result_text(1).expect("owner is NOT NULL"),
+                owner_bytes: text_bytes(owner_d),
+                owner_d,
+                token: result_datum(2).expect("token is NOT NULL").value() as i64,
+                released: timestamp(3),
+                expiry: timestamp(4),
+            }
+        }
+    }
+}
+
+fn acquire_connected(call: &Acquire) -> Result<Acquired, Failure> {
+    let (p, a) = (plans(), acquire_plans());
+    let (name_d, owner_d) = (Some(call.name.0), Some(call.owner.0));
+    let (name, owner, owner_bytes) = (call.name.text(), call.owner.text(), call.owner.bytes());
+    // The binding's key columns (a text[] datum) and the key as text.
+    let mut bound = None;
+    if let Some((table, key)) = call.bound {
+        // SAFETY: inside spi_connected; the parameters are of the types the
+        // plan was prepared with (as for every exec_saved below).
+        let found = unsafe { exec_saved(a.binding, &[Some(table.into()), Some(key)], "lease.acquire") };
+        if !found {
+            let (table_text, _, _) = owner_texts(a, table, key, None);
+            return Err(invalid(
+                "55000",
+                format!("pg_lease: {table_text} is not the owner table of any table protected with lease.protect"),
+            )
+            .into());
+        }
+        // SAFETY: the row just returned: key columns text[], mismatch boolean.
+        let (columns, mismatch) = unsafe { (result_datum(1), result_datum(2).is_some_and(|d| d.value() != 0)) };
+        if mismatch {
+            let (table_text, key_text, columns_text) = owner_texts(a, table, key, columns);
+            return Err(invalid(
+                "22023",
+                format!("pg_lease: owner_key {key_text} does not match the key columns {columns_text} of {table_text}"),
+            )
+            .into());
+        }
+        // SAFETY: a non-NULL text[] argument of the call.
+        let key_values = unsafe { Vec::<Option<String>>::from_datum(key, false) }.expect("owner_key is not NULL");
+        bound = Some((table, key, columns, key_values));
+    }
+
+    loop {
+        // The lease row, locked (created on first use): racing acquires queue here.
+        // SAFETY: as above.
+        let found = unsafe { exec_saved(p.lock_lease, &[name_d], "lease.acquire") };
+        let fresh = !found && bound.is_none();
+        let mut cur = if fresh {
+            Current {
+                owner: owner.clone(),
+                owner_bytes: owner_bytes.clone(),
+                owner_d: call.owner.0,
+                token: 0,
+                released: Some(i64::MIN),
+                expiry: None,
+            }
+        } else if !found {
+            // SAFETY: as above; the row exists after the insert (this
+            // transaction's, or a committed one's it waited for).
+            unsafe {
+                exec_saved(a.placeholder, &[name_d, owner_d], "lease.acquire");
+                exec_saved(p.lock_lease, &[name_d], "lease.acquire");
+            }
+            Current::read()
+        } else {
+            Current::read()
+        };
+        // The new holder's session row exists from its first lease on, so the
+        // takeover check below can always lock it. Fresh: after its row.
+        if !fresh {
+            // SAFETY: as above.
+            unsafe { exec_saved(a.session, &[owner_d], "lease.acquire") };
+        }
+        let mut now_ts = now(); // read after the lock wait
+        let mut live = cur.released.is_none() && cur.expiry.is_some_and(|e| e > now_ts);
+        if cur.released.is_none() && !live && cur.owner_bytes != owner_bytes {
+            // Past its own expiry, another owner's lease may still be
+            // carried by that owner's session: judged under its lock, on the
+            // clock read after it.
+            // SAFETY: as above.
+            let session = unsafe { exec_saved(p.lock_session, &[Some(cur.owner_d)], "lease.acquire") };
+            now_ts = now();
+            let own = cur.expiry.expect("expires_at is NOT NULL");
+            cur.expiry = Some(if session { carried(own, timestamp(1), timestamp(2)) } else { own });
+            live = cur.expiry.is_some_and(|e| e > now_ts);
+        }
+        if live && cur.owner_bytes != owner_bytes {
+            return Err(held_elsewhere(a, &name, &cur, now_ts).into());
+        }
+
+        let mut owner_token = None;
+        if let Some((table, key, columns, key_values)) = &bound {
+            // FOR UPDATE waits for writers still fenced under the old token;
+            // read as the owner table's owner (crate::lease_owner), with the
+            // search_path the SECURITY DEFINER version ran it with.
+            let row = with_pinned_search_path(|| lock_owner_row(*table, key_values.clone()));
+            let Some(&token) = row.first() else {
+                let (table_text, key_text, columns_text) = owner_texts(a, *table, *key, *columns);
+                return Err(Refusal::new(
+                    LeaseError::FenceOwnerMissing,
+                    format!("lease \"{name}\" is bound to owner row {key_text} of {table_text}, which does not exist"),
+                    format!("Lease {name}, owner table {table_text}, key {columns_text} = {key_text}."),
+                )
+                .into());
+            };
+            owner_token = token;
+        }
+
+        // Epoch = base + timeline, raised above a stored token's or an issued
+        // epoch when needed: the rule is lease._next_token's.
+        let stored = cur.token.max(owner_token.unwrap_or(0)).max(0);
+        // A REPEATABLE READ or SERIALIZABLE transaction reads the epoch in
+        // its snapshot, which may be older than a raise: every raise writes
+        // the issued-epoch row, so locking it is a serialization failure then.
+        // SAFETY: reads a backend global.
+        if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_READ_COMMITTED as i32 {
+            // SAFETY: as above.
+            unsafe { exec_saved(a.issued_share, &[], "lease.acquire") };
+        }
+        // SAFETY: as above; one row: token, epoch, issued, raise_base (int8s).
+        let (new_token, epoch, issued, high) = unsafe {
+            exec_saved(a.next_token, &[Some(stored.into()), Some(call.timeline.into())], "lease.acquire");
+            let int = |c| result_datum(c).map(|d| d.value() as i64);
+            (int(1), int(2).expect("an epoch"), int(3), int(4))
+        };
+        let Some(new_token) = new_token else {
+            let mut e =
+                invalid("22003", format!("pg_lease: lease \"{name}\" has no fencing token left (current {stored})"));
+            e.hint = Some("Fencing tokens are bigints; this resource's token is at the top of their range.".into());
+            return Err(e.into());
+        };
+        let mut acquired = None;
+        if fresh {
+            let params = [name_d, owner_d, Some(new_token.into()), Some(now_ts.into()), Some(call.ttl.into())];
+            // SAFETY: as above; the row returned is (token, expires_at).
+            if !unsafe { exec_saved(a.fresh, &params, "lease.acquire") } {
+                // Another acquire created the row since (nothing is written
+                // yet): judge again, under its lock.
+                continue;
+            }
+            acquired = Some(returned());
+        }
+        if let Some(base) = high {
+            // SAFETY: as above.
+            unsafe { exec_saved(a.raise_base, &[Some(base.into())], "lease.acquire") };
+        }
+        if epoch > issued.unwrap_or(0) {
+            // SAFETY: as above.
+            unsafe { exec_saved(a.issued, &[Some(epoch.into())], "lease.acquire") };
+        }
+        if let Some((table, key, _, key_values)) = &bound {
+            let landed = bump_owner_row(*table, key_values, new_token)?;
+            if landed != Some(new_token) {
+                // A trigger or rule on the owner table swallowed or changed
+                // the bump: the old holder's token would still be current.
+                let (table_text, key_text, _) = owner_texts(a, *table, *key, None);
+                return Err(Refusal::new(
+                    LeaseError::FenceTampering,
+                    format!("lease \"{name}\": the token bump to {new_token} did not reach owner row {key_text} of {table_text}"),
+                    format!("Lease {name}, owner table {table_text}: a trigger or rule on it skipped or changed the UPDATE of its token column."),
+                )
+                .into());
+            }
+        }
+        let acquired = match acquired {
+            Some(acquired) => acquired,
+            None => {
+                let (table, key) = (bound.as_ref().map(|b| b.0.into()), bound.as_ref().map(|b| b.1));
+                let params =
+                    [name_d, owner_d, Some(new_token.into()), Some(now_ts.into()), Some(call.ttl.into()), table, key];
+                // SAFETY: as above; the row exists (locked above).
+                unsafe { exec_saved(a.take, &params, "lease.acquire") };
+                returned()
+            }
+        };
+        if cur.owner_bytes != owner_bytes {
+            // Taken from a holder that did not release it: its next heartbeat
+            // hears so. This owner's own report of an earlier loss of the
+            // lease is moot now that it holds the lease again.
+            // SAFETY: as above.
+            unsafe {
+                if cur.released.is_none() {
+                    let params = [Some(cur.owner_d), name_d, Some(cur.token.into()), Some(now_ts.into())];
+                    exec_saved(a.lost, &params, "lease.acquire");
+                }
+                exec_saved(a.lost_moot, &[owner_d, name_d], "lease.acquire");
+            }
+        }
+        // Changed hands from a holder that did not release it (it expired, or
+        // its owner re-took it from another process): tell a live previous
+        // holder, so it can freeze before its next write is refused.
+        if cur.released.is_none() && cur.token > 0 {
+            let params = [
+                name_d,
+                owner_d,
+                Some(acquired.token.into()),
+                Some(cur.owner_d),
+                Some(cur.token.into()),
+                Some(acquired.expires_at),
+            ];
+            // SAFETY: as above.
+            unsafe { exec_saved(a.notify, &params, "lease.acquire") };
+        }
+        // A token must be durable before the client sees it.
+        // SAFETY: reads a backend global.
+        if unsafe { pg_sys::synchronous_commit } == pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_OFF as i32 {
+            set_guc(c"synchronous_commit", c"local", pg_sys::GucAction::GUC_ACTION_LOCAL);
+        }
+        return Ok(acquired);
+    }
+}
+
+/// The (token, expires_at) row the last statement returned.
+fn returned() -> Acquired {
+    // SAFETY: called right after a statement that returned one row of an
+    // int8 and a timestamptz (by value), neither NULL.
+    unsafe {
+        Acquired {
+            token: result_datum(1).expect("token is NOT NULL").value() as i64,
+            expires_at: result_datum(2).expect("expires_at is NOT NULL"),
+        }
+    }
+}
+
+fn invalid(sqlstate: &str, message: String) -> Invalid {
+    Invalid::new(sqlstate, message).expect("a valid SQLSTATE")
+}
+
+/// LF005: `name` is held by another live owner, as `cur` says.
+fn held_elsewhere(a: AcquirePlans, name: &str, cur: &Current, now_ts: i64) -> Refusal {
+    let expiry = cur.expiry.expect("a live lease has an expiry");
+    // SAFETY: inside spi_connected; two timestamptz parameters, one row of
+    // two text columns.
+    let (at, left) = unsafe {
+        exec_saved(a.held_texts, &[Some(expiry.into()), Some(now_ts.into())], "lease.acquire");
+        (result_text(1).unwrap_or_default(), result_text(2).unwrap_or_default())
+    };
+    Refusal::new(
+        LeaseError::LeaseOwnedElsewhere,
+        format!("lease \"{name}\" is held by {}", cur.owner),
+        format!("Lease {name}, holder {}, token {}, expires at {at} (in {left}).", cur.owner, cur.token),
+    )
+}
+
+/// The texts of an owner table (a regclass), owner key and key columns (text
+/// arrays; None: empty) as the SECURITY DEFINER version's messages printed
+/// them (its search_path decides how a table name is qualified).
+fn owner_texts(
+    a: AcquirePlans,
+    table: pg_sys::Oid,
+    key: pg_sys::Datum,
+    columns: Option<pg_sys::Datum>,
+) -> (String, String, String) {
+    with_pinned_search_path(|| {
+        // SAFETY: inside spi_connected; a regclass and two text[] (or NULL)
+        // parameters, one row of three text columns.
+        unsafe {
+            exec_saved(a.owner_texts, &[Some(table.into()), Some(key), columns], "lease.acquire");
+            (result_text(1).unwrap_or_default(), result_text(2).unwrap_or_default(), result_text(3).unwrap_or_default())
+        }
+    })
+}
+
+/// Writes `token` into the owner row (crate::lease_owner) in a
+/// subtransaction, as the PL/pgSQL version's EXCEPTION block did: the owner
+/// guard's LF004 (a trigger on the owner table lowered the bump) comes back
+/// from the owner row's UPDATE as XX000 and is raised again with its own
+/// code. The token the row holds afterwards (None: no row was written).
+fn bump_owner_row(table: pg_sys::Oid, key: &[Option<String>], token: i64) -> Result<Option<i64>, Refusal> {
+    const PREFIX: &str = "FencingTokenRegression: ";
+    let written = subtransaction(|| {
+        Ok::<_, std::convert::Infallible>(with_pinned_search_path(|| set_owner_token(table, key.to_vec(), token)))
+    });
+    match written {
+        Ok(Ok(landed)) => Ok(landed),
+        Ok(Err(never)) => match never {},
+        Err(raised) => match raised.downcast::<CaughtError>() {
+            Ok(caught) => match *caught {
+                CaughtError::PostgresError(ref report) | CaughtError::ErrorReport(ref report)
+                    if report.sql_error_code() == pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR
+                        && report.message().starts_with(PREFIX) =>
+                {
+                    Err(Refusal::new(
+                        LeaseError::FencingTokenRegression,
+                        &report.message()[PREFIX.len()..],
+                        report.detail().unwrap_or_default(),
+                    ))
+                }
+                other => other.rethrow(),
+            },
+            Err(raised) => std::panic::resume_unwind(raised),
+        },
+    }
+}
+
+/// The WAL timeline a token is issued on (`lease._token_floor() >> 40`;
+/// refuses on a standby).
+pub fn timeline() -> i64 {
+    crate::lease::token_floor() >> EPOCH_SHIFT
+}
+
+/// The heartbeat's statements (sql/lease.sql, lease._beat).
+#[derive(Clone, Copy)]
+struct BeatPlans {
+    /// The owner's session row, locked.
+    lock: pg_sys::SPIPlanPtr,
+    /// Leases the lapsed session carried past their own expiry, skipping
+    /// those being changed right now.
+    expired: pg_sys::SPIPlanPtr,
+    /// The session's one row write.
+    extend: pg_sys::SPIPlanPtr,
+    /// Takeovers to report, each once.
+    taken: pg_sys::SPIPlanPtr,
+    /// renew_all's list of what the session carries.
+    carried: pg_sys::SPIPlanPtr,
+}
+
+thread_local! {
+    static BEAT_PLANS: Cell<Option<BeatPlans>> = const { Cell::new(None) };
+}
+
+/// The saved plans of the heartbeat; call inside an SPI connection.
+fn beat_plans() -> BeatPlans {
+    if let Some(p) = BEAT_PLANS.with(|p| p.get()) {
+        return p;
+    }
+    use pg_sys::{INT4OID, TEXTOID, TIMESTAMPTZOID};
+    const WHAT: &str = "lease.heartbeat";
+    let p = BeatPlans {
+        lock: prepare_saved(
+            c"SELECT s.live_since, s.expires_at FROM lease.session_state s
+               WHERE s.owner OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+            &mut [TEXTOID],
+            WHAT,
+        ),
+        expired: prepare_saved(
+            // $2, $3: the session's live_since and expires_at; $4 the clock.
+            c"SELECT l.name, l.token, lease._expiry(l.expires_at, $2, $3)
+                FROM lease.lease_state l
+               WHERE l.owner OPERATOR(pg_catalog.=) $1 AND l.released_at IS NULL
+                 AND l.expires_at OPERATOR(pg_catalog.<=) $4 AND l.expires_at OPERATOR(pg_catalog.>) $2
+                 FOR SHARE SKIP LOCKED",
+            &mut [TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
+            WHAT,
+        ),
+        extend: prepare_saved(
+            c"UPDATE lease.session_state s
+                 SET live_since = $2, renewed_at = $3,
+                     expires_at = $3 OPERATOR(pg_catalog.+) ($4 OPERATOR(pg_catalog.*) '1 millisecond'::pg_catalog.interval)
+               WHERE s.owner OPERATOR(pg_catalog.=) $1",
+            &mut [TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID],
+            WHAT,
+        ),
+        taken: prepare_saved(
+            c"DELETE FROM lease.lost_leases x WHERE x.owner OPERATOR(pg_catalog.=) $1 RETURNING x.name, x.token",
+            &mut [TEXTOID],
+            WHAT,
+        ),
+        carried: prepare_saved(
+            c"SELECT l.name, l.token, GREATEST(l.expires_at, s.expires_at)
+                FROM lease.session_state s JOIN lease.lease_state l ON l.owner OPERATOR(pg_catalog.=) s.owner
+               WHERE s.owner OPERATOR(pg_catalog.=) $1 AND l.released_at IS NULL
+                 AND l.expires_at OPERATOR(pg_catalog.>) s.live_since",
+            &mut [TEXTOID],
+            "lease.renew_all",
+        ),
+    };
+    BEAT_PLANS.with(|c| c.set(Some(p)));
+    p
+}
+
+/// A row of the heartbeat: a lease lost since the last heartbeat (taken
+/// over, or expired with a session that lapsed), or, for renew_all, one the
+/// session carries. Its datums live until the call's SPI connection ends.
+pub struct BeatRow {
+    /// The lease's name (a text datum).
+    pub name: pg_sys::Datum,
+    pub token: i64,
+    /// Its expiry (a timestamptz datum); None for a takeover.
+    pub expires_at: Option<pg_sys::Datum>,
+    /// Lost: taken over (true) or expired (false); None: carried (renewed).
+    pub lost: Option<bool>,
+}
+
+/// The heartbeat: extends owner's session with one row update and hands
+/// `emit` the leases it lost since its last heartbeat, each once (expired
+/// ones, then takeovers), then with `list_carried` (renew_all) every lease
+/// the session carries. Runs as `definer` (heartbeat, renew_all), or as
+/// the caller (`lease._beat`, which only the extension owner may execute).
+pub fn beat(definer: Option<pg_sys::Oid>, owner: Label, ttl: i32, list_carried: bool, emit: &mut dyn FnMut(BeatRow)) {
+    let mut run = || spi_connected(|| beat_connected(owner, ttl, list_carried, emit));
+    match definer {
+        Some(definer) => as_definer(definer, run),
+        None => run(),
+    }
+}
+
+fn beat_connected(owner: Label, ttl: i32, list_carried: bool, emit: &mut dyn FnMut(BeatRow)) {
+    let p = beat_plans();
+    let owner_d = Some(owner.0);
+    // Lock order, as in every lease function: lease rows, then session
+    // rows, then lost_leases.
+    // SAFETY: inside spi_connected; the parameters are of the types the plan
+    // was prepared with (as for every exec_saved below).
+    let found = unsafe { exec_saved(p.lock, &[owner_d], WHAT_BEAT) };
+    if !found {
+        // SAFETY: as above; the row exists after the insert.
+        unsafe {
+            exec_saved(acquire_plans().session, &[owner_d], WHAT_BEAT);
+            exec_saved(p.lock, &[owner_d], WHAT_BEAT);
+        }
+    }
+    let (mut live_since, expires) =
+        (timestamp(1).expect("live_since is NOT NULL"), timestamp(2).expect("expires_at is NOT NULL"));
+    let now_ts = now(); // read after the lock wait
+    if expires <= now_ts {
+        // A first heartbeat, or the session lapsed: the leases it carried
+        // past their own expiry died with it, reported this once; a new life
+        // begins now (see lease._beat in sql/lease.sql).
+        let params = [owner_d, Some(live_since.into()), Some(expires.into()), Some(now_ts.into())];
+        // SAFETY: as above; rows of (name text, token int8, expiry timestamptz).
+        unsafe {
+            exec_saved(p.expired, &params, WHAT_BEAT);
+            emit_rows(emit, Some(false), true);
+        }
+        live_since = now_ts;
+    }
+    let params = [owner_d, Some(live_since.into()), Some(now_ts.into()), Some(ttl.into())];
+    // SAFETY: as above.
+    unsafe { exec_saved(p.extend, &params, WHAT_BEAT) };
+    // Takeovers, read after the session lock: one that committed while this
+    // heartbeat waited for it is reported now.
+    // SAFETY: as above; rows of (name text, token int8).
+    unsafe {
+        exec_saved(p.taken, &[owner_d], WHAT_BEAT);
+        emit_rows(emit, Some(true), false);
+    }
+    if list_carried {
+        // SAFETY: as above; rows of (name text, token int8, expiry timestamptz).
+        unsafe {
+            exec_saved(p.carried, &[owner_d], "lease.renew_all");
+            emit_rows(emit, None, true);
+        }
+    }
+}
+
+const WHAT_BEAT: &str = "lease.heartbeat";
+
+/// Hands `emit` every row the last statement returned: (name, token) and,
+/// `with_expiry`, the lease's expiry, each as a row `lost` says.
+///
+/// # Safety
+/// Right after an exec_saved whose rows have a text and an int8 column (and
+/// a timestamptz third, `with_expiry`), name and token NOT NULL.
+unsafe fn emit_rows(emit: &mut dyn FnMut(BeatRow), lost: Option<bool>, with_expiry: bool) {
+    for row in 0..result_rows() {
+        // SAFETY: the caller's contract; `row` is below the row count.
+        unsafe {
+            emit(BeatRow {
+                name: row_datum(row, 1).expect("name is NOT NULL"),
+                token: row_datum(row, 2).expect("token is NOT NULL").value() as i64,
+                expires_at: if with_expiry { row_datum(row, 3) } else { None },
+                lost,
+            });
+        }
+    }
 }

@@ -210,11 +210,29 @@ pub unsafe fn exec_saved(plan: pg_sys::SPIPlanPtr, params: &[Option<pg_sys::Datu
 /// The last [`exec_saved`] in this connection returned a row with at least
 /// `col` columns.
 pub unsafe fn result_datum(col: i32) -> Option<pg_sys::Datum> {
+    // SAFETY: the caller's contract.
+    unsafe { row_datum(0, col) }
+}
+
+/// How many rows the last [`exec_saved`] returned (or changed).
+pub fn result_rows() -> usize {
+    // SAFETY: SPI's global row count, set by the last statement.
+    unsafe { pg_sys::SPI_processed as usize }
+}
+
+/// Column `col` (from 1) of row `row` (from 0) that [`exec_saved`] last
+/// returned, None when NULL. A by-reference value lives until the SPI
+/// connection ends.
+///
+/// # Safety
+/// The last [`exec_saved`] in this connection returned more than `row` rows
+/// with at least `col` columns.
+pub unsafe fn row_datum(row: usize, col: i32) -> Option<pg_sys::Datum> {
     let mut isnull = false;
     // SAFETY: the caller's contract: SPI_tuptable holds that row.
     let datum = unsafe {
         let table = &*pg_sys::SPI_tuptable;
-        pg_sys::SPI_getbinval(*table.vals, table.tupdesc, col, &mut isnull)
+        pg_sys::SPI_getbinval(*table.vals.add(row), table.tupdesc, col, &mut isnull)
     };
     (!isnull).then_some(datum)
 }
@@ -316,6 +334,12 @@ pub fn own_relid(name: &str) -> pg_sys::Oid {
 #[derive(Clone, Copy)]
 #[repr(transparent)]
 pub struct TextDatum(pg_sys::Datum);
+
+impl TextDatum {
+    pub fn datum(self) -> pg_sys::Datum {
+        self.0
+    }
+}
 
 /// `bytes` as a text datum, palloc'd in the current memory context.
 pub fn text_datum(bytes: &[u8]) -> TextDatum {
@@ -990,4 +1014,114 @@ unsafe fn slot_attr(slot: *mut pg_sys::TupleTableSlot, attnum: i16) -> Option<pg
 unsafe fn slot_int(slot: *mut pg_sys::TupleTableSlot, (attnum, typid): (i16, pg_sys::Oid)) -> Option<i64> {
     // SAFETY: the caller's contract.
     unsafe { slot_attr(slot, attnum) }.map(|d| token_from_datum(d, typid))
+}
+
+/// Sets a setting as SET LOCAL (GUC_ACTION_LOCAL) or as a function's SET
+/// clause does (GUC_ACTION_SAVE: undone when the current GUC nest level ends).
+pub fn set_guc(name: &CStr, value: &CStr, action: pg_sys::GucAction::Type) {
+    // SAFETY: NUL-terminated name and value live across the call; a refused
+    // value raises an ERROR.
+    unsafe {
+        let context = if pg_sys::superuser() { pg_sys::GucContext::PGC_SUSET } else { pg_sys::GucContext::PGC_USERSET };
+        pg_sys::set_config_option(
+            name.as_ptr(),
+            value.as_ptr(),
+            context,
+            pg_sys::GucSource::PGC_S_SESSION,
+            action,
+            true,
+            0,
+            false,
+        );
+    }
+}
+
+/// Runs `f` with `search_path = pg_catalog, pg_temp`, exactly as a function
+/// declared with that SET clause runs its body: a GUC nest level of its own,
+/// closed afterwards (on error, by the (sub)transaction abort).
+pub fn with_pinned_search_path<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: NewGUCNestLevel only increments guc.c's nest counter; the
+    // level is closed below, or by abort if `f` raises.
+    let nest = unsafe { pg_sys::NewGUCNestLevel() };
+    set_guc(c"search_path", c"pg_catalog, pg_temp", pg_sys::GucAction::GUC_ACTION_SAVE);
+    let r = f();
+    // SAFETY: `nest` is the level opened above, still the innermost one: `f`
+    // returned normally, so any level it opened it also closed.
+    unsafe { pg_sys::AtEOXact_GUC(true, nest) };
+    r
+}
+
+/// Runs `f` in a subtransaction of its own, as a PL/pgSQL block with an
+/// EXCEPTION clause runs its body: committed when `f` returns `Ok`, rolled
+/// back (its writes, row locks, SPI connections, user and settings undone)
+/// when it returns `Err` or raises. A raised error (a pgrx panic payload) is
+/// handed back after the rollback, for the caller to judge or rethrow with
+/// [`std::panic::resume_unwind`].
+pub fn subtransaction<R, E>(f: impl FnOnce() -> Result<R, E>) -> Result<Result<R, E>, Box<dyn std::any::Any + Send>> {
+    // SAFETY: reads two backend globals, restored below as PL/pgSQL's
+    // exec_stmt_block restores them around its subtransaction.
+    let (context, owner) = unsafe { (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner) };
+    // SAFETY: starts a subtransaction inside the current transaction (a
+    // lease call always runs in one); the memory context switch keeps `f`'s
+    // allocations in the caller's context, as PL/pgSQL does.
+    unsafe {
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(context);
+    }
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    // SAFETY: the subtransaction begun above is the current one: `f` either
+    // returned normally (closing whatever it opened) or raised, and pgrx's
+    // guard caught the error (its error state flushed) before unwinding here.
+    unsafe {
+        match &outcome {
+            Ok(Ok(_)) => pg_sys::ReleaseCurrentSubTransaction(),
+            _ => pg_sys::RollbackAndReleaseCurrentSubTransaction(),
+        }
+        pg_sys::MemoryContextSwitchTo(context);
+        pg_sys::CurrentResourceOwner = owner;
+    }
+    outcome
+}
+
+/// The rows a set-returning function returns, in a tuplestore
+/// (materialize mode, as PL/pgSQL's functions return theirs).
+pub struct RowSink(*mut pg_sys::ReturnSetInfo);
+
+impl RowSink {
+    /// Makes the current call return its rows through the sink; raises when
+    /// the caller cannot accept a set.
+    ///
+    /// # Safety
+    /// `fcinfo` is the call's, of a function declared to return a set of
+    /// rows.
+    pub unsafe fn new(fcinfo: pg_sys::FunctionCallInfo) -> RowSink {
+        // SAFETY: the caller's contract; InitMaterializedSRF checks the call
+        // context (raising when no set is accepted) and creates the
+        // tuplestore and its descriptor in the query's memory.
+        unsafe {
+            pg_sys::InitMaterializedSRF(fcinfo, 0);
+            (*fcinfo).isnull = true;
+            RowSink((*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo)
+        }
+    }
+
+    /// Adds a row (None: NULL), copied into the tuplestore.
+    ///
+    /// # Safety
+    /// `row`'s datums are valid values of the function's result columns'
+    /// types, in order.
+    pub unsafe fn put(&self, row: &[Option<pg_sys::Datum>]) {
+        let mut values: Vec<pg_sys::Datum> = row.iter().map(|d| d.unwrap_or(pg_sys::Datum::from(0))).collect();
+        let mut nulls: Vec<bool> = row.iter().map(Option::is_none).collect();
+        // SAFETY: the caller's contract; the tuplestore and descriptor were
+        // set up by `new` for this call; the values are copied.
+        unsafe {
+            pg_sys::tuplestore_putvalues(
+                (*self.0).setResult,
+                (*self.0).setDesc,
+                values.as_mut_ptr(),
+                nulls.as_mut_ptr(),
+            )
+        };
+    }
 }

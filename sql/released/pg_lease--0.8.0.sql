@@ -106,7 +106,7 @@ AS 'MODULE_PATHNAME', 'judge_replicated_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:191
+-- src/fence/ddl.rs:243
 -- pg_lease::fence::ddl::_key_equality
 CREATE  FUNCTION "_key_equality"(
 	"left" oid, /* pg_sys :: Oid */
@@ -142,7 +142,7 @@ AS 'MODULE_PATHNAME', 'lock_owner_row_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:147
+-- src/fence/ddl.rs:199
 -- pg_lease::fence::ddl::_owner_key_index
 CREATE  FUNCTION "_owner_key_index"(
 	"owner" oid, /* pg_sys :: Oid */
@@ -185,7 +185,7 @@ AS 'MODULE_PATHNAME', 'set_owner_token_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/citus.rs:132
+-- src/fence/citus.rs:146
 -- pg_lease::fence::citus::_shard_id
 CREATE  FUNCTION "_shard_id"(
 	"rel" oid /* pg_sys :: Oid */
@@ -196,7 +196,7 @@ AS 'MODULE_PATHNAME', 'shard_id_sql_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/citus.rs:124
+-- src/fence/citus.rs:138
 -- pg_lease::fence::citus::_shard_of
 CREATE  FUNCTION "_shard_of"(
 	"rel" oid /* pg_sys :: Oid */
@@ -518,12 +518,19 @@ $$;
 -- Citus: what is wrong with pg_lease's triggers on this node's shards of the
 -- distributed table whose shell here is `shell` (every shard placed here, or
 -- only `shards`). Citus copies each row trigger of a distributed table to
--- every shard, named with the shard id as suffix; each copy of pg_lease's
--- fence and owner guard must be there, enabled ALWAYS and unchanged, since
--- the shards are where the rows are written. Run at commit for shards that
--- DDL reached on this node (lease._check_at_commit): a table owner connected
--- to a worker could otherwise disable a shard's fence directly.
-CREATE FUNCTION lease._shard_problems(shell regclass, shards regclass[] DEFAULT NULL)
+-- every shard, named with the shard id as suffix, and statement triggers to
+-- the shards it moves. Always judged: each copy of pg_lease's triggers a
+-- shard carries is enabled ALWAYS, unconditional and fires on what the
+-- original fires on (`created_now`: except a copy this transaction's CREATE
+-- TRIGGER just made, not yet enabled ALWAYS). `complete` also requires a
+-- copy of each of the shell's row triggers (the fence, the owner guard) on
+-- every shard. Run after each command and at commit for shards DDL reached
+-- on this node (lease._guard_shards; not complete there: Citus changes a
+-- table's shell and its shards over several connections, each its own
+-- transaction on the node, so one cannot see the others' changes), and
+-- complete across nodes by lease.cluster_fence_problems.
+CREATE FUNCTION lease._shard_problems(shell regclass, shards regclass[] DEFAULT NULL, complete boolean DEFAULT false,
+                                      created_now boolean DEFAULT false)
 RETURNS TABLE (rel regclass, problem text)
     LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -545,16 +552,25 @@ BEGIN
         CONTINUE WHEN shard IS NULL OR lease._shard_of(shard) IS DISTINCT FROM shell::oid;
         suffix := '_' || lease._shard_id(shard);
         RETURN QUERY
-            SELECT shard, format('its copy %I of pg_lease''s trigger %I on %s is %s', t.tgname || suffix, t.tgname, shell,
-                                 CASE WHEN c.oid IS NULL THEN 'missing'
-                                      WHEN c.tgenabled <> 'A' THEN 'not enabled ALWAYS'
-                                      ELSE 'not the same trigger' END)
-              FROM pg_trigger t
-              LEFT JOIN pg_trigger c ON c.tgrelid = shard AND c.tgname = t.tgname || suffix
-             WHERE t.tgrelid = shell AND NOT t.tgisinternal
-               AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
-               AND (c.oid IS NULL OR c.tgenabled <> 'A' OR c.tgfoid <> t.tgfoid OR c.tgtype <> t.tgtype
-                    OR c.tgargs <> t.tgargs OR c.tgattr <> t.tgattr OR c.tgqual IS NOT NULL);
+            SELECT shard, format('its copy %I of pg_lease''s trigger is %s', c.tgname,
+                                 CASE WHEN c.tgenabled <> 'A' THEN 'not enabled ALWAYS'
+                                      ELSE 'changed (it no longer fires on every row and event)' END)
+              FROM pg_trigger c
+             WHERE c.tgrelid = shard AND NOT c.tgisinternal
+               AND c.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+               AND ((c.tgenabled <> 'A'
+                     AND NOT (created_now AND c.tgenabled = 'O' AND c.xmin = pg_catalog.xid(pg_catalog.pg_current_xact_id())))
+                    OR c.tgqual IS NOT NULL OR cardinality(c.tgattr::int2[]) > 0
+                    OR c.tgtype <> CASE WHEN c.tgfoid = 'lease.truncate_guard'::regproc THEN 34 ELSE 31 END);
+        IF complete THEN
+            RETURN QUERY
+                SELECT shard, format('it has no copy %I of pg_lease''s trigger %I on %s', t.tgname || suffix, t.tgname, shell)
+                  FROM pg_trigger t
+                 WHERE t.tgrelid = shell AND NOT t.tgisinternal
+                   AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+                   AND NOT EXISTS (SELECT 1 FROM pg_trigger c
+                                    WHERE c.tgrelid = shard AND c.tgname = t.tgname || suffix AND c.tgfoid = t.tgfoid);
+        END IF;
     END LOOP;
 END $$;
 
@@ -594,29 +610,109 @@ BEGIN
             problem := format('the owner guard of %s here is missing, disabled or not the one the coordinator installed', e.owner);
             RETURN NEXT;
         END IF;
-        RETURN QUERY SELECT e.target, format('shard %s: %s', s.rel, s.problem) FROM lease._shard_problems(t) s
+        RETURN QUERY SELECT e.target, format('shard %s: %s', s.rel, s.problem) FROM lease._shard_problems(t, NULL, true) s
                      UNION ALL
-                     SELECT e.target, format('shard %s: %s', s.rel, s.problem) FROM lease._shard_problems(o) s;
+                     SELECT e.target, format('shard %s: %s', s.rel, s.problem) FROM lease._shard_problems(o, NULL, true) s;
     END LOOP;
 END $$;
 
+-- Citus: the DDL guard on a node's shards. Citus runs each DDL command of a
+-- distributed table on the coordinator, where pg_lease's guard judges it,
+-- then on every shard; a command that reaches a shard of a fenced or owner
+-- table otherwise came to this node straight (or through
+-- run_command_on_workers). Refused at once (LF008), as on one node: leaving
+-- a shard's copy of pg_lease's triggers disabled or narrowed, rewriting a
+-- fenced column (ALTER COLUMN ... TYPE), or a BEFORE row trigger that runs
+-- after the fence or owner guard; checked again at commit.
+CREATE FUNCTION lease._guard_shards(tag text) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    x record;
+    gap record;
+    fenced text[];
+    bad text;
+BEGIN
+    FOR x IN
+        SELECT DISTINCT c.rel, lease._shard_of(c.rel)::regclass AS shell
+          FROM (SELECT (CASE d.classid WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = d.objid)
+                                       ELSE d.objid END)::regclass AS rel
+                  FROM pg_event_trigger_ddl_commands() d
+                 WHERE d.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass)) c
+         WHERE c.rel IS NOT NULL
+    LOOP
+        CONTINUE WHEN x.shell IS NULL
+            OR NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = x.shell
+                              AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc));
+        SELECT s.rel, s.problem INTO gap FROM lease._shard_problems(x.shell, ARRAY[x.rel], false, tag = 'CREATE TRIGGER') s LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would leave shard %s of %s without pg_lease''s fence', tag, x.rel, x.shell),
+                format('Shard %s: %s.', gap.rel, gap.problem));
+        END IF;
+        -- The shard's fenced columns: its fence's key and token columns, its
+        -- owner guard's token and key columns.
+        fenced := ARRAY(
+            SELECT k FROM pg_trigger t
+             CROSS JOIN LATERAL (SELECT (lease._trigger_args(t.tgargs))[1]::jsonb AS cfg) a
+             CROSS JOIN LATERAL (SELECT jsonb_array_elements_text(a.cfg -> 'key_columns') UNION ALL SELECT a.cfg ->> 'token_column') u(k)
+             WHERE t.tgrelid = x.shell AND t.tgname = 'pg_lease_fence' AND t.tgfoid = 'lease.fence_trigger'::regproc AND t.tgnargs = 1
+            UNION ALL
+            SELECT unnest(lease._trigger_args(t.tgargs)) FROM pg_trigger t
+             WHERE t.tgrelid = x.shell AND t.tgname = 'pg_lease_owner_guard' AND t.tgfoid = 'lease.owner_guard'::regproc);
+        SELECT r.col INTO bad
+          FROM pg_event_trigger_ddl_commands() d
+         CROSS JOIN LATERAL unnest(lease._retyped_columns(d.command)) r(col)
+         WHERE d.command_tag = 'ALTER TABLE' AND d.classid = 'pg_class'::regclass AND d.objid = x.rel AND r.col = ANY (fenced)
+         LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would rewrite fenced column %I of shard %s of %s', tag, bad, x.rel, x.shell),
+                format('Column %I of %s is fenced by pg_lease: a rewrite (ALTER COLUMN ... TYPE ... USING) passes no row trigger.', bad, x.shell));
+        END IF;
+        SELECT t.tgname INTO bad
+          FROM pg_trigger t JOIN pg_trigger ours ON ours.tgrelid = t.tgrelid
+         WHERE t.tgrelid = x.rel AND NOT t.tgisinternal
+           AND ours.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+           AND t.tgfoid NOT IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+           AND t.tgtype::integer & 3 = 3 AND t.tgtype::integer & 20 <> 0
+           AND t.tgname COLLATE "C" > ours.tgname COLLATE "C"
+         LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would leave shard %s of %s with trigger %I running after pg_lease''s', tag, x.rel, x.shell, bad),
+                format('A BEFORE row trigger that runs after the fence or owner guard could change the row they judged: name it to sort before %I.',
+                       (SELECT min(o.tgname COLLATE "C") FROM pg_trigger o WHERE o.tgrelid = x.rel
+                           AND o.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc))));
+        END IF;
+        INSERT INTO lease.deferred_checks (rel, root) VALUES (x.rel, x.shell);
+    END LOOP;
+END $$;
+
+REVOKE EXECUTE ON FUNCTION lease._guard_shards(text) FROM PUBLIC;
+
 -- Runs command, DDL of pg_lease's own triggers on rel. Citus refuses trigger
--- DDL on its tables unless told it may (citus.enable_unsafe_triggers): on
--- for this command only; pg_lease's fence is one Citus copies to every
--- shard (lease._shard_config).
+-- DDL on its tables unless told it may (citus.enable_unsafe_triggers), and
+-- sends DDL to the other nodes only with citus.enable_ddl_propagation on:
+-- both on for this command only; pg_lease's fence is one Citus copies to
+-- every shard (lease._shard_config).
 CREATE FUNCTION lease._trigger_ddl(rel regclass, command text) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     unsafe text;
+    propagate text;
 BEGIN
     IF (lease._citus_table(rel)).kind IS NULL THEN
         EXECUTE command;
         RETURN;
     END IF;
+    -- And it must reach every node, whatever the session says.
     unsafe := pg_catalog.current_setting('citus.enable_unsafe_triggers', true);
+    propagate := pg_catalog.current_setting('citus.enable_ddl_propagation', true);
     PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+    PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'on', true);
     EXECUTE command;
     PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', coalesce(unsafe, 'off'), true);
+    PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', coalesce(propagate, 'on'), true);
 END $$;
 CREATE FUNCTION lease._create_trigger(rel regclass, tgname name, func regproc, timing text, body text) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -1028,8 +1124,12 @@ BEGIN
      WHERE t.oid IS NULL OR t.tgenabled <> 'A' OR t.tgfoid <> e.func
     UNION ALL
     SELECT e.relid::regclass, e.rel::regclass, 'altered',
-           format('trigger %s on %s no longer fires on every %s', e.tgname, e.rel::regclass,
-                  CASE WHEN e.tgtype = 31 THEN 'INSERT, UPDATE and DELETE of every row' ELSE 'TRUNCATE' END)
+           CASE WHEN e.tgname = 'pg_lease_fence' AND cardinality(e.args) = 1 AND t.tgtype = e.tgtype
+                     AND t.tgqual IS NULL AND cardinality(t.tgattr::int2[]) = 0
+                THEN format('the config its Citus shards read from trigger %s names its owner table and key columns as they were when it was protected (%s), not as they are now (%s): unprotect it before you rename its owner table or a fenced column or move the owner table to another schema, and protect it again after',
+                            e.tgname, (lease._trigger_args(t.tgargs))[1], e.args[1])
+                ELSE format('trigger %s on %s no longer fires on every %s', e.tgname, e.rel::regclass,
+                            CASE WHEN e.tgtype = 31 THEN 'INSERT, UPDATE and DELETE of every row' ELSE 'TRUNCATE' END) END
       FROM expected_triggers e
       CROSS JOIN LATERAL (SELECT x.* FROM pg_trigger x
                            WHERE x.tgrelid = e.rel AND x.tgname = e.tgname AND x.tgfoid = e.func OFFSET 0) t
@@ -1188,7 +1288,9 @@ BEGIN
      LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',
-            format('the transaction would commit partition %s of %s without its pg_lease guards', NEW.rel, NEW.root),
+            CASE WHEN NEW.rel = NEW.root
+                 THEN format('the transaction would commit %s without its pg_lease guards', NEW.rel)
+                 ELSE format('the transaction would commit partition %s of %s without its pg_lease guards', NEW.rel, NEW.root) END,
             format('Table %s: %s.', gap.relid, gap.problem));
     END IF;
     RETURN NULL;
@@ -1243,22 +1345,11 @@ DECLARE
     stray record;
     bad boolean;
     match text;
+    citus_pending oid[] := '{}';
 BEGIN
-    -- Citus: a shard on this node that the command reached is checked at
-    -- commit (Citus changes a table's shards in several commands; see
-    -- lease._shard_problems).
+    -- Citus: DDL that reached a shard on this node (lease._guard_shards).
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
-        INSERT INTO lease.deferred_checks (rel, root)
-        SELECT DISTINCT x.rel, x.shell
-          FROM (SELECT c.objid::regclass AS rel, lease._shard_of(c.objid)::regclass AS shell
-                  FROM (SELECT CASE d.classid WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = d.objid)
-                                              ELSE d.objid END AS objid
-                          FROM pg_event_trigger_ddl_commands() d
-                         WHERE d.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass)) c
-                 WHERE c.objid IS NOT NULL) x
-         WHERE x.shell IS NOT NULL
-           AND EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = x.shell
-                          AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc));
+        PERFORM lease._guard_shards(tg_tag);
     END IF;
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
@@ -1273,11 +1364,17 @@ BEGIN
               FROM pg_event_trigger_ddl_commands() c JOIN pg_trigger t ON t.oid = c.objid
              WHERE c.classid = 'pg_trigger'::regclass AND t.tgenabled <> 'A' AND t.tgparentid = 0
                AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
-               -- (Not on a Citus table: Citus sends the CREATE to the other
-               -- nodes after this; lease._create_trigger enables it next.)
-               AND (lease._citus_table(t.tgrelid)).kind IS NULL
         LOOP
-            EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname);
+            IF (lease._citus_table(broken.rel)).kind IS NULL THEN
+                EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname);
+            ELSE
+                -- Citus sends the CREATE to the other nodes after this
+                -- command, so an ALTER from here would reach them first:
+                -- the trigger must be ENABLE ALWAYS by commit instead
+                -- (lease._create_trigger enables it next).
+                citus_pending := citus_pending || broken.rel::oid;
+                INSERT INTO lease.deferred_checks (rel, root) VALUES (broken.rel, broken.rel);
+            END IF;
         END LOOP;
     END IF;
     SELECT array_agg(DISTINCT CASE c.classid
@@ -1405,12 +1502,13 @@ BEGIN
                 format('Table %s holds owner rows whose fencing tokens would leave the fence; tokens could then start over. Unprotect the tables fenced against it first.',
                        stray.tgrelid::regclass));
         END IF;
-        EXECUTE format('DROP TRIGGER %I ON %s', stray.tgname, stray.tgrelid::regclass);
+        PERFORM lease._trigger_ddl(stray.tgrelid::regclass, format('DROP TRIGGER %I ON %s', stray.tgname, stray.tgrelid::regclass));
     END LOOP;
 
     SELECT f.* INTO broken
       FROM lease._fence_problems(concerned) f
      WHERE f.kind NOT IN ('missing', 'constraint')
+       AND NOT (f.kind = 'disabled' AND f.rel::oid = ANY (citus_pending))
      LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',
@@ -1433,19 +1531,6 @@ DECLARE
     orphan record;
     victim record;
 BEGIN
-    -- Citus: a trigger dropped from a shard on this node that stays is
-    -- checked at commit (lease._shard_problems).
-    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
-        INSERT INTO lease.deferred_checks (rel, root)
-        SELECT DISTINCT x.rel, x.shell
-          FROM (SELECT r.rel, lease._shard_of(r.rel)::regclass AS shell
-                  FROM pg_event_trigger_dropped_objects() d
-                  -- (by name: Citus hides shards from pg_class queries)
-                 CROSS JOIN LATERAL (SELECT pg_catalog.to_regclass(pg_catalog.quote_ident(d.address_names[1]) || '.'
-                                                                 || pg_catalog.quote_ident(d.address_names[2])) AS rel) r
-                 WHERE d.object_type = 'trigger' AND r.rel IS NOT NULL) x
-         WHERE x.shell IS NOT NULL;
-    END IF;
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
     END IF;
@@ -1527,7 +1612,7 @@ END $$;
 CREATE EVENT TRIGGER pg_lease_guard_ddl ON ddl_command_end
     EXECUTE FUNCTION lease._guard_ddl();
 CREATE EVENT TRIGGER pg_lease_guard_ddl_start ON ddl_command_start
-    WHEN TAG IN ('ALTER TABLE')
+    WHEN TAG IN ('ALTER TABLE', 'DROP TABLE')
     EXECUTE FUNCTION lease._guard_ddl_start();
 CREATE EVENT TRIGGER pg_lease_guard_drop ON sql_drop
     EXECUTE FUNCTION lease._guard_drop();
@@ -1738,219 +1823,33 @@ COMMENT ON FUNCTION lease._next_token(bigint, bigint) IS
     'The next fencing token after stored on timeline, by the epoch rule (NULL when none is left), with the epoch and the base raise it needs (internal).';
 REVOKE EXECUTE ON FUNCTION lease._next_token(bigint, bigint) FROM PUBLIC;
 
--- A name's first acquire without an owner row ("fresh") judges the row the
--- others create first (owner = the caller, token 0, released) and inserts it
--- once, with its token, after reading the epoch, where the others update it:
--- one statement instead of three. Its session row follows its lease row (the
--- lock order: lease rows, then session rows). With an owner row, the lease
--- row is created first, so the owner row is locked under its lock as always.
+-- acquire and try_acquire are Rust (src/lease_calls.rs, since 0.8.0), run as
+-- the function's owner as SECURITY DEFINER ran them (renew's way): the lease
+-- row locked FOR UPDATE (created on first use), the new holder's session row,
+-- a live holder's session row FOR SHARE (a lease past its own expiry may be
+-- carried by it), then the owner row (lease._lock_owner_row's FOR UPDATE, as
+-- the owner table's owner); at REPEATABLE READ and above the issued-epoch row
+-- FOR SHARE; the next token by lease._next_token; the lease row updated,
+-- lost_leases told, a live previous holder notified on channel pg_lease; and
+-- synchronous_commit = off raised to local for the transaction (a token is
+-- durable before the client sees it). A name's first acquire without an
+-- owner row ("fresh") inserts the lease row once, with its token, then its
+-- session row, in one statement; if another acquire created the row since,
+-- it judges again under that row's lock. With an owner row, the lease row is
+-- created first, so the owner row is locked under its lock as always.
 CREATE FUNCTION lease.acquire(name text, owner text, ttl_ms integer, owner_table regclass DEFAULT NULL,
                               owner_key text[] DEFAULT NULL)
 RETURNS TABLE (token bigint, expires_at timestamptz)
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    p_ttl_ms ALIAS FOR $3;
-    p_owner_table ALIAS FOR $4;
-    p_owner_key ALIAS FOR $5;
-    timeline bigint := lease._token_floor() >> 40;   -- also refuses on a standby
-    ttl integer := lease._check_ttl(p_ttl_ms);
-    p_name text COLLATE "default" := lease._label('name', $1);   -- see the convention at the top
-    p_owner text COLLATE "default" := lease._label('owner', $2);
-    epoch bigint; issued bigint; high bigint; stored bigint;
-    raise_base boolean; fresh boolean;
-    cur lease.lease_state;
-    cur_expiry timestamptz;
-    holder lease.session_state;
-    now_ts timestamptz;
-    live boolean;
-    binding record;
-    owner_row bigint[];
-    owner_token bigint;
-    landed bigint;
-    detail text;
-    new_token bigint;
-BEGIN
-    IF (p_owner_table IS NULL) <> (p_owner_key IS NULL) THEN
-        PERFORM lease._fail('22023', 'pg_lease: owner_table and owner_key go together');
-    END IF;
-    IF p_owner_table IS NOT NULL THEN
-        SELECT p.owner_key_columns, p.owner_token_column INTO binding
-          FROM lease.protected p WHERE p.owner_table = p_owner_table LIMIT 1;
-        IF NOT FOUND THEN
-            PERFORM lease._fail('55000', format('pg_lease: %s is not the owner table of any table protected with lease.protect', p_owner_table));
-        END IF;
-        IF cardinality(p_owner_key) IS DISTINCT FROM cardinality(binding.owner_key_columns)
-           OR array_position(p_owner_key, NULL) IS NOT NULL THEN
-            PERFORM lease._fail('22023', format('pg_lease: owner_key %s does not match the key columns %s of %s', p_owner_key, binding.owner_key_columns, p_owner_table));
-        END IF;
-    END IF;
-
-    -- The lease row, locked (created on first use): racing acquires queue here.
-    SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
-    fresh := NOT FOUND AND p_owner_table IS NULL;   -- see above
-    IF fresh THEN
-        cur.owner := p_owner; cur.token := 0; cur.released_at := '-infinity';
-    ELSIF NOT FOUND THEN
-        INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at, released_at)
-        VALUES (p_name, p_owner, 0, '-infinity', '-infinity', '-infinity', '-infinity')
-        ON CONFLICT (name) DO NOTHING;
-        SELECT * INTO cur FROM lease.lease_state l WHERE l.name = p_name FOR UPDATE;
-    END IF;
-    -- The new holder's session row exists from its first lease on, so the
-    -- takeover check below can always lock it (an uncommitted first
-    -- heartbeat's INSERT could not be waited for). Fresh: after its row.
-    IF NOT fresh THEN
-        INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
-        VALUES (p_owner, '-infinity', '-infinity', '-infinity') ON CONFLICT (owner) DO NOTHING;
-    END IF;
-    now_ts := clock_timestamp();   -- read after the lock wait
-    cur_expiry := cur.expires_at;
-    live := cur.released_at IS NULL AND cur_expiry > now_ts;
-    IF cur.released_at IS NULL AND NOT live AND cur.owner <> p_owner THEN
-        -- Past its own expiry, another owner's lease may still be carried by
-        -- that owner's heartbeat session. Lock the session row (a heartbeat
-        -- waits for this acquire, or this acquire for it) and judge on the
-        -- clock read after the lock.
-        SELECT * INTO holder FROM lease.session_state s WHERE s.owner = cur.owner FOR SHARE;
-        now_ts := clock_timestamp();
-        cur_expiry := lease._expiry(cur.expires_at, holder.live_since, holder.expires_at);
-        live := cur_expiry > now_ts;
-    END IF;
-    IF live AND cur.owner <> p_owner THEN
-        PERFORM lease._raise('LeaseOwnedElsewhere',
-            format('lease "%s" is held by %s', p_name, cur.owner),
-            format('Lease %s, holder %s, token %s, expires at %s (in %s).', p_name, cur.owner, cur.token,
-                   cur_expiry, date_trunc('millisecond', cur_expiry - now_ts)));
-    END IF;
-
-    IF p_owner_table IS NOT NULL THEN
-        -- FOR UPDATE waits for writers still fenced under the old token. The
-        -- owner row is read and written as the owner table's owner, never as
-        -- this function's superuser owner (src/lease_owner.rs).
-        owner_row := lease._lock_owner_row(p_owner_table, p_owner_key);
-        owner_token := owner_row[1];
-        IF cardinality(owner_row) = 0 THEN
-            PERFORM lease._raise('FenceOwnerMissing',
-                format('lease "%s" is bound to owner row %s of %s, which does not exist', p_name, p_owner_key, p_owner_table),
-                format('Lease %s, owner table %s, key %s = %s.', p_name, p_owner_table, binding.owner_key_columns, p_owner_key));
-        END IF;
-    END IF;
-
-    -- Epoch = base + timeline, raised above a stored token's or an issued
-    -- epoch when needed: the rule is lease._next_token's.
-    stored := greatest(cur.token, owner_token, 0);
-    -- A REPEATABLE READ or SERIALIZABLE transaction reads the epoch in its
-    -- snapshot, which may be older than a raise (lease.issue_tokens_above,
-    -- another acquire's): every raise writes the issued-epoch row, so locking
-    -- it is a serialization failure then (and when the row is newer than the
-    -- snapshot altogether, the upsert below is).
-    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
-        PERFORM FROM lease.token_epoch_issued i FOR SHARE;
-    END IF;
-    SELECT n.token, n.epoch, n.issued, n.raise_base INTO new_token, epoch, issued, high
-      FROM lease._next_token(stored, timeline) n;
-    raise_base := high IS NOT NULL;
-    -- (Refused before anything below is written; the transaction would
-    -- undo it anyway.)
-    IF new_token IS NULL THEN
-        PERFORM lease._fail('22003', format('pg_lease: lease "%s" has no fencing token left (current %s)', p_name, stored), 'Fencing tokens are bigints; this resource''s token is at the top of their range.');
-    END IF;
-    IF fresh THEN
-        -- The lease row, then (only if it was inserted) the session row.
-        WITH ins AS (
-            INSERT INTO lease.lease_state AS l (name, owner, token, acquired_at, renewed_at, expires_at)
-            VALUES (p_name, p_owner, new_token, now_ts, now_ts, now_ts + ttl * interval '1 millisecond')
-            ON CONFLICT (name) DO NOTHING
-            RETURNING l.token, l.expires_at
-        ), sess AS (
-            INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
-            SELECT p_owner, '-infinity', '-infinity', '-infinity' FROM ins
-            ON CONFLICT (owner) DO NOTHING
-        )
-        SELECT i.token, i.expires_at INTO token, expires_at FROM ins i;
-        IF NOT FOUND THEN
-            -- Another acquire created the row since (nothing is written
-            -- yet): judge again, under its lock.
-            RETURN QUERY SELECT * FROM lease.acquire($1, $2, $3, $4, $5);
-            RETURN;
-        END IF;
-    END IF;
-    IF raise_base THEN
-        INSERT INTO lease.token_epoch (base) VALUES (high) ON CONFLICT DO NOTHING;
-    END IF;
-    IF epoch > coalesce(issued, 0) THEN
-        INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES (epoch)
-        ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
-    END IF;
-    IF p_owner_table IS NOT NULL THEN
-        BEGIN
-            landed := lease._set_owner_token(p_owner_table, p_owner_key, new_token);
-        EXCEPTION WHEN internal_error THEN
-            -- The owner guard's LF004 (a trigger on the owner table lowered
-            -- the bump) comes back from the Rust call as XX000: raise it again
-            -- with its own code.
-            IF SQLERRM LIKE 'FencingTokenRegression: %' THEN
-                GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
-                PERFORM lease._raise('FencingTokenRegression', substr(SQLERRM, 25), detail);
-            END IF;
-            RAISE;
-        END;
-    END IF;
-    IF p_owner_table IS NOT NULL AND landed IS DISTINCT FROM new_token THEN
-        -- A trigger or rule on the owner table swallowed or changed the bump:
-        -- the old holder's token would still be current.
-        PERFORM lease._raise('FenceTampering',
-            format('lease "%s": the token bump to %s did not reach owner row %s of %s', p_name, new_token, p_owner_key, p_owner_table),
-            format('Lease %s, owner table %s: a trigger or rule on it skipped or changed the UPDATE of its token column.',
-                   p_name, p_owner_table));
-    END IF;
-    IF NOT fresh THEN
-        UPDATE lease.lease_state l
-           SET owner = p_owner, token = new_token, acquired_at = now_ts, renewed_at = now_ts,
-               expires_at = now_ts + ttl * interval '1 millisecond', released_at = NULL,
-               owner_table = p_owner_table, owner_key = p_owner_key
-         WHERE l.name = p_name
-        RETURNING l.token, l.expires_at INTO token, expires_at;
-    END IF;
-    IF cur.owner <> p_owner THEN
-        -- Taken from a holder that did not release it: its next heartbeat
-        -- hears so. This owner's own report of an earlier loss of the lease
-        -- is moot now that it holds the lease again.
-        IF cur.released_at IS NULL THEN
-            INSERT INTO lease.lost_leases AS x (owner, name, token, lost_at)
-            VALUES (cur.owner, p_name, cur.token, now_ts)
-            ON CONFLICT (owner, name) DO UPDATE SET token = excluded.token, lost_at = excluded.lost_at;
-        END IF;
-        DELETE FROM lease.lost_leases x WHERE x.owner = p_owner AND x.name = p_name;
-    END IF;
-
-    -- The lease changed hands from a holder that did not release it (it expired,
-    -- or its owner re-took it from another process): tell a live previous
-    -- holder, so it can freeze before its next write is refused.
-    IF cur.released_at IS NULL AND cur.token > 0 THEN
-        PERFORM pg_notify('pg_lease', json_build_object(
-            'event', 'taken', 'name', p_name, 'owner', p_owner, 'token', new_token,
-            'previous_owner', cur.owner, 'previous_token', cur.token, 'expires_at', expires_at)::text);
-    END IF;
-    -- A token must be durable before the client sees it.
-    IF current_setting('synchronous_commit') = 'off' THEN
-        PERFORM set_config('synchronous_commit', 'local', true);
-    END IF;
-    RETURN NEXT;
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_acquire';
 COMMENT ON FUNCTION lease.acquire(text, text, integer, regclass, text[]) IS
     'Takes (or re-takes) a lease with a new, higher fencing token; LF005 when another live owner holds it.';
 
+-- acquire in a subtransaction: no row (and nothing done) when another live
+-- owner holds the lease.
 CREATE FUNCTION lease.try_acquire(name text, owner text, ttl_ms integer, owner_table regclass DEFAULT NULL,
                                   owner_key text[] DEFAULT NULL)
 RETURNS TABLE (token bigint, expires_at timestamptz)
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    RETURN QUERY SELECT * FROM lease.acquire(name, owner, ttl_ms, owner_table, owner_key);
-EXCEPTION WHEN SQLSTATE 'LF005' THEN
-    RETURN;   -- held by another live owner: no row
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_try_acquire';
 COMMENT ON FUNCTION lease.try_acquire(text, text, integer, regclass, text[]) IS
     'Like lease.acquire, but returns no row when another live owner holds the lease.';
 
@@ -2052,53 +1951,19 @@ COMMENT ON FUNCTION lease.renew(text, text, bigint, integer) IS
 -- The heartbeat's one step, shared by lease.heartbeat and lease.renew_all:
 -- extend owner's session with one row update and return the leases it lost
 -- since its last heartbeat, each once: taken over (taken = true, token = the
--- one it held), or expired with a session that lapsed (taken = false). Runs
--- inside those SECURITY DEFINER functions; not executable by PUBLIC.
+-- one it held), or expired with a session that lapsed (taken = false). Lock
+-- order, as in every lease function: lease rows, then session rows, then
+-- lost_leases. The session row is locked (created on first use) and judged
+-- on the clock read after the lock; a first heartbeat, or one after the
+-- session lapsed, reports the leases it carried past their own expiry (they
+-- died with it; a lease an acquire, renew or release is changing right now
+-- is skipped, not waited for: a takeover waiting for this session row would
+-- deadlock) and starts a new life, which carries only leases alive on their
+-- own. Takeovers are read after the session lock. Rust (src/lease_calls.rs,
+-- since 0.8.0), as the caller; not executable by PUBLIC.
 CREATE FUNCTION lease._beat(owner_id text, ttl_ms integer)
 RETURNS TABLE (name text, token bigint, expires_at timestamptz, taken boolean)
-    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    ttl integer := lease._check_ttl(ttl_ms);
-    p_owner text COLLATE "default" := lease._label('owner', owner_id);   -- see the convention at the top
-    sess lease.session_state;
-    now_ts timestamptz;
-BEGIN
-    -- Lock order, as in every lease function: lease rows, then session rows,
-    -- then lost_leases.
-    SELECT * INTO sess FROM lease.session_state s WHERE s.owner = p_owner FOR UPDATE;
-    IF NOT FOUND THEN
-        INSERT INTO lease.session_state AS s (owner, live_since, renewed_at, expires_at)
-        VALUES (p_owner, '-infinity', '-infinity', '-infinity')
-        ON CONFLICT (owner) DO NOTHING;
-        SELECT * INTO sess FROM lease.session_state s WHERE s.owner = p_owner FOR UPDATE;
-    END IF;
-    now_ts := clock_timestamp();   -- read after the lock wait
-    IF sess.expires_at <= now_ts THEN
-        -- A first heartbeat, or the session lapsed: the leases it carried
-        -- that are past their own expiry died with it. A new life begins now
-        -- and carries only leases alive on their own, so these are reported
-        -- this once. A lease an acquire, renew or release is changing right
-        -- now is skipped, not waited for (a takeover waiting for this session
-        -- row would deadlock): its change decides, a renew keeps it, a
-        -- takeover reports it as taken at the next heartbeat.
-        RETURN QUERY
-        SELECT l.name, l.token, lease._expiry(l.expires_at, sess.live_since, sess.expires_at), false
-          FROM lease.lease_state l
-         WHERE l.owner = p_owner AND l.released_at IS NULL
-           AND l.expires_at <= now_ts AND l.expires_at > sess.live_since
-           FOR SHARE SKIP LOCKED;
-        sess.live_since := now_ts;
-    END IF;
-    UPDATE lease.session_state s
-       SET live_since = sess.live_since, renewed_at = now_ts, expires_at = now_ts + ttl * interval '1 millisecond'
-     WHERE s.owner = p_owner;
-    -- Takeovers, read after the session lock: one that committed while this
-    -- heartbeat waited for it is reported now.
-    RETURN QUERY
-    DELETE FROM lease.lost_leases x WHERE x.owner = p_owner
-    RETURNING x.name, x.token, NULL::timestamptz, true;
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_beat';
 COMMENT ON FUNCTION lease._beat(text, integer) IS
     'Extends owner''s heartbeat session; returns the leases lost since the last heartbeat (internal).';
 REVOKE EXECUTE ON FUNCTION lease._beat(text, integer) FROM PUBLIC;
@@ -2106,34 +1971,21 @@ REVOKE EXECUTE ON FUNCTION lease._beat(text, integer) FROM PUBLIC;
 -- The heartbeat at any scale: one row update, whatever the owner holds. Every
 -- live lease of owner lives on with the session; the rows are the leases lost
 -- since the last heartbeat (each reported once), so the caller can freeze them.
+-- Rust (src/lease_calls.rs, since 0.8.0): lease._beat's step as the
+-- function's owner, as lease.renew.
 CREATE FUNCTION lease.heartbeat(owner text, ttl_ms integer)
 RETURNS TABLE (name text, token bigint, lost text)
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    RETURN QUERY
-    SELECT b.name, b.token, CASE WHEN b.taken THEN 'taken' ELSE 'expired' END
-      FROM lease._beat(heartbeat.owner, heartbeat.ttl_ms) b;
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_heartbeat';
 COMMENT ON FUNCTION lease.heartbeat(text, integer) IS
     'Heartbeat in one row write: keeps every live lease of owner alive for ttl_ms; returns the ones lost (expired or taken).';
 
 -- The heartbeat that also lists what it renewed: lease.heartbeat's one write,
 -- plus a row per live lease of owner (renewed = true) beside the lost ones
 -- (renewed = false). Reading the list grows with the leases held; lease.heartbeat
--- does not.
+-- does not. Rust (src/lease_calls.rs, since 0.8.0), as lease.heartbeat.
 CREATE FUNCTION lease.renew_all(owner text, ttl_ms integer)
 RETURNS TABLE (name text, token bigint, expires_at timestamptz, renewed boolean)
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    p_owner text COLLATE "default" := owner;   -- see the convention at the top
-BEGIN
-    RETURN QUERY SELECT b.name, b.token, b.expires_at, false FROM lease._beat(p_owner, ttl_ms) b;
-    RETURN QUERY
-    SELECT l.name, l.token, greatest(l.expires_at, s.expires_at), true
-      FROM lease.session_state s JOIN lease.lease_state l ON l.owner = s.owner
-     WHERE s.owner = p_owner AND l.released_at IS NULL AND l.expires_at > s.live_since;
-END $$;
+    LANGUAGE C VOLATILE AS 'MODULE_PATHNAME', 'pg_lease_renew_all';
 COMMENT ON FUNCTION lease.renew_all(text, integer) IS
     'Heartbeat: renews every live lease of owner; lost ones come back with renewed = false.';
 
@@ -2359,8 +2211,11 @@ COMMENT ON FUNCTION lease.cluster_stats() IS
 -- protected Citus table carries its fence and owner guard.
 CREATE FUNCTION lease.cluster_fence_problems() RETURNS TABLE (node text, target text, problem text)
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
     expected json;
+    p record;
+    why text;
 BEGIN
     SELECT json_agg(json_build_object(
                'target', format('%I.%I', tn.nspname, tc.relname),
@@ -2376,6 +2231,19 @@ BEGIN
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_node') IS NOT NULL AND expected IS NULL THEN
         RETURN;
     END IF;
+    -- The co-location rule, which Citus can be told to break later
+    -- (update_distributed_table_colocation).
+    FOR p IN SELECT x.* FROM lease.protected x WHERE (lease._citus_table(x.relid)).kind IS NOT NULL LOOP
+        BEGIN
+            PERFORM lease._check_citus_layout(p.relid, p.key_columns, p.owner_table, p.owner_key_columns);
+        EXCEPTION WHEN feature_not_supported THEN
+            GET STACKED DIAGNOSTICS why = PG_EXCEPTION_DETAIL;
+            node := '(coordinator)';
+            target := p.relid::text;
+            problem := SQLERRM || ': ' || why;
+            RETURN NEXT;
+        END;
+    END LOOP;
     RETURN QUERY
         SELECT a.node, x.target, x.problem
           FROM lease._on_all_nodes(format(

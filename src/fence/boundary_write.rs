@@ -18,7 +18,7 @@
 use crate::errors::Invalid;
 use crate::fence::FastMap;
 use crate::gucs;
-use crate::pg::{owned, quote_ident};
+use crate::pg::{owned, quote_ident, set_guc};
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::PgTryBuilder;
@@ -759,26 +759,6 @@ fn check_schema_usage(relid: pg_sys::Oid) -> Result<(), Invalid> {
 fn bind_token(token: Option<i64>) {
     let value = CString::new(token.map(|t| t.to_string()).unwrap_or_default()).expect("digits");
     set_guc(c"pg_lease.token", &value, pg_sys::GucAction::GUC_ACTION_LOCAL);
-}
-
-/// Sets a setting as SET LOCAL (GUC_ACTION_LOCAL) or as a function's SET
-/// clause does (GUC_ACTION_SAVE: undone when the current GUC nest level ends).
-fn set_guc(name: &std::ffi::CStr, value: &std::ffi::CStr, action: pg_sys::GucAction::Type) {
-    // SAFETY: NUL-terminated name and value live across the call; a refused
-    // value raises an ERROR.
-    unsafe {
-        let context = if pg_sys::superuser() { pg_sys::GucContext::PGC_SUSET } else { pg_sys::GucContext::PGC_USERSET };
-        pg_sys::set_config_option(
-            name.as_ptr(),
-            value.as_ptr(),
-            context,
-            pg_sys::GucSource::PGC_S_SESSION,
-            action,
-            true,
-            0,
-            false,
-        );
-    }
 }
 
 /// One JSON value as a value of `column`: (datum, isnull).

@@ -236,7 +236,7 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         "lease._shard_config(regclass,text,text[],text,regclass,text[],text)",
         "lease._shard_id(oid)",
         "lease._shard_of(oid)",
-        "lease._shard_problems(regclass,regclass[],boolean)",
+        "lease._shard_problems(regclass,regclass[],boolean,boolean)",
         "lease._trigger_args(bytea)",
         "lease._trigger_ddl(regclass,text)",
         "lease.bind_token(bigint)",

@@ -1,13 +1,15 @@
 //! The lease calls written in Rust (lease.renew, lease.release and
-//! lease.release_all since 0.7.0,
-//! issue #13) keep what their SECURITY DEFINER PL/pgSQL versions guaranteed:
+//! lease.release_all since 0.7.0, lease.acquire and lease.try_acquire since
+//! 0.8.0, issue #13) keep what their SECURITY DEFINER PL/pgSQL versions guaranteed:
 //! they run as the function's owner (the caller needs no table privileges,
 //! and is itself again after the call, also after an error it caught), the
 //! caller's search_path cannot redirect them, and their saved plans follow
 //! the extension being dropped and created again in the same session.
 
+use pg_lease_sessions::postgres::fallible_iterator::FallibleIterator;
 use pg_lease_sessions::postgres::Client;
 use pg_lease_sessions::*;
+use std::time::Duration;
 
 fn token(c: &mut Client, name: &str, owner: &str) -> i64 {
     one_i64(c, &format!("SELECT token FROM lease.acquire('{name}', '{owner}', 60000)"))
@@ -114,4 +116,322 @@ fn saved_plans_follow_the_extension_being_created_again() {
     assert!(renew_ok(&mut c, "a", "host-a", t3));
     assert!(release(&mut c, "a", "host-a", &t3.to_string()));
     assert!(!release(&mut c, "a", "host-a", "NULL"), "a NULL token releases nothing");
+}
+
+fn count(c: &mut Client, sql: &str) -> i64 {
+    one_i64(c, &format!("SELECT count(*) FROM ({sql}) q"))
+}
+
+fn text(c: &mut Client, sql: &str) -> String {
+    c.query_one(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
+}
+
+#[test]
+fn acquire_and_try_acquire_run_as_the_owner_for_an_execute_only_role() {
+    let db = TestDb::new("calls_acquire_definer");
+    let mut c = db.connect();
+    c.batch_execute(POKER).unwrap();
+    let role = format!("acq_role_{}", std::process::id());
+    c.batch_execute(&format!(
+        "CREATE ROLE {role} LOGIN;
+         GRANT EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]),
+               lease.try_acquire(text, text, integer, regclass, text[]) TO {role};"
+    ))
+    .unwrap();
+    let mut r = db.connect_as(&role);
+    let t = token(&mut r, "a", "host-a");
+    // Bound to an owner row the role cannot read or write itself.
+    let b = one_i64(&mut r, "SELECT token FROM lease.acquire('table:1', 'host-a', 60000, 'tables', '{1}')");
+    assert_eq!(one_i64(&mut c, "SELECT owner_fencing_token FROM tables WHERE id = 1"), b);
+    expect_error(&mut r, "SELECT count(*) FROM tables", "42501");
+    expect_error(&mut r, "SELECT count(*) FROM lease.lease_state", "42501");
+    assert_eq!(count(&mut r, "SELECT * FROM lease.try_acquire('a', 'host-b', 60000)"), 0);
+    assert_eq!(text(&mut r, "SELECT current_user::text"), role);
+    // A refusal caught by the caller's handler leaves the caller itself again.
+    r.batch_execute(
+        "DO $$ BEGIN PERFORM lease.acquire('a', 'host-b', 1000);
+           EXCEPTION WHEN SQLSTATE 'LF005' THEN PERFORM set_config('x.who', current_user, false); END $$",
+    )
+    .unwrap();
+    assert_eq!(text(&mut r, "SELECT current_setting('x.who')"), role);
+    let detail = expect_error(&mut r, "SELECT lease.acquire('a', 'host-b', 1000)", "LF005");
+    assert!(
+        detail.starts_with("LeaseOwnedElsewhere: lease \"a\" is held by host-a | Lease a, holder host-a, "),
+        "{detail}"
+    );
+    assert!(detail.contains(&format!("token {t}, expires at ")), "{detail}");
+    assert_eq!(text(&mut r, "SELECT current_user::text"), role);
+    drop(r);
+    c.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).unwrap();
+}
+
+#[test]
+fn the_callers_search_path_cannot_redirect_acquire() {
+    let db = TestDb::new("calls_acquire_search_path");
+    let mut c = db.connect();
+    c.batch_execute(POKER).unwrap();
+    c.batch_execute(
+        "CREATE TABLE seen (path text);
+         CREATE FUNCTION public.note_path() RETURNS trigger LANGUAGE plpgsql AS
+           $$BEGIN INSERT INTO public.seen VALUES (current_setting('search_path')); RETURN NEW; END$$;
+         CREATE TRIGGER note_path BEFORE UPDATE ON tables FOR EACH ROW EXECUTE FUNCTION public.note_path();",
+    )
+    .unwrap();
+    let t = token(&mut c, "a", "host-a");
+    one_i64(&mut c, "SELECT token FROM lease.acquire('b', 'host-a', 100)");
+    let mut listener = db.connect();
+    listener.batch_execute("LISTEN pg_lease").unwrap();
+    // Look-alikes ahead of pg_catalog: a clock stuck at the epoch, text and
+    // integer equalities that always hold, a pg_notify that does nothing,
+    // and temporary lease tables.
+    c.batch_execute(
+        "CREATE FUNCTION public.clock_timestamp() RETURNS timestamptz LANGUAGE sql AS $$SELECT 'epoch'::timestamptz$$;
+         CREATE FUNCTION public.always(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+         CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.always);
+         CREATE FUNCTION public.always(integer, integer) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+         CREATE OPERATOR public.= (LEFTARG = integer, RIGHTARG = integer, FUNCTION = public.always);
+         CREATE FUNCTION public.pg_notify(text, text) RETURNS void LANGUAGE sql AS '';
+         CREATE TEMP TABLE lease_state (name text);
+         CREATE TEMP TABLE lost_leases (owner text);
+         CREATE TEMP TABLE session_state (owner text);
+         SET search_path = public, pg_temp, pg_catalog;",
+    )
+    .unwrap();
+    let detail = expect_error(&mut c, "SELECT lease.acquire('a', 'host-b', 60000)", "LF005");
+    assert!(detail.contains(&format!("Lease a, holder host-a, token {t}")), "{detail}");
+    assert_eq!(count(&mut c, "SELECT * FROM lease.try_acquire('a', 'host-b', 60000)"), 0);
+    // 'b' expired: taken over, its holder told, in pg_lease's own tables.
+    std::thread::sleep(Duration::from_millis(150));
+    let b2 = one_i64(&mut c, "SELECT token FROM lease.acquire('b', 'host-b', 60000)");
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.lost_leases WHERE owner = 'host-a' AND name = 'b'"), 1);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE live"), 2);
+    let mut notifications = listener.notifications();
+    let payload =
+        notifications.timeout_iter(Duration::from_secs(2)).next().unwrap().expect("notified").payload().to_owned();
+    assert!(
+        payload.contains(&format!(r#""token" : {b2}"#)) && payload.contains(r#""previous_owner" : "host-a""#),
+        "{payload}"
+    );
+    // The owner row's triggers run with the path the SECURITY DEFINER
+    // version gave them, and messages name tables as it did.
+    one_i64(&mut c, "SELECT token FROM lease.acquire('table:1', 'host-a', 60000, 'tables', '{1}')");
+    assert_eq!(text(&mut c, "SELECT string_agg(DISTINCT path, ',') FROM public.seen"), "pg_catalog, pg_temp");
+    let missing = expect_error(&mut c, "SELECT lease.acquire('table:9', 'host-a', 60000, 'tables', '{9}')", "LF007");
+    assert!(
+        missing.contains("bound to owner row {9} of public.tables") && missing.contains("key {id} = {9}."),
+        "{missing}"
+    );
+    let mismatch = expect_error(&mut c, "SELECT lease.acquire('table:9', 'host-a', 60000, 'tables', '{9,9}')", "22023");
+    assert!(mismatch.contains("owner_key {9,9} does not match the key columns {id} of public.tables"), "{mismatch}");
+    assert_eq!(text(&mut c, "SELECT current_setting('search_path')"), "public, pg_temp, pg_catalog");
+}
+
+#[test]
+fn acquire_plans_follow_the_extension_and_its_tables_changing() {
+    let db = TestDb::new("calls_acquire_recreate");
+    let mut c = db.connect();
+    let t = token(&mut c, "a", "host-a");
+    assert_eq!(count(&mut c, "SELECT * FROM lease.try_acquire('a', 'host-b', 60000)"), 0);
+    c.batch_execute("DROP EXTENSION pg_lease; CREATE EXTENSION pg_lease").unwrap();
+    // New tables: the name starts over (same epoch), nothing is held.
+    assert_eq!(token(&mut c, "a", "host-b"), t);
+    assert_eq!(count(&mut c, "SELECT * FROM lease.try_acquire('b', 'host-b', 60000)"), 1);
+    // Columns added to the tables acquire reads and writes re-plan it.
+    c.batch_execute(
+        "ALTER TABLE lease.lease_state ADD COLUMN extra int;
+         ALTER TABLE lease.lost_leases ADD COLUMN note text;
+         ALTER TABLE lease.session_state ADD COLUMN note text;",
+    )
+    .unwrap();
+    one_i64(&mut c, "SELECT token FROM lease.acquire('c', 'host-b', 100)");
+    std::thread::sleep(Duration::from_millis(150));
+    let c2 = token(&mut c, "c", "host-c");
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.lost_leases WHERE owner = 'host-b' AND name = 'c'"), 1);
+    assert_eq!(one_i64(&mut c, "SELECT token FROM lease.leases WHERE name = 'c' AND owner = 'host-c' AND live"), c2);
+    expect_error(&mut c, "SELECT lease.acquire('c', 'host-b', 60000)", "LF005");
+}
+
+#[test]
+fn acquire_above_read_committed_fails_to_serialize_rather_than_go_below_a_raise() {
+    let db = TestDb::new("calls_acquire_isolation");
+    let mut a = db.connect();
+    let mut b = db.connect();
+    let first = token(&mut a, "x", "host-a");
+    // A snapshot taken before issue_tokens_above committed.
+    a.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1").unwrap();
+    let lowest = one_i64(&mut b, &format!("SELECT lease.issue_tokens_above({})", first + (5_i64 << 40)));
+    expect_error(&mut a, "SELECT lease.acquire('y', 'host-a', 60000)", "40001");
+    a.batch_execute("ROLLBACK").unwrap();
+    // Serializable, snapshot after the raise: above it.
+    a.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE").unwrap();
+    let y = token(&mut a, "y", "host-a");
+    a.batch_execute("COMMIT").unwrap();
+    assert!(y >= lowest, "{y} < {lowest}");
+    // A lease taken over after the snapshot: its row lock fails to serialize.
+    a.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1").unwrap();
+    c_release_and_retake(&mut b, "y", y);
+    expect_error(&mut a, "SELECT lease.acquire('y', 'host-a', 60000)", "40001");
+    a.batch_execute("ROLLBACK").unwrap();
+    // At READ COMMITTED the same acquire waits and judges the newest row.
+    expect_error(&mut a, "SELECT lease.acquire('y', 'host-a', 60000)", "LF005");
+}
+
+fn c_release_and_retake(c: &mut Client, name: &str, tok: i64) {
+    assert!(release(c, name, "host-a", &tok.to_string()));
+    token(c, name, "host-b");
+}
+
+#[test]
+fn try_acquire_inside_a_callers_transaction_that_continues() {
+    let db = TestDb::new("calls_try_acquire_xact");
+    let mut c = db.connect();
+    c.batch_execute(POKER).unwrap();
+    c.batch_execute("CREATE TABLE notes (n int)").unwrap();
+    token(&mut c, "a", "host-a");
+    let mut h = db.connect();
+    h.batch_execute("BEGIN; INSERT INTO notes VALUES (1)").unwrap();
+    assert_eq!(count(&mut h, "SELECT * FROM lease.try_acquire('a', 'host-b', 60000)"), 0);
+    assert_eq!(count(&mut h, "SELECT * FROM lease.try_acquire('b', 'host-b', 60000)"), 1);
+    // Bad input inside the subtransaction, caught by the caller's own block.
+    h.batch_execute(
+        "DO $$ BEGIN PERFORM lease.try_acquire('t', 'host-b', 60000, 'tables', '{1,2}');
+           EXCEPTION WHEN invalid_parameter_value THEN INSERT INTO notes VALUES (2); END $$",
+    )
+    .unwrap();
+    // An error from a trigger on the owner table, caught the same way.
+    c.batch_execute(
+        "CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'boom'; END$$;
+         CREATE TRIGGER boom BEFORE UPDATE ON tables FOR EACH ROW EXECUTE FUNCTION boom();",
+    )
+    .unwrap();
+    h.batch_execute(
+        "DO $$ BEGIN PERFORM lease.try_acquire('table:1', 'host-b', 60000, 'tables', '{1}');
+           EXCEPTION WHEN raise_exception THEN INSERT INTO notes VALUES (3); END $$",
+    )
+    .unwrap();
+    // A refusal other than LF005 is raised, not swallowed.
+    h.batch_execute("SAVEPOINT s").unwrap();
+    c.batch_execute(
+        "DROP TRIGGER boom ON tables;
+         CREATE FUNCTION lower_it() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN NEW.owner_fencing_token := 1; RETURN NEW; END$$;
+         CREATE TRIGGER a_lower BEFORE UPDATE ON tables FOR EACH ROW EXECUTE FUNCTION lower_it();",
+    )
+    .unwrap();
+    let lowered =
+        expect_error(&mut h, "SELECT lease.try_acquire('table:1', 'host-b', 60000, 'tables', '{1}')", "LF004");
+    assert!(
+        lowered.starts_with("FencingTokenRegression: owner row (id)=(1) of public.tables would lower"),
+        "{lowered}"
+    );
+    h.batch_execute("ROLLBACK TO SAVEPOINT s").unwrap();
+    c.batch_execute("DROP TRIGGER a_lower ON tables").unwrap();
+    let t1 = one_i64(&mut h, "SELECT token FROM lease.try_acquire('table:1', 'host-b', 60000, 'tables', '{1}')");
+    h.batch_execute("INSERT INTO notes VALUES (4); COMMIT").unwrap();
+    assert_eq!(text(&mut c, "SELECT string_agg(n::text, ',' ORDER BY n) FROM notes"), "1,2,3,4");
+    assert_eq!(one_i64(&mut c, "SELECT owner_fencing_token FROM tables WHERE id = 1"), t1);
+    let held = text(&mut c, "SELECT string_agg(name || '=' || owner, ',' ORDER BY name) FROM lease.leases WHERE live");
+    assert_eq!(held, "a=host-a,b=host-b,table:1=host-b");
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.lease_state WHERE name = 't'"), 0, "rolled back");
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.lost_leases"), 0);
+}
+
+#[test]
+fn acquire_makes_an_asynchronous_commit_local() {
+    let db = TestDb::new("calls_acquire_durable");
+    let mut c = db.connect();
+    c.batch_execute("SET synchronous_commit = off; BEGIN").unwrap();
+    token(&mut c, "a", "host-a");
+    assert_eq!(text(&mut c, "SHOW synchronous_commit"), "local");
+    c.batch_execute("COMMIT").unwrap();
+    assert_eq!(text(&mut c, "SHOW synchronous_commit"), "off", "for the transaction only");
+    // A try_acquire that takes nothing changes nothing.
+    c.batch_execute("BEGIN").unwrap();
+    assert_eq!(count(&mut c, "SELECT * FROM lease.try_acquire('a', 'host-b', 60000)"), 0);
+    assert_eq!(text(&mut c, "SHOW synchronous_commit"), "off");
+    assert_eq!(count(&mut c, "SELECT * FROM lease.try_acquire('b', 'host-b', 60000)"), 1);
+    assert_eq!(text(&mut c, "SHOW synchronous_commit"), "local");
+    c.batch_execute("COMMIT").unwrap();
+}
+
+#[test]
+fn heartbeat_and_renew_all_run_as_the_owner_whatever_the_callers_search_path() {
+    let db = TestDb::new("calls_heartbeat");
+    let mut c = db.connect();
+    let role = format!("beat_role_{}", std::process::id());
+    c.batch_execute(&format!(
+        "CREATE ROLE {role} LOGIN;
+         GRANT EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]),
+               lease.heartbeat(text, integer), lease.renew_all(text, integer) TO {role};"
+    ))
+    .unwrap();
+    let mut r = db.connect_as(&role);
+    token(&mut r, "a", "host-a");
+    token(&mut r, "b", "host-a");
+    let c_first = one_i64(&mut r, "SELECT token FROM lease.acquire('c', 'host-a', 100)");
+    token(&mut r, "d", "host-z");
+    // Look-alikes ahead of pg_catalog, as for renew.
+    r.batch_execute(
+        "CREATE FUNCTION pg_temp.clock_timestamp() RETURNS timestamptz LANGUAGE sql AS $$SELECT 'epoch'::timestamptz$$;
+         CREATE TEMP TABLE lease_state (name text);
+         CREATE TEMP TABLE session_state (owner text);
+         CREATE TEMP TABLE lost_leases (owner text);
+         SET search_path = pg_temp, pg_catalog;",
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    let c_second = token(&mut r, "c", "host-b");
+    // The first heartbeat reports the takeover once, as the function's owner.
+    let lost = text(&mut r, "SELECT coalesce(string_agg(name || ':' || token || ':' || lost, ','), '') FROM lease.heartbeat('host-a', 60000)");
+    assert_eq!(lost, format!("c:{c_first}:taken"));
+    assert_eq!(count(&mut r, "SELECT * FROM lease.heartbeat('host-a', 60000)"), 0, "reported once");
+    let listed = text(
+        &mut r,
+        "SELECT string_agg(name || ':' || renewed, ',' ORDER BY name) FROM lease.renew_all('host-a', 60000)",
+    );
+    assert_eq!(listed, "a:true,b:true");
+    assert_eq!(text(&mut r, "SELECT current_user::text"), role);
+    expect_error(&mut r, "SELECT * FROM lease._beat('host-a', 60000)", "42501");
+    expect_error(&mut r, "SELECT * FROM lease.heartbeat('host-a', 1)", "22023");
+    expect_error(&mut r, "SELECT * FROM lease.renew_all(NULL, 60000)", "22004");
+    // The session row is pg_lease's, extended; host-z's is untouched.
+    let until =
+        "SELECT (expires_at > pg_catalog.now() + interval '50 s')::int::bigint FROM lease.sessions WHERE owner = ";
+    assert_eq!(one_i64(&mut c, &format!("{until}'host-a'")), 1);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.sessions WHERE owner = 'host-z' AND live"), 0);
+    // lease._beat itself runs as its caller (here the superuser).
+    let e_first = one_i64(&mut c, "SELECT token FROM lease.acquire('e', 'host-y', 100)");
+    std::thread::sleep(Duration::from_millis(150));
+    token(&mut c, "e", "host-x");
+    let step =
+        text(&mut c, "SELECT string_agg(name || ':' || token || ':' || taken, ',') FROM lease._beat('host-y', 60000)");
+    assert_eq!(step, format!("e:{e_first}:true"));
+    // Plans follow the extension being created again in the same session.
+    drop(r);
+    c.batch_execute(&format!(
+        "DROP OWNED BY {role}; DROP ROLE {role}; DROP EXTENSION pg_lease; CREATE EXTENSION pg_lease"
+    ))
+    .unwrap();
+    token(&mut c, "a", "host-a");
+    assert_eq!(text(&mut c, "SELECT string_agg(name, ',') FROM lease.renew_all('host-a', 60000) WHERE renewed"), "a");
+    assert_eq!(count(&mut c, "SELECT * FROM lease.heartbeat('host-a', 60000)"), 0);
+    let _ = c_second;
+}
+
+#[test]
+fn owners_that_differ_only_outside_ascii_stay_distinct_in_a_latin1_database() {
+    let db = TestDb::with_options("calls_latin1", "ENCODING 'LATIN1' LOCALE 'C' TEMPLATE template0");
+    let mut c = db.connect();
+    let t = token(&mut c, "a", "hôte-é");
+    // Each is one byte >= 0x80 in LATIN1, and neither is valid UTF-8 there.
+    let held = expect_error(&mut c, "SELECT lease.acquire('a', 'hôte-è', 60000)", "LF005");
+    assert!(held.contains(&format!("token {t}")), "{held}");
+    assert_eq!(count(&mut c, "SELECT * FROM lease.try_acquire('a', 'hôte-è', 60000)"), 0);
+    // Its holder re-takes it; a takeover after expiry is reported to the
+    // holder it was taken from, not to the taker.
+    let t2 = one_i64(&mut c, "SELECT token FROM lease.acquire('a', 'hôte-é', 100)");
+    assert!(t2 > t);
+    std::thread::sleep(Duration::from_millis(150));
+    token(&mut c, "a", "hôte-è");
+    let lost = text(&mut c, "SELECT string_agg(owner || ':' || token, ',') FROM lease.lost_leases");
+    assert_eq!(lost, format!("hôte-é:{t2}"));
 }

@@ -529,7 +529,8 @@ BEGIN
     RETURN result;
 END $$;
 
--- args: text[] (was text).
+-- args: text[] (was text). The drop guard uses it: asleep meanwhile.
+ALTER EVENT TRIGGER pg_lease_guard_drop DISABLE;
 DROP FUNCTION lease._expected_triggers(oid[]);
 CREATE FUNCTION lease._expected_triggers(among oid[] DEFAULT NULL)
 RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype integer, args text[])
@@ -562,6 +563,7 @@ RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype intege
     SELECT p.relid, t.rel, 'pg_lease_owner_truncate'::name, 'lease.truncate_guard'::regproc, 34, ARRAY['owner']
       FROM p JOIN tree t ON t.root = p.owner_table::oid
 $$;
+ALTER EVENT TRIGGER pg_lease_guard_drop ENABLE;
 
 CREATE OR REPLACE FUNCTION lease._fence_problems(among oid[] DEFAULT NULL)
 RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)

@@ -175,7 +175,8 @@ pub fn truncate_refusal(stmt: *mut pg_sys::Node) -> Option<Refusal> {
         return None;
     }
     // SAFETY: a TruncateStmt (checked above), whose relations list holds RangeVars.
-    let relations = unsafe { pgrx::PgList::<pg_sys::RangeVar>::from_pg((*(stmt as *mut pg_sys::TruncateStmt)).relations) };
+    let relations =
+        unsafe { pgrx::PgList::<pg_sys::RangeVar>::from_pg((*(stmt as *mut pg_sys::TruncateStmt)).relations) };
     for rv in relations.iter_ptr() {
         // SAFETY: a name lookup of a RangeVar of the statement, no lock taken,
         // a missing relation giving InvalidOid (TRUNCATE itself reports it).

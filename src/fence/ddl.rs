@@ -83,7 +83,8 @@ pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
         pgrx::error!("lease._guard_ddl_start() may only be called as an event trigger");
     };
     // SAFETY: as below, for a T_DropStmt node.
-    if let Some(drop) = unsafe { crate::pg::cast_node::<pg_sys::DropStmt>(data.parsetree, pg_sys::NodeTag::T_DropStmt) } {
+    if let Some(drop) = unsafe { crate::pg::cast_node::<pg_sys::DropStmt>(data.parsetree, pg_sys::NodeTag::T_DropStmt) }
+    {
         return refuse_citus_fenced_drop(drop).map(|()| pg_sys::Datum::from(0));
     }
     // SAFETY: parsetree is null or the command's parse tree, alive for the

@@ -1,0 +1,659 @@
+//! Attack review 12 (0.8.0, Citus support, after review 11's fixes): pg_lease
+//! on a real Citus cluster (a coordinator and two workers on loopback, ports
+//! 54850-54852 plus `PG_LEASE_PORT_OFFSET`; Citus 13.2.2 built by
+//! shared/vendor/citus/build.sh), attacked first where review 11's defences
+//! were added: the worker-side DDL guard on shards (`lease._guard_shards`),
+//! the TRUNCATE-of-a-shard refusal in the ProcessUtility hook, the
+//! emit_log_hook that turns an `XX000` named like a pg_lease error into its
+//! LF code, and the lease functions ported to Rust (single node: a LATIN1
+//! database, look-alike triggers and rules on owner tables).
+//!
+//! Roles as README.md's "Roles and grants": a migrator that owns the fenced
+//! and owner tables (no superuser), the application role, a role with UPDATE
+//! on owner rows, connected to the coordinator or straight to a worker.
+//! Tests marked **Hole** fail at the commit they were written against
+//! (7ebd265); those marked **Defence holds** pass and document what was
+//! tried. Review 11's findings (attack11.rs) are not repeated.
+
+use pg_lease_sessions::postgres::{Client, NoTls};
+use pg_lease_sessions::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::thread;
+
+/// Ports of the coordinator and the two workers (plus `PG_LEASE_PORT_OFFSET`).
+const COORDINATOR_PORT: u16 = 54850;
+const WORKER_PORTS: [u16; 2] = [54851, 54852];
+/// Owner rows each test creates (ids 1..=OWNERS, token 5).
+const OWNERS: i64 = 40;
+/// The table owner the attacks run as: no superuser, the grants README.md's
+/// "Roles and grants" gives `migrator`.
+const MIGRATOR: &str = "a12_migrator";
+/// The application role: INSERT on payouts, no rights on owner rows.
+const APP: &str = "a12_app";
+/// A role granted UPDATE and DELETE on owner rows (README: "Even a role
+/// allowed to UPDATE owner rows cannot lower or clear a token").
+const UPDATER: &str = "a12_updater";
+
+const CONF: &[&str] = &[
+    "shared_preload_libraries = 'citus,pg_lease'",
+    "max_prepared_transactions = 100",
+    "wal_level = logical",
+    "max_worker_processes = 32",
+    "max_connections = 200",
+    "citus.node_conninfo = 'sslmode=disable'",
+];
+
+struct CitusCluster {
+    coordinator: Cluster,
+    workers: Vec<Cluster>,
+}
+
+static CLUSTER: OnceLock<CitusCluster> = OnceLock::new();
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" {
+    fn atexit(callback: extern "C" fn()) -> std::os::raw::c_int;
+}
+
+extern "C" fn stop_clusters() {
+    if let Some(citus) = CLUSTER.get() {
+        for node in citus.workers.iter().chain([&citus.coordinator]) {
+            node.stop();
+        }
+    }
+}
+
+fn citus() -> &'static CitusCluster {
+    CLUSTER.get_or_init(|| {
+        let (coordinator, workers) = thread::scope(|s| {
+            let coordinator = s.spawn(|| Cluster::start_with("a12_coord", COORDINATOR_PORT, CONF));
+            let workers: Vec<_> = WORKER_PORTS
+                .iter()
+                .enumerate()
+                .map(|(i, &port)| s.spawn(move || Cluster::start_with(&format!("a12_w{}", i + 1), port, CONF)))
+                .collect();
+            (coordinator.join().unwrap(), workers.into_iter().map(|w| w.join().unwrap()).collect::<Vec<_>>())
+        });
+        let citus = CitusCluster { coordinator, workers };
+        // SAFETY: atexit only stores the pointer of a function that lives as
+        // long as the program; it runs at exit, after the tests.
+        let registered = unsafe { atexit(stop_clusters) };
+        assert_eq!(registered, 0, "atexit");
+        for node in &citus.workers {
+            node.connect().batch_execute("CREATE EXTENSION citus").unwrap();
+        }
+        let mut c = citus.coordinator.connect();
+        c.batch_execute("CREATE EXTENSION citus").unwrap();
+        c.execute("SELECT citus_set_coordinator_host('127.0.0.1', $1)", &[&i32::from(citus.coordinator.port)]).unwrap();
+        for node in &citus.workers {
+            c.execute("SELECT citus_add_node('127.0.0.1', $1)", &[&i32::from(node.port)]).unwrap();
+        }
+        c.batch_execute("CREATE EXTENSION pg_lease").unwrap();
+        // Roles as README.md's walkthrough grants them (Citus propagates
+        // roles and grants to the workers).
+        c.batch_execute(&format!(
+            "CREATE ROLE {MIGRATOR} LOGIN;
+             GRANT CREATE ON SCHEMA public TO {MIGRATOR};
+             GRANT EXECUTE ON FUNCTION lease.protect, lease.unprotect TO {MIGRATOR};
+             CREATE ROLE {APP} LOGIN;
+             GRANT USAGE ON SCHEMA lease TO {APP};
+             CREATE ROLE {UPDATER} LOGIN;"
+        ))
+        .unwrap();
+        citus
+    })
+}
+
+impl CitusCluster {
+    /// A connection as `user` to the node listening on `port`.
+    fn node_as(&self, port: u16, user: &str) -> Client {
+        let conn = format!("host=127.0.0.1 port={port} user={user} dbname=postgres application_name=attack12");
+        Client::connect(&conn, NoTls).unwrap_or_else(|e| panic!("connect to {port} as {user}: {e}"))
+    }
+
+    fn coordinator_as(&self, user: &str) -> Client {
+        self.node_as(self.coordinator.port, user)
+    }
+}
+
+fn describe(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!(
+            "{}: {} | {} | {}",
+            db.code().code(),
+            db.message(),
+            db.detail().unwrap_or(""),
+            db.hint().unwrap_or("")
+        ),
+        None => e.to_string(),
+    }
+}
+
+#[track_caller]
+fn ok(c: &mut Client, sql: &str) {
+    c.batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {}", describe(&e)));
+}
+
+/// `Err("SQLSTATE: message | detail | hint")` or `Ok(())`.
+fn attempt(c: &mut Client, sql: &str) -> Result<(), String> {
+    c.batch_execute(sql).map_err(|e| describe(&e))
+}
+
+/// A test's tables, owned by the migrator: owner rows in `t` (`id bigint
+/// PRIMARY KEY, owner_fencing_token bigint`, ids 1..=OWNERS at token 5)
+/// distributed by id, fenced `p` distributed by table_id co-located with
+/// `t`, in a co-location group of their own; the application may insert
+/// into `p` and read `t`.
+struct Poker {
+    t: String,
+    p: String,
+}
+
+fn poker(name: &str) -> Poker {
+    let poker = unprotected(name, 5);
+    let Poker { t, p } = &poker;
+    ok(
+        &mut citus().coordinator_as(MIGRATOR),
+        &format!(
+            "SELECT lease.protect('{p}', '{{table_id}}', 'fencing_token', '{t}', '{{id}}', 'owner_fencing_token');
+             GRANT SELECT ON {t} TO {APP};
+             GRANT SELECT, UPDATE, DELETE ON {t} TO {UPDATER};
+             GRANT SELECT, INSERT ON {p} TO {APP};"
+        ),
+    );
+    poker
+}
+
+/// The tables of `poker(name)`, owner rows at `token`, not protected.
+fn unprotected(name: &str, token: i64) -> Poker {
+    let n = SEQ.fetch_add(1, Ordering::SeqCst);
+    let (t, p) = (format!("{name}{n}_tables"), format!("{name}{n}_payouts"));
+    ok(
+        &mut citus().coordinator_as(MIGRATOR),
+        &format!(
+            "CREATE TABLE {t} (id bigint PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE {p} (table_id bigint NOT NULL, hand bigint NOT NULL DEFAULT 0,
+                               amount bigint NOT NULL DEFAULT 0, fencing_token bigint);
+             SELECT create_distributed_table('{t}', 'id', shard_count => 4, colocate_with => 'none');
+             SELECT create_distributed_table('{p}', 'table_id', colocate_with => '{t}');
+             INSERT INTO {t} SELECT g, {token} FROM generate_series(1, {OWNERS}) g;"
+        ),
+    );
+    Poker { t, p }
+}
+
+fn pay(p: &str, id: i64, token: i64) -> String {
+    format!("INSERT INTO {p} (table_id, amount, fencing_token) VALUES ({id}, 10, {token})")
+}
+
+/// Where owner row `id` of `t` lives: (port of its worker, shard id of `t`,
+/// shard id of `p` co-located with it).
+fn placement(c: &mut Client, t: &str, p: &str, id: i64) -> (u16, i64, i64) {
+    let row = c
+        .query_one(
+            &format!(
+                "SELECT n.nodeport, get_shard_id_for_distribution_column('{t}', {id}),
+                        get_shard_id_for_distribution_column('{p}', {id})
+                   FROM pg_dist_placement pl JOIN pg_dist_node n USING (groupid)
+                  WHERE pl.shardid = get_shard_id_for_distribution_column('{t}', {id})"
+            ),
+            &[],
+        )
+        .unwrap();
+    (u16::try_from(row.get::<_, i32>(0)).unwrap(), row.get(1), row.get(2))
+}
+
+fn token_of(c: &mut Client, t: &str, id: i64) -> i64 {
+    one_i64(c, &format!("SELECT owner_fencing_token FROM {t} WHERE id = {id}"))
+}
+
+/// Bumps owner row `id` of `t` to token 6 through the coordinator (as
+/// `lease.acquire` would): 5 is stale from then on.
+fn bump_to_6(c: &mut Client, t: &str, id: i64) {
+    ok(c, &format!("UPDATE {t} SET owner_fencing_token = 6 WHERE id = {id}"));
+}
+
+/// What the fence says about owner `id` after an attack, and whether it
+/// held: its token (6 before the attack), what a write with the stale token
+/// 5 through the coordinator gave, and how many rows with a token below 6
+/// owner `id` has.
+fn fence_state(c: &mut Client, Poker { t, p }: &Poker, id: i64) -> (bool, String) {
+    let token = token_of(c, t, id);
+    let stale = attempt(c, &pay(p, id, 5));
+    let stale_rows = one_i64(c, &format!("SELECT count(*) FROM {p} WHERE table_id = {id} AND fencing_token < 6"));
+    let held = token == 6 && stale.as_ref().is_err_and(|e| e.starts_with("LF001")) && stale_rows == 0;
+    (held, format!("owner {id}: token {token} (was 6), a write with stale token 5 gave {stale:?}, rows with a stale token: {stale_rows}"))
+}
+
+/// The stale token 5 for owner `id` must still be refused through the
+/// coordinator, and the owner row must still carry 6.
+#[track_caller]
+fn still_fenced(c: &mut Client, poker: &Poker, id: i64) {
+    let (held, state) = fence_state(c, poker, id);
+    assert!(held, "{state}");
+}
+
+/// A fresh pair of tables (`poker(name)`) and a coordinator connection as
+/// the migrator, after owner 7's token was raised to 6.
+fn attacked(name: &str) -> (Poker, Client) {
+    let poker = poker(name);
+    let mut m = citus().coordinator_as(MIGRATOR);
+    bump_to_6(&mut m, &poker.t, 7);
+    (poker, m)
+}
+
+/// Runs `body` as the migrator straight on the worker at `port`, in one
+/// transaction that allows manual changes to shards; rolled back on error.
+fn as_migrator_on_worker(port: u16, body: &str) -> Result<(), String> {
+    let mut w = citus().node_as(port, MIGRATOR);
+    let r = attempt(&mut w, &format!("BEGIN; SET LOCAL citus.enable_manual_changes_to_shards = on; {body}; COMMIT;"));
+    let _ = w.batch_execute("ROLLBACK");
+    r
+}
+
+/// Whether `r` failed with one of the SQLSTATEs `codes`.
+fn failed_with(r: &Result<(), String>, codes: &[&str]) -> bool {
+    r.as_ref().is_err_and(|e| codes.iter().any(|code| e.starts_with(code)))
+}
+
+/// A connection as `user` to database `db` on the node listening on `port`.
+fn db_as(port: u16, db: &str, user: &str) -> Client {
+    let conn = format!("host=127.0.0.1 port={port} user={user} dbname={db} application_name=attack12");
+    Client::connect(&conn, NoTls).unwrap_or_else(|e| panic!("connect to {db} on {port} as {user}: {e}"))
+}
+
+/// A database of its own on the coordinator's server without Citus (pg_lease
+/// as on one node), created with `options`; the migrator may create tables
+/// and protect them there. Returns its name.
+fn single_node_db(name: &str, options: &str) -> String {
+    let db = format!("{name}{}", SEQ.fetch_add(1, Ordering::SeqCst));
+    let port = citus().coordinator.port;
+    ok(&mut citus().coordinator.connect(), &format!("CREATE DATABASE {db} {options}"));
+    ok(
+        &mut db_as(port, &db, "postgres"),
+        &format!(
+            "CREATE EXTENSION pg_lease;
+             GRANT CREATE ON SCHEMA public TO {MIGRATOR};
+             GRANT EXECUTE ON FUNCTION lease.protect, lease.unprotect TO {MIGRATOR};"
+        ),
+    );
+    db
+}
+
+/// Owner 7's token after `lease.acquire` for it as a superuser on the
+/// coordinator: (token acquire returned, token the owner row carries), or
+/// acquire's error.
+fn acquire_7(t: &str) -> Result<(i64, i64), String> {
+    let mut su = citus().coordinator.connect();
+    let row = su
+        .query_one(&format!("SELECT token FROM lease.acquire('{t}:7', 'a12-host', 15000, '{t}', '{{7}}')"), &[])
+        .map_err(|e| describe(&e))?;
+    Ok((row.get(0), token_of(&mut su, t, 7)))
+}
+
+/// **Hole (critical).** Attack: the migrator, on the worker that holds owner
+/// row 7's shard, renames the shard's token column away and adds a new
+/// `owner_fencing_token` column whose default is the stale token 5
+/// (`citus.enable_manual_changes_to_shards` on, as review 11 did). On one
+/// node renaming a fenced column is refused (`LF008`); `lease._guard_shards`
+/// only checks trigger copies, retyped columns and late BEFORE triggers.
+/// Observed: both commands commit; the shard's fence reads the new column
+/// (5), so the holder of stale token 5 writes again and the coordinator
+/// reads token 5 for owner 7. Expected: `LF008` for the rename (and the
+/// drop of a fenced column) on a shard, as on one node; token stays 6.
+#[test]
+fn citus_worker_owner_shard_token_column_renamed_and_replaced_accepts_stale_writes() {
+    let (poker, mut m) = attacked("ren");
+    let (port, ts, _) = placement(&mut m, &poker.t, &poker.p, 7);
+    let shard = format!("{}_{ts}", poker.t);
+    let r = as_migrator_on_worker(
+        port,
+        &format!(
+            "ALTER TABLE {shard} RENAME COLUMN owner_fencing_token TO was_token;
+             ALTER TABLE {shard} ADD COLUMN owner_fencing_token bigint DEFAULT 5"
+        ),
+    );
+    let (held, state) = fence_state(&mut m, &poker, 7);
+    assert!(held && failed_with(&r, &["LF008"]), "rename on the worker gave {r:?}; {state}");
+}
+
+/// **Hole (critical).** Attack: the same with the fenced table's shard: on
+/// the worker, the migrator drops the token column of owner 7's shard of the
+/// owner table and adds it back, all rows at NULL, then sets them to 5 with
+/// the owner guard's copy still on. On one node dropping a fenced column is
+/// refused (`LF008`). Expected: `LF008` at the DROP COLUMN; observed: the
+/// drop commits (tokens lost), the guard's copy then treats NULL -> 5 as a
+/// first token.
+#[test]
+fn citus_worker_owner_shard_token_column_dropped_loses_tokens() {
+    let (poker, mut m) = attacked("dropcol");
+    let (port, ts, _) = placement(&mut m, &poker.t, &poker.p, 7);
+    let shard = format!("{}_{ts}", poker.t);
+    let r = as_migrator_on_worker(
+        port,
+        &format!(
+            "ALTER TABLE {shard} DROP COLUMN owner_fencing_token;
+             ALTER TABLE {shard} ADD COLUMN owner_fencing_token bigint"
+        ),
+    );
+    let _ = as_migrator_on_worker(port, &format!("UPDATE {shard} SET owner_fencing_token = 5"));
+    let (held, state) = fence_state(&mut m, &poker, 7);
+    assert!(held && failed_with(&r, &["LF008", "LF004"]), "drop column on the worker gave {r:?}; {state}");
+}
+
+/// **Hole (critical).** Attack: on the worker, the migrator makes owner 7's
+/// owner shard a child of a table of its own (`ALTER TABLE shard INHERIT
+/// parent`) and truncates the parent. The ProcessUtility hook only looks at
+/// the relations the TRUNCATE names, and shards carry no copy of the
+/// TRUNCATE guard, so the shard's rows (its tokens) go with the parent's.
+/// Then the owner row is inserted again at the stale token through the
+/// coordinator (the migrator owns the table). Expected: the INHERIT or the
+/// TRUNCATE refused (`LF004`/`LF008`, as TRUNCATE of the shard itself is);
+/// owner 7 keeps token 6.
+#[test]
+fn citus_worker_owner_shard_truncated_through_an_inheritance_parent_loses_tokens() {
+    let (poker, mut m) = attacked("inh");
+    let (port, ts, _) = placement(&mut m, &poker.t, &poker.p, 7);
+    let shard = format!("{}_{ts}", poker.t);
+    let parent = format!("{}_parent", poker.t);
+    let r = as_migrator_on_worker(
+        port,
+        &format!(
+            "CREATE TABLE {parent} (id bigint, owner_fencing_token bigint);
+             ALTER TABLE {shard} INHERIT {parent};
+             TRUNCATE {parent}"
+        ),
+    );
+    let rows = one_i64(&mut m, &format!("SELECT count(*) FROM {} WHERE id = 7", poker.t));
+    if rows == 0 {
+        ok(&mut m, &format!("INSERT INTO {} VALUES (7, 5)", poker.t));
+    }
+    let (held, state) = fence_state(&mut m, &poker, 7);
+    assert!(
+        held && rows == 1,
+        "INHERIT + TRUNCATE of the parent on the worker gave {r:?}; owner rows for 7 after it: {rows}; {state}"
+    );
+}
+
+/// **Hole (critical).** Attack: as above through a foreign key: on the
+/// worker the migrator adds to owner 7's owner shard a foreign key to a
+/// table of its own and runs `TRUNCATE that_table CASCADE`, which truncates
+/// the shard too without naming it. Expected: refused (`LF004`); observed:
+/// the owner shard is emptied (owner row 7 and its token 6 are gone; the
+/// foreign key left behind then happens to refuse a re-insert, but any
+/// holder of the same table could drop it).
+#[test]
+fn citus_worker_owner_shard_truncated_by_a_foreign_key_cascade_loses_tokens() {
+    let (poker, mut m) = attacked("fkc");
+    let (port, ts, _) = placement(&mut m, &poker.t, &poker.p, 7);
+    let shard = format!("{}_{ts}", poker.t);
+    let keys = format!("{}_keys", poker.t);
+    let r = as_migrator_on_worker(
+        port,
+        &format!(
+            "CREATE TABLE {keys} (id bigint PRIMARY KEY);
+             INSERT INTO {keys} SELECT id FROM {shard};
+             ALTER TABLE {shard} ADD FOREIGN KEY (id) REFERENCES {keys};
+             TRUNCATE {keys} CASCADE"
+        ),
+    );
+    let rows = one_i64(&mut m, &format!("SELECT count(*) FROM {} WHERE id = 7", poker.t));
+    assert!(
+        rows == 1,
+        "FK + TRUNCATE ... CASCADE on the worker gave {r:?}; owner rows for 7 after it: {rows} (its token is gone)"
+    );
+    still_fenced(&mut m, &poker, 7);
+}
+
+/// **Hole (high).** Attack: on the worker, the migrator makes owner 7's
+/// owner shard `UNLOGGED` (refused on one node: a crash or a failover empties
+/// an unlogged table and its tokens with it). Expected: `LF008`; observed:
+/// the shard is unlogged, so the next crash of that worker loses every token
+/// it holds.
+#[test]
+fn citus_worker_owner_shard_set_unlogged_is_refused() {
+    let (poker, mut m) = attacked("unl");
+    let (port, ts, _) = placement(&mut m, &poker.t, &poker.p, 7);
+    let shard = format!("{}_{ts}", poker.t);
+    let r = as_migrator_on_worker(port, &format!("ALTER TABLE {shard} SET UNLOGGED"));
+    let mut w = citus().node_as(port, "postgres");
+    ok(&mut w, "SET citus.override_table_visibility = off");
+    let persistence: String = w
+        .query_one(&format!("SELECT relpersistence::text FROM pg_class WHERE oid = '{shard}'::regclass"), &[])
+        .unwrap()
+        .get(0);
+    still_fenced(&mut m, &poker, 7);
+    assert!(
+        failed_with(&r, &["LF008"]) && persistence == "p",
+        "SET UNLOGGED on the worker gave {r:?}; relpersistence {persistence}"
+    );
+}
+
+/// **Hole (high).** Attack: on the worker, the migrator drops the primary
+/// key of owner 7's owner shard (the owner key's last unique constraint,
+/// refused on one node with `LF008`) and inserts a second owner row 7 at the
+/// stale token 5. Observed: both commit; the coordinator sees two owner rows
+/// for 7 (tokens 6 and 5); which one the fence's lookup finds is now up to
+/// the heap order (this run it found 6). Expected: `LF008` at the DROP
+/// CONSTRAINT; one owner row; the stale token stays refused.
+#[test]
+fn citus_worker_owner_shard_unique_key_dropped_admits_a_second_owner_row() {
+    let (poker, mut m) = attacked("pk");
+    let (port, ts, _) = placement(&mut m, &poker.t, &poker.p, 7);
+    let shard = format!("{}_{ts}", poker.t);
+    let r = as_migrator_on_worker(port, &format!("ALTER TABLE {shard} DROP CONSTRAINT {}_pkey_{ts}", poker.t));
+    let second = as_migrator_on_worker(port, &format!("INSERT INTO {shard} VALUES (7, 5)"));
+    let rows = one_i64(&mut m, &format!("SELECT count(*) FROM {} WHERE id = 7", poker.t));
+    let stale = attempt(&mut m, &pay(&poker.p, 7, 5));
+    assert!(
+        failed_with(&r, &["LF008"]) && rows == 1 && failed_with(&stale, &["LF001"]),
+        "DROP CONSTRAINT of the owner shard's key on the worker gave {r:?}, a second owner row {second:?}; \
+         owner rows for 7: {rows}; a write with stale token 5 gave {stale:?}"
+    );
+}
+
+/// **Defence holds** (fails closed). Attack: on the worker, the migrator
+/// adds a rule to owner 7's owner shard: `ON UPDATE DO INSTEAD NOTHING`, so
+/// `lease.acquire`'s owner-row bump through the coordinator would do nothing
+/// and the token it returns would be lost. Observed: the rule is accepted,
+/// but `acquire` fails with `LF008` ("the token bump ... did not reach owner
+/// row"), so no token is issued that the owner row lacks. (The resource can
+/// then not be re-acquired until the rule is dropped: the old holder, whose
+/// token is still current, keeps writing; a denial of service by the table
+/// owner, no stale write.) Expected: as observed, or the rule refused.
+#[test]
+fn citus_worker_rule_on_owner_shard_swallows_acquire_bumps() {
+    let (poker, mut m) = attacked("rule");
+    let (port, ts, _) = placement(&mut m, &poker.t, &poker.p, 7);
+    let shard = format!("{}_{ts}", poker.t);
+    let r = as_migrator_on_worker(port, &format!("CREATE RULE swallow AS ON UPDATE TO {shard} DO INSTEAD NOTHING"));
+    let acquired = acquire_7(&poker.t);
+    let stale = attempt(&mut m, &pay(&poker.p, 7, 6));
+    eprintln!("DDL: {r:?}; acquire: {acquired:?}; stale: {stale:?}");
+    let held = match &acquired {
+        Ok((token, now)) => token == now && failed_with(&stale, &["LF001"]),
+        Err(_) => true,
+    };
+    assert!(held, "rule on the worker gave {r:?}; acquire gave (returned, owner row) {acquired:?}; a write with the old token 6 gave {stale:?}");
+}
+
+/// One node: the migrator's tables (owner 7 at token 6), then `ddl` run as
+/// the migrator, then `lease.acquire` for owner 7 as a superuser. Whether no
+/// token was lost: acquire failed, or the owner row carries the token it
+/// returned and the previous token 6 is refused; and what happened.
+fn single_node_bump_after(name: &str, ddl: &str) -> (bool, String) {
+    let db = single_node_db(name, "");
+    let port = citus().coordinator.port;
+    let mut mig = db_as(port, &db, MIGRATOR);
+    ok(
+        &mut mig,
+        "CREATE TABLE tables (id bigint PRIMARY KEY, owner_fencing_token bigint);
+         CREATE TABLE payouts (table_id bigint NOT NULL, amount bigint, fencing_token bigint);
+         SELECT lease.protect('payouts', '{table_id}', 'fencing_token', 'tables', '{id}', 'owner_fencing_token');
+         INSERT INTO tables VALUES (7, 6);",
+    );
+    let r = attempt(&mut mig, ddl);
+    let mut su = db_as(port, &db, "postgres");
+    let acquired = su
+        .query_one("SELECT token FROM lease.acquire('table:7', 'a12-host', 15000, 'tables', '{7}')", &[])
+        .map(|row| row.get::<_, i64>(0))
+        .map_err(|e| describe(&e));
+    let now = one_i64(&mut su, "SELECT owner_fencing_token FROM tables WHERE id = 7");
+    let stale = attempt(&mut mig, "INSERT INTO payouts VALUES (7, 10, 6)");
+    let held = match &acquired {
+        Ok(token) => *token == now && failed_with(&stale, &["LF001"]),
+        Err(_) => true,
+    };
+    (held, format!("the DDL gave {r:?}; acquire returned {acquired:?}, owner row carries {now}; a write with the old token 6 gave {stale:?}"))
+}
+
+/// **Defence holds** (fails closed), one node. Attack: the migrator (owner
+/// of the owner table, no superuser) adds a rule `ON UPDATE TO tables DO
+/// INSTEAD NOTHING`; no DDL guard refuses rules. Observed: `lease.acquire`
+/// then fails with `LF008` (its bump did not reach the owner row), so no
+/// token is lost. Expected: that, or the rule refused.
+#[test]
+fn rule_on_owner_table_swallows_acquire_bumps() {
+    let (held, state) =
+        single_node_bump_after("a12rule", "CREATE RULE swallow AS ON UPDATE TO tables DO INSTEAD NOTHING");
+    assert!(held, "{state}");
+}
+
+/// **Defence holds** (fails closed), one node. Attack: the migrator adds a
+/// BEFORE UPDATE row trigger named to sort *before* `pg_lease_owner_guard`
+/// (allowed: only later ones are refused) that returns NULL, skipping every
+/// update of an owner row, `lease.acquire`'s token bump included. Observed:
+/// acquire fails with `LF008` (its bump did not reach the owner row).
+/// Expected: that (or such a trigger refused).
+#[test]
+fn before_trigger_skipping_owner_updates_swallows_acquire_bumps() {
+    let (held, state) = single_node_bump_after(
+        "a12skip",
+        "CREATE FUNCTION skip() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+         CREATE TRIGGER a_skip BEFORE UPDATE ON tables FOR EACH ROW EXECUTE FUNCTION skip();",
+    );
+    assert!(held, "{state}");
+}
+
+/// **Hole (low).** Attack: any role raises its own error with SQLSTATE
+/// `XX000` and a message starting `StaleOwnerBoundaryWrite: ` (PL/pgSQL
+/// `RAISE ... USING ERRCODE = 'internal_error'`, as a user function or a
+/// trigger of any table may). pg_lease's emit_log_hook takes it for a
+/// relayed refusal and the client sees `LF001`, whose documented handling
+/// is "freeze the resource, never retry". Expected: only refusals relayed
+/// from a Citus worker get their LF code back; a local XX000 stays XX000.
+#[test]
+fn user_raised_internal_error_named_like_a_refusal_is_not_turned_into_lf001() {
+    let mut app = citus().coordinator_as(APP);
+    let r = attempt(
+        &mut app,
+        "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'internal_error',
+                 MESSAGE = 'StaleOwnerBoundaryWrite: not from pg_lease'; END $$",
+    );
+    assert!(failed_with(&r, &["XX000"]), "a user's XX000 reached the client as {r:?}");
+}
+
+/// **Defence holds.** A refusal relayed by Citus's COPY path comes back with
+/// its LF code and HINT on the coordinator (README "SQLSTATEs through COPY").
+#[test]
+fn citus_copy_through_the_coordinator_relays_lf001() {
+    let (poker, mut m) = attacked("copy");
+    let mut app = citus().coordinator_as(APP);
+    let r = attempt(
+        &mut app,
+        &format!(
+            "INSERT INTO {} (table_id, amount, fencing_token) SELECT 7, g, 5 FROM generate_series(1, 3) g",
+            poker.p
+        ),
+    );
+    assert!(failed_with(&r, &["LF001"]), "{r:?}");
+    still_fenced(&mut m, &poker, 7);
+}
+
+/// **Hole (low).** The lease functions (ported to Rust) in a LATIN1
+/// database, with lease names and owner ids holding non-ASCII characters.
+/// Observed: acquire, heartbeat and renew_all work and `lease.leases` shows
+/// the names as given, but `LF005`'s message and DETAIL show `tablï¿½:7`
+/// held by `hï¿½te-1`: the name is read as UTF-8 (lossily, U+FFFD) and the
+/// result, UTF-8 bytes, is then taken as LATIN1 by the server. Expected:
+/// the names as stored, `tablé:7` and `hôte-1`.
+#[test]
+fn lease_functions_in_a_latin1_database_keep_non_ascii_names() {
+    let db = single_node_db("a12latin", "ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'");
+    let mut su = db_as(citus().coordinator.port, &db, "postgres");
+    ok(&mut su, "SET client_encoding = 'UTF8'");
+    let token = su
+        .query_one("SELECT token FROM lease.acquire('tablé:7', 'hôte-1', 15000)", &[])
+        .map(|row| row.get::<_, i64>(0))
+        .map_err(|e| describe(&e));
+    assert!(token.is_ok(), "acquire with a non-ASCII name: {token:?}");
+    let name: String = su.query_one("SELECT name || '|' || owner FROM lease.leases", &[]).unwrap().get(0);
+    assert_eq!(name, "tablé:7|hôte-1");
+    let beat = attempt(
+        &mut su,
+        "SELECT * FROM lease.heartbeat('hôte-1', 15000); SELECT * FROM lease.renew_all('hôte-1', 15000)",
+    );
+    assert!(beat.is_ok(), "{beat:?}");
+    let other = attempt(&mut su, "SELECT * FROM lease.acquire('tablé:7', 'hôte-2', 15000)");
+    assert!(other.as_ref().is_err_and(|e| e.starts_with("LF005") && e.contains("hôte-1")), "{other:?}");
+}
+
+/// **Hole (critical).** Attack: on the worker, the migrator drops owner 7's owner shard
+/// and creates it again under the same name with every owner row at the
+/// stale token 5 (`DROP TABLE` of an owner table in use is refused on one
+/// node, `LF008`). Observed: all of it commits, the shard's fence finds the
+/// new table by name, the coordinator reads token 5 for owner 7 and the
+/// stale token 5 writes again. Expected: the DROP refused; owner 7 keeps
+/// token 6.
+#[test]
+fn citus_worker_owner_shard_dropped_and_recreated_restarts_tokens() {
+    let (poker, mut m) = attacked("drop");
+    let (port, ts, _) = placement(&mut m, &poker.t, &poker.p, 7);
+    let shard = format!("{}_{ts}", poker.t);
+    let r = as_migrator_on_worker(
+        port,
+        &format!(
+            "CREATE TABLE {shard}_copy AS SELECT id, 5::bigint AS owner_fencing_token FROM {shard};
+             DROP TABLE {shard};
+             ALTER TABLE {shard}_copy RENAME TO {shard};
+             ALTER TABLE {shard} ADD PRIMARY KEY (id)"
+        ),
+    );
+    let (held, state) = fence_state(&mut m, &poker, 7);
+    assert!(
+        held && failed_with(&r, &["LF008", "LF004"]),
+        "DROP + re-CREATE of the owner shard on the worker gave {r:?}; {state}"
+    );
+}
+
+/// **Defence holds** (fails closed, as on one node). Attack: on the worker, the migrator adds to owner 7's
+/// owner shard a BEFORE UPDATE row trigger that sorts before the owner
+/// guard's copy (allowed: only later ones are refused) and returns NULL,
+/// so every update of an owner row on that shard is skipped, the bump of
+/// `lease.acquire` through the coordinator included. Expected: `acquire`
+/// fails (its bump updated no row), or it returns the token the owner row
+/// then carries; the previous holder's token 6 is refused after it.
+#[test]
+fn citus_worker_before_trigger_skipping_owner_updates_swallows_acquire_bumps() {
+    let (poker, mut m) = attacked("skip");
+    let (port, ts, _) = placement(&mut m, &poker.t, &poker.p, 7);
+    let shard = format!("{}_{ts}", poker.t);
+    // Citus refuses CREATE FUNCTION on a worker: made through the coordinator.
+    ok(
+        &mut m,
+        &format!("CREATE FUNCTION {shard}_skip() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$"),
+    );
+    let r = as_migrator_on_worker(
+        port,
+        &format!("CREATE TRIGGER a_skip BEFORE UPDATE ON {shard} FOR EACH ROW EXECUTE FUNCTION {shard}_skip()"),
+    );
+    let acquired = acquire_7(&poker.t);
+    let stale = attempt(&mut m, &pay(&poker.p, 7, 6));
+    eprintln!("DDL: {r:?}; acquire: {acquired:?}; stale: {stale:?}");
+    let held = match &acquired {
+        Ok((token, now)) => token == now && failed_with(&stale, &["LF001"]),
+        Err(_) => true,
+    };
+    assert!(held, "trigger on the worker gave {r:?}; acquire gave (returned, owner row) {acquired:?}; a write with the old token 6 gave {stale:?}");
+}

@@ -657,3 +657,70 @@ fn citus_worker_before_trigger_skipping_owner_updates_swallows_acquire_bumps() {
     };
     assert!(held, "trigger on the worker gave {r:?}; acquire gave (returned, owner row) {acquired:?}; a write with the old token 6 gave {stale:?}");
 }
+
+/// **Hole (critical).** Attack: the migrator never connects to a worker:
+/// from the coordinator, `run_command_on_placements` runs its DDL on every
+/// shard of the owner table as the migrator, renaming each shard's token
+/// column away and adding a new one whose default is the stale token 5
+/// (review 11 showed `run_command_on_workers`; this is the per-shard door,
+/// and the worker-side guard does not judge column renames). Observed: every
+/// owner's token reads 5 and stale writes commit. Expected: `LF008` from
+/// the worker-side guard; tokens stay.
+#[test]
+fn citus_run_command_on_placements_from_the_coordinator_replaces_every_token_column() {
+    let (poker, mut m) = attacked("rcp");
+    let t = &poker.t;
+    let renamed = attempt(
+        &mut m,
+        &format!(
+            "SELECT success, result FROM run_command_on_placements('{t}',
+                 $$SET citus.enable_manual_changes_to_shards = on; ALTER TABLE %s RENAME COLUMN owner_fencing_token TO was_token$$)"
+        ),
+    );
+    let results: Vec<(bool, String)> = m
+        .query(
+            &format!(
+                "SELECT success, result FROM run_command_on_placements('{t}',
+                     $$SET citus.enable_manual_changes_to_shards = on; ALTER TABLE %s ADD COLUMN owner_fencing_token bigint DEFAULT 5$$)"
+            ),
+            &[],
+        )
+        .map(|rows| rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        .unwrap_or_default();
+    let (held, state) = fence_state(&mut m, &poker, 7);
+    assert!(held, "rename through run_command_on_placements gave {renamed:?}, the added columns {results:?}; {state}");
+}
+
+/// **Defence holds.** Attack: a pooled client binds a token inside a
+/// savepoint, rolls the savepoint back (its bind is gone on the coordinator)
+/// and then deletes fenced rows, with a worker connection opened before the
+/// savepoint and none opened since. Expected: the DELETE sees no token on
+/// the shard (`LF003`), as it would on one node; a rolled-back bind must not
+/// linger on the workers.
+#[test]
+fn citus_bind_token_rolled_back_to_a_savepoint_does_not_linger_on_the_workers() {
+    let (poker, mut m) = attacked("svp");
+    let p = &poker.p;
+    ok(&mut m, &format!("GRANT DELETE ON {p} TO {APP}"));
+    ok(&mut m, &pay(p, 7, 6));
+    let mut app = citus().coordinator_as(APP);
+    let r = attempt(
+        &mut app,
+        &format!(
+            "BEGIN;
+             SELECT count(*) FROM {p} WHERE table_id = 7;
+             SAVEPOINT s;
+             SELECT lease.bind_token(6);
+             SELECT count(*) FROM {p} WHERE table_id = 7;
+             ROLLBACK TO SAVEPOINT s;
+             DELETE FROM {p} WHERE table_id = 7;
+             COMMIT;"
+        ),
+    );
+    let _ = app.batch_execute("ROLLBACK");
+    let left = one_i64(&mut m, &format!("SELECT count(*) FROM {p} WHERE table_id = 7"));
+    assert!(
+        failed_with(&r, &["LF003"]) && left == 1,
+        "DELETE after the bind was rolled back gave {r:?}; rows left: {left}"
+    );
+}

@@ -724,3 +724,85 @@ fn citus_bind_token_rolled_back_to_a_savepoint_does_not_linger_on_the_workers() 
         "DELETE after the bind was rolled back gave {r:?}; rows left: {left}"
     );
 }
+
+/// A second table access method, `a12_heap` (heap's handler), so that
+/// Citus's `alter_table_set_access_method` has somewhere to go.
+fn second_heap() {
+    ok(
+        &mut citus().coordinator.connect(),
+        "DO $$ BEGIN
+             CREATE ACCESS METHOD a12_heap TYPE TABLE HANDLER heap_tableam_handler;
+         EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+    );
+}
+
+/// **Hole (medium).** Attack: on the coordinator (Citus installed), the
+/// migrator keeps a plain local fenced table and owner table (pg_lease as on
+/// one node) and calls Citus's `alter_table_set_access_method('payouts',
+/// 'a12_heap')` (a second heap access method), which copies the rows into a
+/// new table, drops the old one and renames the new one into its place.
+/// Observed: it succeeds; the protection config is gone with the old table,
+/// the new table carries Citus's copy of the fence trigger, and every write
+/// is then refused with `LF008` "lease.protected has no entry for it", whose
+/// HINT speaks of a schema-only dump and restore (fails closed, but the
+/// table is silently unprotected in `lease.protected` and the error
+/// misleads). Expected: refused (`LF008`, as `DROP TABLE` of a fenced Citus
+/// table is, since Citus's UDF drops it after copying its rows), or the
+/// fence carried over (a stale write refused with `LF001`).
+#[test]
+fn citus_alter_table_set_access_method_of_a_local_fenced_table_keeps_the_fence() {
+    second_heap();
+    let n = SEQ.fetch_add(1, Ordering::SeqCst);
+    let (t, p) = (format!("am{n}_tables"), format!("am{n}_payouts"));
+    let mut m = citus().coordinator_as(MIGRATOR);
+    ok(
+        &mut m,
+        &format!(
+            "CREATE TABLE {t} (id bigint PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE {p} (table_id bigint NOT NULL, amount bigint, fencing_token bigint);
+             SELECT lease.protect('{p}', '{{table_id}}', 'fencing_token', '{t}', '{{id}}', 'owner_fencing_token');
+             INSERT INTO {t} VALUES (7, 6);"
+        ),
+    );
+    let r = attempt(&mut m, &format!("SELECT alter_table_set_access_method('{p}', 'a12_heap')"));
+    eprintln!("alter_table_set_access_method of the fenced table: {r:?}");
+    let stale = attempt(&mut m, &format!("INSERT INTO {p} VALUES (7, 10, 5)"));
+    let protected = one_i64(&mut m, &format!("SELECT count(*) FROM lease.protected WHERE relid::text = '{p}'"));
+    assert!(
+        failed_with(&stale, &["LF001"]) && protected == 1,
+        "alter_table_set_access_method gave {r:?}; a stale write then gave {stale:?}; protections of {p}: {protected}"
+    );
+}
+
+/// **Hole (low, unclear error; the defence holds).** The same with the owner table:
+/// `alter_table_set_access_method` of the local owner table is refused
+/// (`LF008`), and the guard and fence stay. But the refusal reads "DROP
+/// TABLE would drop owner table 17515 of fenced table ...": an OID, not the
+/// table's name, and a DROP the caller never wrote. Expected: the owner
+/// table named.
+#[test]
+fn citus_alter_table_set_access_method_of_a_local_owner_table_is_refused_naming_the_table() {
+    second_heap();
+    let n = SEQ.fetch_add(1, Ordering::SeqCst);
+    let (t, p) = (format!("amo{n}_tables"), format!("amo{n}_payouts"));
+    let mut m = citus().coordinator_as(MIGRATOR);
+    ok(
+        &mut m,
+        &format!(
+            "CREATE TABLE {t} (id bigint PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE {p} (table_id bigint NOT NULL, amount bigint, fencing_token bigint);
+             SELECT lease.protect('{p}', '{{table_id}}', 'fencing_token', '{t}', '{{id}}', 'owner_fencing_token');
+             INSERT INTO {t} VALUES (7, 6);"
+        ),
+    );
+    let r = attempt(&mut m, &format!("SELECT alter_table_set_access_method('{t}', 'a12_heap')"));
+    eprintln!("alter_table_set_access_method of the owner table: {r:?}");
+    let lower = attempt(&mut m, &format!("UPDATE {t} SET owner_fencing_token = 5 WHERE id = 7"));
+    let stale = attempt(&mut m, &format!("INSERT INTO {p} VALUES (7, 10, 5)"));
+    assert!(
+        failed_with(&lower, &["LF004"])
+            && failed_with(&stale, &["LF001"])
+            && r.as_ref().err().is_none_or(|e| e.contains(&format!("owner table public.{t}"))),
+        "alter_table_set_access_method gave {r:?}; lowering the token then gave {lower:?}; a stale write {stale:?}"
+    );
+}

@@ -806,3 +806,26 @@ fn citus_alter_table_set_access_method_of_a_local_owner_table_is_refused_naming_
         "alter_table_set_access_method gave {r:?}; lowering the token then gave {lower:?}; a stale write {stale:?}"
     );
 }
+
+/// **Hole (low), one node.** Bad input to the Rust `lease.acquire`: an
+/// `owner_key` given as a two-dimensional array (`'{{7}}'`). Observed:
+/// `0A000` "searching for elements in multidimensional arrays is not
+/// supported", PostgreSQL's words from an internal query, not pg_lease's.
+/// Expected: `22023` with a message starting `pg_lease:` that says
+/// owner_key must be a one-dimensional array, as for the other malformed
+/// owner keys (`{}`, `{7,8}`, `{NULL}` give "owner_key ... does not match
+/// the key columns").
+#[test]
+fn acquire_with_a_two_dimensional_owner_key_gets_a_clear_error() {
+    let db = single_node_db("a12dims", "");
+    let mut su = db_as(citus().coordinator.port, &db, "postgres");
+    ok(
+        &mut su,
+        "CREATE TABLE tables (id bigint PRIMARY KEY, owner_fencing_token bigint);
+         CREATE TABLE payouts (table_id bigint NOT NULL, amount bigint, fencing_token bigint);
+         SELECT lease.protect('payouts', '{table_id}', 'fencing_token', 'tables', '{id}', 'owner_fencing_token');
+         INSERT INTO tables VALUES (7, 6);",
+    );
+    let r = attempt(&mut su, "SELECT * FROM lease.acquire('table:7', 'a12-host', 15000, 'tables', '{{7}}')");
+    assert!(r.as_ref().is_err_and(|e| e.starts_with("22023: pg_lease:")), "{r:?}");
+}

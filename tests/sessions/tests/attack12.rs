@@ -292,6 +292,15 @@ fn acquire_7(t: &str) -> Result<(i64, i64), String> {
     Ok((row.get(0), token_of(&mut su, t, 7)))
 }
 
+/// How many rows `lease.cluster_fence_problems(&poker)` gives on the coordinator
+/// about `poker`'s tables (what monitoring would see).
+fn fence_problems(Poker { t, p }: &Poker) -> i64 {
+    one_i64(
+        &mut citus().coordinator.connect(),
+        &format!("SELECT count(*) FROM lease.cluster_fence_problems() WHERE target ~ '({t}|{p})'"),
+    )
+}
+
 /// **Hole (critical).** Attack: the migrator, on the worker that holds owner
 /// row 7's shard, renames the shard's token column away and adds a new
 /// `owner_fencing_token` column whose default is the stale token 5
@@ -300,8 +309,10 @@ fn acquire_7(t: &str) -> Result<(i64, i64), String> {
 /// only checks trigger copies, retyped columns and late BEFORE triggers.
 /// Observed: both commands commit; the shard's fence reads the new column
 /// (5), so the holder of stale token 5 writes again and the coordinator
-/// reads token 5 for owner 7. Expected: `LF008` for the rename (and the
-/// drop of a fenced column) on a shard, as on one node; token stays 6.
+/// reads token 5 for owner 7; `lease.cluster_fence_problems()` has no row
+/// for these tables (monitoring silent). Expected: `LF008` for the rename
+/// (and the drop of a fenced column) on a shard, as on one node; token
+/// stays 6.
 #[test]
 fn citus_worker_owner_shard_token_column_renamed_and_replaced_accepts_stale_writes() {
     let (poker, mut m) = attacked("ren");
@@ -315,16 +326,20 @@ fn citus_worker_owner_shard_token_column_renamed_and_replaced_accepts_stale_writ
         ),
     );
     let (held, state) = fence_state(&mut m, &poker, 7);
-    assert!(held && failed_with(&r, &["LF008"]), "rename on the worker gave {r:?}; {state}");
+    assert!(
+        held && failed_with(&r, &["LF008"]),
+        "rename on the worker gave {r:?}; {state}; cluster_fence_problems rows: {}",
+        fence_problems(&poker)
+    );
 }
 
-/// **Hole (critical).** Attack: the same with the fenced table's shard: on
-/// the worker, the migrator drops the token column of owner 7's shard of the
-/// owner table and adds it back, all rows at NULL, then sets them to 5 with
-/// the owner guard's copy still on. On one node dropping a fenced column is
-/// refused (`LF008`). Expected: `LF008` at the DROP COLUMN; observed: the
-/// drop commits (tokens lost), the guard's copy then treats NULL -> 5 as a
-/// first token.
+/// **Hole (critical).** Attack: on the worker, the migrator drops the token
+/// column of owner 7's shard of the owner table and adds it back, all rows
+/// at NULL, then sets them to 5 with the owner guard's copy still on. On one
+/// node dropping a fenced column is refused (`LF008`). Observed: the drop
+/// commits (tokens lost), the guard's copy then takes NULL -> 5 as a first
+/// token, stale writes commit, and `cluster_fence_problems()` is silent.
+/// Expected: `LF008` at the DROP COLUMN; token stays 6.
 #[test]
 fn citus_worker_owner_shard_token_column_dropped_loses_tokens() {
     let (poker, mut m) = attacked("dropcol");
@@ -339,7 +354,11 @@ fn citus_worker_owner_shard_token_column_dropped_loses_tokens() {
     );
     let _ = as_migrator_on_worker(port, &format!("UPDATE {shard} SET owner_fencing_token = 5"));
     let (held, state) = fence_state(&mut m, &poker, 7);
-    assert!(held && failed_with(&r, &["LF008", "LF004"]), "drop column on the worker gave {r:?}; {state}");
+    assert!(
+        held && failed_with(&r, &["LF008", "LF004"]),
+        "drop column on the worker gave {r:?}; {state}; cluster_fence_problems rows: {}",
+        fence_problems(&poker)
+    );
 }
 
 /// **Hole (critical).** Attack: on the worker, the migrator makes owner 7's
@@ -604,8 +623,9 @@ fn lease_functions_in_a_latin1_database_keep_non_ascii_names() {
 /// stale token 5 (`DROP TABLE` of an owner table in use is refused on one
 /// node, `LF008`). Observed: all of it commits, the shard's fence finds the
 /// new table by name, the coordinator reads token 5 for owner 7 and the
-/// stale token 5 writes again. Expected: the DROP refused; owner 7 keeps
-/// token 6.
+/// stale token 5 writes again (`cluster_fence_problems()` names the shard,
+/// which lacks its owner guard copy, after the fact). Expected: the DROP
+/// refused; owner 7 keeps token 6.
 #[test]
 fn citus_worker_owner_shard_dropped_and_recreated_restarts_tokens() {
     let (poker, mut m) = attacked("drop");
@@ -623,7 +643,8 @@ fn citus_worker_owner_shard_dropped_and_recreated_restarts_tokens() {
     let (held, state) = fence_state(&mut m, &poker, 7);
     assert!(
         held && failed_with(&r, &["LF008", "LF004"]),
-        "DROP + re-CREATE of the owner shard on the worker gave {r:?}; {state}"
+        "DROP + re-CREATE of the owner shard on the worker gave {r:?}; {state}; cluster_fence_problems rows: {}",
+        fence_problems(&poker)
     );
 }
 
@@ -828,4 +849,39 @@ fn acquire_with_a_two_dimensional_owner_key_gets_a_clear_error() {
     );
     let r = attempt(&mut su, "SELECT * FROM lease.acquire('table:7', 'a12-host', 15000, 'tables', '{{7}}')");
     assert!(r.as_ref().is_err_and(|e| e.starts_with("22023: pg_lease:")), "{r:?}");
+}
+
+/// **Hole (critical).** Attack: on the worker that holds owner 7's shards,
+/// the migrator replaces the *fenced* table's shard by a copy without
+/// pg_lease's trigger: `CREATE TABLE copy (LIKE shard INCLUDING ALL)`, copy
+/// the rows, `DROP TABLE shard`, rename the copy to the shard's name. The
+/// worker-side guard only judges copies of pg_lease's triggers that a shard
+/// still carries (a missing copy is left to `cluster_fence_problems`, since
+/// Citus drops copies over several transactions), and nothing refuses the
+/// DROP of a fenced shard. Observed: a write with the stale token 5 through
+/// the coordinator commits (`cluster_fence_problems()` does name the shard:
+/// this is the documented "copy dropped from a shard" limit reached by a
+/// door a worker can judge, DROP TABLE / a table renamed into a shard's
+/// name). Expected: `LF008` (the DROP of a fenced table's shard, or the new
+/// shard without its copy of the fence).
+#[test]
+fn citus_worker_fenced_shard_replaced_by_an_unfenced_copy_accepts_stale_writes() {
+    let (poker, mut m) = attacked("swap");
+    let (port, _, ps) = placement(&mut m, &poker.t, &poker.p, 7);
+    let shard = format!("{}_{ps}", poker.p);
+    let r = as_migrator_on_worker(
+        port,
+        &format!(
+            "CREATE TABLE {shard}_copy (LIKE {shard} INCLUDING ALL);
+             INSERT INTO {shard}_copy SELECT * FROM {shard};
+             DROP TABLE {shard};
+             ALTER TABLE {shard}_copy RENAME TO {shard}"
+        ),
+    );
+    let (held, state) = fence_state(&mut m, &poker, 7);
+    let problems = fence_problems(&poker);
+    assert!(
+        held && failed_with(&r, &["LF008"]),
+        "replacing the fenced shard on the worker gave {r:?}; {state}; cluster_fence_problems rows: {problems}"
+    );
 }

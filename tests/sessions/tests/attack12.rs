@@ -885,3 +885,79 @@ fn citus_worker_fenced_shard_replaced_by_an_unfenced_copy_accepts_stale_writes()
         "replacing the fenced shard on the worker gave {r:?}; {state}; cluster_fence_problems rows: {problems}"
     );
 }
+
+/// A plain local owner table and fenced table on the coordinator, protected
+/// as on one node by the migrator (owner 7 at token 6), with Citus's
+/// trigger switch on in the returned migrator session.
+fn local_pair(name: &str) -> (Poker, Client) {
+    let n = SEQ.fetch_add(1, Ordering::SeqCst);
+    let poker = Poker { t: format!("{name}{n}_tables"), p: format!("{name}{n}_payouts") };
+    let Poker { t, p } = &poker;
+    let mut m = citus().coordinator_as(MIGRATOR);
+    ok(
+        &mut m,
+        &format!(
+            "CREATE TABLE {t} (id bigint PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE {p} (table_id bigint NOT NULL, hand bigint NOT NULL DEFAULT 0,
+                               amount bigint NOT NULL DEFAULT 0, fencing_token bigint);
+             INSERT INTO {t} SELECT g, 5 FROM generate_series(1, {OWNERS}) g;
+             UPDATE {t} SET owner_fencing_token = 6 WHERE id = 7;
+             SELECT lease.protect('{p}', '{{table_id}}', 'fencing_token', '{t}', '{{id}}', 'owner_fencing_token');
+             SET citus.enable_unsafe_triggers = on;"
+        ),
+    );
+    (poker, m)
+}
+
+/// **Hole (low, unclear error; the fence holds).** A legitimate migration
+/// done in the wrong order: the migrator protected a local pair on the
+/// coordinator and then distributes it, owner table first, fenced table
+/// co-located with it (`create_distributed_table`, Citus's trigger switch
+/// on). Observed: the fence holds, but the refusal is `XX000` "pg_lease:
+/// lease.owner_guard() fired on public.cdt0_tables_102015, which pg_lease
+/// does not guard" (a shard name the user never saw; HINT about trigger
+/// functions), not a refusal saying what to do. Expected: a clear refusal
+/// (`LF008` or `0A000`: unprotect, distribute, protect again), or the
+/// shards fenced.
+#[test]
+fn citus_create_distributed_table_of_a_protected_local_owner_table_is_refused_clearly() {
+    let (poker, mut m) = local_pair("cdt");
+    let Poker { t, p } = &poker;
+    let owner = attempt(
+        &mut m,
+        &format!("SELECT create_distributed_table('{t}', 'id', shard_count => 4, colocate_with => 'none')"),
+    );
+    let fenced =
+        attempt(&mut m, &format!("SELECT create_distributed_table('{p}', 'table_id', colocate_with => '{t}')"));
+    let lowered = attempt(&mut m, &format!("UPDATE {t} SET owner_fencing_token = 1 WHERE id = 7"));
+    let (held, state) = fence_state(&mut m, &poker, 7);
+    assert!(
+        held && failed_with(&lowered, &["LF004"]) && (owner.is_ok() || failed_with(&owner, &["LF008", "0A000"])),
+        "distributing the owner table gave {owner:?}, the fenced table {fenced:?}; lowering a token {lowered:?}; {state}"
+    );
+}
+
+/// **Defence holds.** As above with `create_distributed_table_concurrently`
+/// for the fenced table (Citus copies the rows with logical replication,
+/// through a subscription pg_lease may trust): the owner table cannot be
+/// distributed first (as above), so the fenced one is not either; the local
+/// fence and owner guard stay in force.
+#[test]
+fn citus_create_distributed_table_concurrently_of_a_protected_local_pair_keeps_the_fence_or_is_refused() {
+    let (poker, mut m) = local_pair("cdtc");
+    let Poker { t, p } = &poker;
+    let owner = attempt(
+        &mut m,
+        &format!("SELECT create_distributed_table('{t}', 'id', shard_count => 4, colocate_with => 'none')"),
+    );
+    let fenced = attempt(
+        &mut m,
+        &format!("SELECT create_distributed_table_concurrently('{p}', 'table_id', colocate_with => '{t}')"),
+    );
+    let lowered = attempt(&mut m, &format!("UPDATE {t} SET owner_fencing_token = 1 WHERE id = 7"));
+    let (held, state) = fence_state(&mut m, &poker, 7);
+    assert!(
+        held && failed_with(&lowered, &["LF004"]),
+        "distributing the owner table gave {owner:?}, the fenced table concurrently {fenced:?}; lowering a token {lowered:?}; {state}"
+    );
+}

@@ -961,3 +961,59 @@ fn citus_create_distributed_table_concurrently_of_a_protected_local_pair_keeps_t
         "distributing the owner table gave {owner:?}, the fenced table concurrently {fenced:?}; lowering a token {lowered:?}; {state}"
     );
 }
+
+/// **Hole (medium).** Tables distributed with `citus.shard_replication_factor
+/// = 2` (statement-based replication: every shard on both workers; a layout
+/// README's co-location rule does not name). Observed: `lease.protect`
+/// accepts it and the replicas fence (the stale token is refused), but
+/// `lease.acquire` with the owner table fails on every call with Citus's
+/// `0A000` "could not run distributed query with FOR UPDATE/SHARE commands"
+/// (its owner-row lock is not supported on replicated shards): no lease can
+/// ever write its token into an owner row. Expected: `protect` refuses the
+/// layout clearly (`0A000` naming the replication factor), or `acquire`
+/// works and its bump reaches both replicas of the owner row.
+#[test]
+fn citus_replicated_shards_are_fenced_on_every_replica_or_refused() {
+    let n = SEQ.fetch_add(1, Ordering::SeqCst);
+    let poker = Poker { t: format!("rf{n}_tables"), p: format!("rf{n}_payouts") };
+    let Poker { t, p } = &poker;
+    let mut m = citus().coordinator_as(MIGRATOR);
+    ok(
+        &mut m,
+        &format!(
+            "SET citus.shard_replication_factor = 2;
+             CREATE TABLE {t} (id bigint PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE {p} (table_id bigint NOT NULL, hand bigint NOT NULL DEFAULT 0,
+                               amount bigint NOT NULL DEFAULT 0, fencing_token bigint);
+             SELECT create_distributed_table('{t}', 'id', shard_count => 4, colocate_with => 'none');
+             SELECT create_distributed_table('{p}', 'table_id', colocate_with => '{t}');
+             INSERT INTO {t} SELECT g, 5 FROM generate_series(1, {OWNERS}) g;"
+        ),
+    );
+    let protect = attempt(
+        &mut m,
+        &format!(
+            "SELECT lease.protect('{p}', '{{table_id}}', 'fencing_token', '{t}', '{{id}}', 'owner_fencing_token')"
+        ),
+    );
+    if protect.is_err() {
+        assert!(failed_with(&protect, &["0A000"]), "protect of replicated shards: {protect:?}");
+        return;
+    }
+    bump_to_6(&mut m, t, 7);
+    still_fenced(&mut m, &poker, 7);
+    let acquired = acquire_7(t);
+    let replicas: Vec<i64> = citus()
+        .workers
+        .iter()
+        .map(|w| {
+            let mut c = citus().node_as(w.port, "postgres");
+            one_i64(&mut c, &format!("SELECT owner_fencing_token FROM {t} WHERE id = 7"))
+        })
+        .collect();
+    let token = acquired.as_ref().map(|(token, _)| *token).unwrap_or(-1);
+    assert!(
+        replicas.iter().all(|r| *r == token),
+        "acquire gave {acquired:?}; the replicas of owner row 7 carry {replicas:?}"
+    );
+}

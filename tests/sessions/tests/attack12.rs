@@ -1017,3 +1017,46 @@ fn citus_replicated_shards_are_fenced_on_every_replica_or_refused() {
         "acquire gave {acquired:?}; the replicas of owner row 7 carry {replicas:?}"
     );
 }
+
+/// **Defence holds.** A reference owner table (README: allowed; every node
+/// holds every owner row): `lease.acquire` bound to an owner row must write
+/// its token to every node's copy, and the previous token be refused after.
+#[test]
+fn citus_acquire_bumps_a_reference_owner_row_on_every_node() {
+    let n = SEQ.fetch_add(1, Ordering::SeqCst);
+    let poker = Poker { t: format!("ref{n}_tables"), p: format!("ref{n}_payouts") };
+    let Poker { t, p } = &poker;
+    let mut m = citus().coordinator_as(MIGRATOR);
+    ok(
+        &mut m,
+        &format!(
+            "CREATE TABLE {t} (id bigint PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE {p} (table_id bigint NOT NULL, hand bigint NOT NULL DEFAULT 0,
+                               amount bigint NOT NULL DEFAULT 0, fencing_token bigint);
+             SELECT create_reference_table('{t}');
+             SELECT create_distributed_table('{p}', 'table_id', shard_count => 4, colocate_with => 'none');
+             INSERT INTO {t} SELECT g, 5 FROM generate_series(1, {OWNERS}) g;
+             SELECT lease.protect('{p}', '{{table_id}}', 'fencing_token', '{t}', '{{id}}', 'owner_fencing_token');"
+        ),
+    );
+    bump_to_6(&mut m, t, 7);
+    let acquired = acquire_7(t);
+    let copies: Vec<i64> = std::iter::once(citus().coordinator.port)
+        .chain(citus().workers.iter().map(|w| w.port))
+        .map(|port| {
+            let mut c = citus().node_as(port, "postgres");
+            ok(&mut c, "SET citus.override_table_visibility = off");
+            let shard: String = c
+                .query_one(&format!("SELECT shard_name('{t}'::regclass, shardid) FROM pg_dist_shard WHERE logicalrelid = '{t}'::regclass"), &[])
+                .unwrap()
+                .get(0);
+            one_i64(&mut c, &format!("SELECT owner_fencing_token FROM {shard} WHERE id = 7"))
+        })
+        .collect();
+    let old = attempt(&mut m, &pay(p, 7, 6));
+    let token = acquired.as_ref().map(|(token, _)| *token).unwrap_or(-1);
+    assert!(
+        copies.iter().all(|c| *c == token) && failed_with(&old, &["LF001"]),
+        "acquire gave {acquired:?}; the copies of owner row 7 carry {copies:?}; the previous token 6 then gave {old:?}"
+    );
+}

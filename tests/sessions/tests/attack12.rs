@@ -1060,3 +1060,39 @@ fn citus_acquire_bumps_a_reference_owner_row_on_every_node() {
         "acquire gave {acquired:?}; the copies of owner row 7 carry {copies:?}; the previous token 6 then gave {old:?}"
     );
 }
+
+/// **Defence holds.** A pooled client that forgot to bind, on a coordinator
+/// session whose previous client bound token 6 (`lease.bind_token` in its
+/// transaction, which also set `citus.propagate_set_commands` and opened
+/// worker connections that Citus keeps for the session), and another that
+/// set `pg_lease.token` for the session with `citus.propagate_set_commands
+/// = 'local'` set for the session too. Expected: the next transaction's
+/// DELETE without a bind is refused on the shard (`LF003`), not judged with
+/// the earlier token left on the cached worker connection.
+#[test]
+fn citus_forgotten_bind_after_a_bound_transaction_on_cached_worker_connections_is_refused() {
+    let (poker, mut m) = attacked("pool");
+    let p = &poker.p;
+    ok(&mut m, &format!("GRANT DELETE ON {p} TO {APP}"));
+    ok(&mut m, &format!("{}; {}", pay(p, 7, 6), pay(p, 7, 6)));
+    let mut app = citus().coordinator_as(APP);
+    ok(
+        &mut app,
+        &format!("BEGIN; SELECT lease.bind_token(6); DELETE FROM {p} WHERE table_id = 7 AND ctid = (SELECT min(ctid) FROM {p} WHERE table_id = 7); COMMIT;"),
+    );
+    let forgot = attempt(&mut app, &format!("DELETE FROM {p} WHERE table_id = 7"));
+    let _ = app.batch_execute("ROLLBACK");
+    let session = attempt(
+        &mut app,
+        &format!(
+            "SET citus.propagate_set_commands = 'local'; SET pg_lease.token = '6';
+             BEGIN; SELECT 1; COMMIT;
+             DELETE FROM {p} WHERE table_id = 7"
+        ),
+    );
+    let left = one_i64(&mut m, &format!("SELECT count(*) FROM {p} WHERE table_id = 7"));
+    assert!(
+        failed_with(&forgot, &["LF003"]) && failed_with(&session, &["LF003", "22023"]) && left == 1,
+        "a DELETE without a bind after a bound transaction gave {forgot:?}; after a session-level SET {session:?}; rows left {left}"
+    );
+}

@@ -746,15 +746,15 @@ fn citus_bind_token_rolled_back_to_a_savepoint_does_not_linger_on_the_workers() 
     );
 }
 
-/// A second table access method, `a12_heap` (heap's handler), so that
+/// A second table access method, `a12_heap` (heap's handler) on every node, so that
 /// Citus's `alter_table_set_access_method` has somewhere to go.
 fn second_heap() {
-    ok(
-        &mut citus().coordinator.connect(),
-        "DO $$ BEGIN
-             CREATE ACCESS METHOD a12_heap TYPE TABLE HANDLER heap_tableam_handler;
-         EXCEPTION WHEN duplicate_object THEN NULL; END $$",
-    );
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for node in std::iter::once(&citus().coordinator).chain(&citus().workers) {
+            ok(&mut node.connect(), "CREATE ACCESS METHOD a12_heap TYPE TABLE HANDLER heap_tableam_handler");
+        }
+    });
 }
 
 /// **Hole (medium).** Attack: on the coordinator (Citus installed), the
@@ -1094,5 +1094,25 @@ fn citus_forgotten_bind_after_a_bound_transaction_on_cached_worker_connections_i
     assert!(
         failed_with(&forgot, &["LF003"]) && failed_with(&session, &["LF003", "22023"]) && left == 1,
         "a DELETE without a bind after a bound transaction gave {forgot:?}; after a session-level SET {session:?}; rows left {left}"
+    );
+}
+
+/// **Defence holds.** `alter_table_set_access_method` of a distributed
+/// fenced table and of a distributed owner table (Citus rebuilds each: rows
+/// copied into a new table, the old one dropped). Expected: refused with
+/// `LF008`, the fence and the owner guard intact.
+#[test]
+fn citus_alter_table_set_access_method_of_distributed_fenced_tables_is_refused() {
+    second_heap();
+    let (poker, mut m) = attacked("dam");
+    let fenced = attempt(&mut m, &format!("SELECT alter_table_set_access_method('{}', 'a12_heap')", poker.p));
+    let owner = attempt(&mut m, &format!("SELECT alter_table_set_access_method('{}', 'a12_heap')", poker.t));
+    still_fenced(&mut m, &poker, 7);
+    let lowered = attempt(&mut m, &format!("UPDATE {} SET owner_fencing_token = 1 WHERE id = 7", poker.t));
+    assert!(
+        failed_with(&fenced, &["LF008"])
+            && failed_with(&owner, &["LF008", "LF004"])
+            && failed_with(&lowered, &["LF004"]),
+        "fenced table: {fenced:?}; owner table: {owner:?}; lowering a token after: {lowered:?}"
     );
 }

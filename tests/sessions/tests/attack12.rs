@@ -1116,3 +1116,73 @@ fn citus_alter_table_set_access_method_of_distributed_fenced_tables_is_refused()
         "fenced table: {fenced:?}; owner table: {owner:?}; lowering a token after: {lowered:?}"
     );
 }
+
+/// One node: the migrator's `tables`/`payouts` pair protected in a fresh
+/// database (owner 7 at token 6); a superuser connection to it.
+fn single_node_pair(name: &str) -> (String, Client) {
+    let db = single_node_db(name, "");
+    let port = citus().coordinator.port;
+    ok(
+        &mut db_as(port, &db, MIGRATOR),
+        "CREATE TABLE tables (id bigint PRIMARY KEY, owner_fencing_token bigint);
+         CREATE TABLE payouts (table_id bigint NOT NULL, amount bigint, fencing_token bigint);
+         SELECT lease.protect('payouts', '{table_id}', 'fencing_token', 'tables', '{id}', 'owner_fencing_token');
+         INSERT INTO tables VALUES (7, 6);",
+    );
+    let su = db_as(port, &db, "postgres");
+    (db, su)
+}
+
+/// **Hole (medium).** Attack: a role granted `EXECUTE` on the lease
+/// functions but no privilege at all on the owner table (it cannot even
+/// `SELECT` it: another tenant's game server, a metrics job granted the
+/// lease functions by mistake) calls `lease.acquire('anything', ...,
+/// 'tables', '{7}')`. `acquire` runs as the extension owner and writes the
+/// new token into owner row 7: the legitimate holder is fenced out
+/// (`LF001`, "freeze the resource, never retry") by a role that could not
+/// read the table. Expected: `42501` unless the caller may at least read
+/// (or update) the owner table, as `protect` requires ownership.
+#[test]
+fn acquire_by_a_role_without_rights_on_the_owner_table_is_refused() {
+    let (db, mut su) = single_node_pair("a12outsider");
+    ok(
+        &mut su,
+        "DO $$ BEGIN CREATE ROLE a12_outsider LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+         GRANT USAGE ON SCHEMA lease TO a12_outsider;
+         GRANT EXECUTE ON FUNCTION lease.acquire, lease.try_acquire TO a12_outsider;",
+    );
+    let mut outsider = db_as(citus().coordinator.port, &db, "a12_outsider");
+    let read = attempt(&mut outsider, "SELECT * FROM tables");
+    let bump = attempt(&mut outsider, "SELECT * FROM lease.acquire('not-mine', 'intruder', 15000, 'tables', '{7}')");
+    let now = one_i64(&mut su, "SELECT owner_fencing_token FROM tables WHERE id = 7");
+    assert!(
+        failed_with(&bump, &["42501"]) && now == 6,
+        "a role that cannot read the owner table ({read:?}) bumped owner row 7: acquire gave {bump:?}, token now {now}"
+    );
+}
+
+/// **Hole (medium).** Attack: host A holds lease `table:7` bound to owner
+/// row 7 (live). Host B acquires a lease of *another name*, `room:7`, bound
+/// to the same owner row. README: "Held by another live owner: LF005".
+/// Observed: B's acquire succeeds and bumps owner row 7 above A's token; A's
+/// lease stays live, its heartbeat reports nothing lost, yet every write of
+/// A is now refused (`LF001`): the lease no longer gives one holder per
+/// resource, and A learns it lost the resource only from a refused write.
+/// Expected: `LF005` while a live lease of another name is bound to that
+/// owner row (or one lease name per owner row enforced).
+#[test]
+fn a_second_lease_name_for_a_held_owner_row_is_refused() {
+    let (_db, mut su) = single_node_pair("a12twonames");
+    let a: i64 = su
+        .query_one("SELECT token FROM lease.acquire('table:7', 'host-a', 60000, 'tables', '{7}')", &[])
+        .unwrap()
+        .get(0);
+    let b = attempt(&mut su, "SELECT * FROM lease.acquire('room:7', 'host-b', 60000, 'tables', '{7}')");
+    let lost = one_i64(&mut su, "SELECT count(*) FROM lease.heartbeat('host-a', 60000)");
+    let write = attempt(&mut su, &format!("INSERT INTO payouts VALUES (7, 10, {a})"));
+    assert!(
+        failed_with(&b, &["LF005"]),
+        "host A holds table:7 (token {a}); host B's acquire of room:7 for the same owner row gave {b:?}; \
+         A's heartbeat then reported {lost} losses and A's write gave {write:?}"
+    );
+}

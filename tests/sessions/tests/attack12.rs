@@ -1186,3 +1186,41 @@ fn a_second_lease_name_for_a_held_owner_row_is_refused() {
          A's heartbeat then reported {lost} losses and A's write gave {write:?}"
     );
 }
+
+/// **Defence holds.** The Rust `lease.acquire` turns `owner_key` text into
+/// the owner key's type. The migrator gives the owner key a domain whose
+/// CHECK calls a function of its own that reports the role it runs as.
+/// README: pg_lease's privileged code runs users' code "only as the table's
+/// owner, in a security-restricted operation". Expected: the function runs
+/// as the migrator, never as the extension owner (a superuser) nor as the
+/// application calling `acquire`.
+#[test]
+fn acquire_runs_an_owner_key_domain_check_only_as_the_owner_tables_owner() {
+    let db = single_node_db("a12domain", "");
+    let port = citus().coordinator.port;
+    ok(
+        &mut db_as(port, &db, MIGRATOR),
+        &format!(
+            "CREATE FUNCTION who_checks(v bigint) RETURNS boolean LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF current_user <> '{MIGRATOR}' THEN
+                     RAISE EXCEPTION 'owner key check ran as %', current_user;
+                 END IF;
+                 RETURN true;
+             END $$;
+             CREATE DOMAIN table_id AS bigint CHECK (who_checks(VALUE));
+             CREATE TABLE tables (id table_id PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE payouts (table_id table_id NOT NULL, amount bigint, fencing_token bigint);
+             SELECT lease.protect('payouts', '{{table_id}}', 'fencing_token', 'tables', '{{id}}', 'owner_fencing_token');
+             INSERT INTO tables VALUES (7, 6);
+             GRANT SELECT ON tables TO {APP};"
+        ),
+    );
+    ok(
+        &mut db_as(port, &db, "postgres"),
+        &format!("GRANT USAGE ON SCHEMA lease TO {APP}; GRANT EXECUTE ON FUNCTION lease.acquire TO {APP};"),
+    );
+    let mut app = db_as(port, &db, APP);
+    let r = attempt(&mut app, "SELECT * FROM lease.acquire('table:7', 'a12-host', 15000, 'tables', '{7}')");
+    assert!(r.is_ok(), "acquire with a domain owner key: {r:?}");
+}

@@ -13,7 +13,37 @@
 //! on owner rows, connected to the coordinator or straight to a worker.
 //! Tests marked **Hole** fail at the commit they were written against
 //! (7ebd265); those marked **Defence holds** pass and document what was
-//! tried. Review 11's findings (attack11.rs) are not repeated.
+//! tried. Review 11's findings (attack11.rs) are not repeated. In short,
+//! most severe first:
+//!
+//! - critical: the worker-side guard (`lease._guard_shards`) judges trigger
+//!   copies, `ALTER COLUMN ... TYPE` and late BEFORE triggers only. On a
+//!   worker (or from the coordinator alone through
+//!   `run_command_on_placements`), the table owner renames or drops an owner
+//!   shard's token column and adds a new one at a stale value: tokens go
+//!   back, stale writes commit, `cluster_fence_problems()` is silent;
+//! - critical: the TRUNCATE refusal looks only at the relations a TRUNCATE
+//!   names: an owner shard made a child of another table (`INHERIT`) or
+//!   given a foreign key to one is emptied by `TRUNCATE parent` /
+//!   `TRUNCATE other CASCADE`; its tokens are gone;
+//! - critical: `DROP TABLE` of a shard on a worker is not refused: an owner
+//!   shard re-created at stale tokens, or a fenced shard replaced by an
+//!   unfenced copy, takes stale writes (`cluster_fence_problems()` names it
+//!   after the fact);
+//! - high: on a worker, an owner shard is made `UNLOGGED` (a crash empties
+//!   it), or loses its unique key (a second owner row for one key);
+//! - medium: any role with `EXECUTE` on `lease.acquire` bumps owner rows of
+//!   tables it cannot even read; a second lease *name* bound to a held owner
+//!   row takes it without `LF005` (the first holder's heartbeat reports
+//!   nothing); `citus.shard_replication_factor = 2` is protected but
+//!   `acquire` can never bump its owner rows; Citus's
+//!   `alter_table_set_access_method` of a local fenced table strips its
+//!   protection (writes then refused with a misleading HINT);
+//! - low: the emit_log_hook turns any `XX000` whose message starts with a
+//!   pg_lease error name (a user's `RAISE`) into that LF code; in a LATIN1
+//!   database the Rust lease functions' messages mangle non-ASCII names;
+//!   unclear errors for a 2-D `owner_key`, for distributing a protected
+//!   local owner table, and an OID in place of an owner table's name.
 
 use pg_lease_sessions::postgres::{Client, NoTls};
 use pg_lease_sessions::*;
@@ -595,8 +625,10 @@ fn citus_copy_through_the_coordinator_relays_lf001() {
 /// Observed: acquire, heartbeat and renew_all work and `lease.leases` shows
 /// the names as given, but `LF005`'s message and DETAIL show `tablï¿½:7`
 /// held by `hï¿½te-1`: the name is read as UTF-8 (lossily, U+FFFD) and the
-/// result, UTF-8 bytes, is then taken as LATIN1 by the server. Expected:
-/// the names as stored, `tablé:7` and `hôte-1`.
+/// result, UTF-8 bytes, is then taken as LATIN1 by the server (`LF006`'s and
+/// `LF007`'s messages and DETAILs too, and `LF007` shows an owner key
+/// `{zé}` as `{zï¿½}`). Expected: the names as stored, `tablé:7` and
+/// `hôte-1`.
 #[test]
 fn lease_functions_in_a_latin1_database_keep_non_ascii_names() {
     let db = single_node_db("a12latin", "ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'");

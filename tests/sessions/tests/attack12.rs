@@ -1256,3 +1256,31 @@ fn acquire_runs_an_owner_key_domain_check_only_as_the_owner_tables_owner() {
     let r = attempt(&mut app, "SELECT * FROM lease.acquire('table:7', 'a12-host', 15000, 'tables', '{7}')");
     assert!(r.is_ok(), "acquire with a domain owner key: {r:?}");
 }
+
+/// **Defence holds** (one node, for comparison with the shard holes above).
+/// The migrator makes the owner table a child of a table of its own and
+/// truncates the parent, or gives it a foreign key to a table of its own
+/// and truncates that `CASCADE`. The owner table's own TRUNCATE guard fires
+/// for both: `LF004`, the tokens stay.
+#[test]
+fn owner_table_truncated_through_a_parent_or_a_cascade_is_refused() {
+    let db = single_node_db("a12trunc", "");
+    let mut mig = db_as(citus().coordinator.port, &db, MIGRATOR);
+    ok(
+        &mut mig,
+        "CREATE TABLE tables (id bigint PRIMARY KEY, owner_fencing_token bigint);
+         CREATE TABLE payouts (table_id bigint NOT NULL, amount bigint, fencing_token bigint);
+         SELECT lease.protect('payouts', '{table_id}', 'fencing_token', 'tables', '{id}', 'owner_fencing_token');
+         INSERT INTO tables VALUES (7, 6);
+         CREATE TABLE parent (id bigint, owner_fencing_token bigint);
+         CREATE TABLE keys (id bigint PRIMARY KEY);
+         INSERT INTO keys VALUES (7);",
+    );
+    let inherit = attempt(&mut mig, "ALTER TABLE tables INHERIT parent; TRUNCATE parent");
+    let cascade = attempt(&mut mig, "ALTER TABLE tables ADD FOREIGN KEY (id) REFERENCES keys; TRUNCATE keys CASCADE");
+    let now = one_i64(&mut mig, "SELECT owner_fencing_token FROM tables WHERE id = 7");
+    assert!(
+        failed_with(&inherit, &["LF004", "LF008"]) && failed_with(&cascade, &["LF004", "LF008"]) && now == 6,
+        "INHERIT + TRUNCATE parent: {inherit:?}; FK + TRUNCATE CASCADE: {cascade:?}; owner 7's token: {now}"
+    );
+}

@@ -519,7 +519,6 @@ fn citus_worker_rule_on_owner_shard_swallows_acquire_bumps() {
     let r = as_migrator_on_worker(port, &format!("CREATE RULE swallow AS ON UPDATE TO {shard} DO INSTEAD NOTHING"));
     let acquired = acquire_7(&poker.t);
     let stale = attempt(&mut m, &pay(&poker.p, 7, 6));
-    eprintln!("DDL: {r:?}; acquire: {acquired:?}; stale: {stale:?}");
     let held = match &acquired {
         Ok((token, now)) => token == now && failed_with(&stale, &["LF001"]),
         Err(_) => true,
@@ -650,8 +649,8 @@ fn lease_functions_in_a_latin1_database_keep_non_ascii_names() {
     assert!(other.as_ref().is_err_and(|e| e.starts_with("LF005") && e.contains("hôte-1")), "{other:?}");
 }
 
-/// **Hole (critical).** Attack: on the worker, the migrator drops owner 7's owner shard
-/// and creates it again under the same name with every owner row at the
+/// **Hole (critical).** Attack: on the worker, the migrator drops owner 7's
+/// owner shard and creates it again under the same name with every owner row at the
 /// stale token 5 (`DROP TABLE` of an owner table in use is refused on one
 /// node, `LF008`). Observed: all of it commits, the shard's fence finds the
 /// new table by name, the coordinator reads token 5 for owner 7 and the
@@ -680,13 +679,14 @@ fn citus_worker_owner_shard_dropped_and_recreated_restarts_tokens() {
     );
 }
 
-/// **Defence holds** (fails closed, as on one node). Attack: on the worker, the migrator adds to owner 7's
-/// owner shard a BEFORE UPDATE row trigger that sorts before the owner
-/// guard's copy (allowed: only later ones are refused) and returns NULL,
-/// so every update of an owner row on that shard is skipped, the bump of
-/// `lease.acquire` through the coordinator included. Expected: `acquire`
-/// fails (its bump updated no row), or it returns the token the owner row
-/// then carries; the previous holder's token 6 is refused after it.
+/// **Defence holds** (fails closed, as on one node). Attack: on the
+/// worker, the migrator adds to owner 7's owner shard a BEFORE UPDATE row
+/// trigger that sorts before the owner guard's copy (allowed: only later
+/// ones are refused) and returns NULL, so every update of an owner row on
+/// that shard is skipped, the bump of `lease.acquire` through the
+/// coordinator included. Observed: `acquire` fails with `LF008` (its bump
+/// did not reach the owner row). Expected: that, or `acquire` returning the
+/// token the owner row then carries, the previous token 6 refused after it.
 #[test]
 fn citus_worker_before_trigger_skipping_owner_updates_swallows_acquire_bumps() {
     let (poker, mut m) = attacked("skip");
@@ -703,7 +703,6 @@ fn citus_worker_before_trigger_skipping_owner_updates_swallows_acquire_bumps() {
     );
     let acquired = acquire_7(&poker.t);
     let stale = attempt(&mut m, &pay(&poker.p, 7, 6));
-    eprintln!("DDL: {r:?}; acquire: {acquired:?}; stale: {stale:?}");
     let held = match &acquired {
         Ok((token, now)) => token == now && failed_with(&stale, &["LF001"]),
         Err(_) => true,
@@ -818,7 +817,6 @@ fn citus_alter_table_set_access_method_of_a_local_fenced_table_keeps_the_fence()
         ),
     );
     let r = attempt(&mut m, &format!("SELECT alter_table_set_access_method('{p}', 'a12_heap')"));
-    eprintln!("alter_table_set_access_method of the fenced table: {r:?}");
     let stale = attempt(&mut m, &format!("INSERT INTO {p} VALUES (7, 10, 5)"));
     let protected = one_i64(&mut m, &format!("SELECT count(*) FROM lease.protected WHERE relid::text = '{p}'"));
     assert!(
@@ -849,7 +847,6 @@ fn citus_alter_table_set_access_method_of_a_local_owner_table_is_refused_naming_
         ),
     );
     let r = attempt(&mut m, &format!("SELECT alter_table_set_access_method('{t}', 'a12_heap')"));
-    eprintln!("alter_table_set_access_method of the owner table: {r:?}");
     let lower = attempt(&mut m, &format!("UPDATE {t} SET owner_fencing_token = 5 WHERE id = 7"));
     let stale = attempt(&mut m, &format!("INSERT INTO {p} VALUES (7, 10, 5)"));
     assert!(

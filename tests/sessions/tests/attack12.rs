@@ -915,20 +915,30 @@ fn citus_worker_fenced_shard_replaced_by_an_unfenced_copy_accepts_stale_writes()
     );
 }
 
+/// A fresh pair of names (`{name}{n}_tables`, `{name}{n}_payouts`) and the
+/// migrator's `CREATE TABLE`s for them, as `unprotected` makes them.
+fn new_pair(name: &str) -> (Poker, String) {
+    let n = SEQ.fetch_add(1, Ordering::SeqCst);
+    let (t, p) = (format!("{name}{n}_tables"), format!("{name}{n}_payouts"));
+    let create = format!(
+        "CREATE TABLE {t} (id bigint PRIMARY KEY, owner_fencing_token bigint);
+         CREATE TABLE {p} (table_id bigint NOT NULL, hand bigint NOT NULL DEFAULT 0,
+                           amount bigint NOT NULL DEFAULT 0, fencing_token bigint);"
+    );
+    (Poker { t, p }, create)
+}
+
 /// A plain local owner table and fenced table on the coordinator, protected
 /// as on one node by the migrator (owner 7 at token 6), with Citus's
 /// trigger switch on in the returned migrator session.
 fn local_pair(name: &str) -> (Poker, Client) {
-    let n = SEQ.fetch_add(1, Ordering::SeqCst);
-    let poker = Poker { t: format!("{name}{n}_tables"), p: format!("{name}{n}_payouts") };
+    let (poker, create) = new_pair(name);
     let Poker { t, p } = &poker;
     let mut m = citus().coordinator_as(MIGRATOR);
     ok(
         &mut m,
         &format!(
-            "CREATE TABLE {t} (id bigint PRIMARY KEY, owner_fencing_token bigint);
-             CREATE TABLE {p} (table_id bigint NOT NULL, hand bigint NOT NULL DEFAULT 0,
-                               amount bigint NOT NULL DEFAULT 0, fencing_token bigint);
+            "{create}
              INSERT INTO {t} SELECT g, 5 FROM generate_series(1, {OWNERS}) g;
              UPDATE {t} SET owner_fencing_token = 6 WHERE id = 7;
              SELECT lease.protect('{p}', '{{table_id}}', 'fencing_token', '{t}', '{{id}}', 'owner_fencing_token');
@@ -1003,17 +1013,14 @@ fn citus_create_distributed_table_concurrently_of_a_protected_local_pair_keeps_t
 /// works and its bump reaches both replicas of the owner row.
 #[test]
 fn citus_replicated_shards_are_fenced_on_every_replica_or_refused() {
-    let n = SEQ.fetch_add(1, Ordering::SeqCst);
-    let poker = Poker { t: format!("rf{n}_tables"), p: format!("rf{n}_payouts") };
+    let (poker, create) = new_pair("rf");
     let Poker { t, p } = &poker;
     let mut m = citus().coordinator_as(MIGRATOR);
     ok(
         &mut m,
         &format!(
             "SET citus.shard_replication_factor = 2;
-             CREATE TABLE {t} (id bigint PRIMARY KEY, owner_fencing_token bigint);
-             CREATE TABLE {p} (table_id bigint NOT NULL, hand bigint NOT NULL DEFAULT 0,
-                               amount bigint NOT NULL DEFAULT 0, fencing_token bigint);
+             {create}
              SELECT create_distributed_table('{t}', 'id', shard_count => 4, colocate_with => 'none');
              SELECT create_distributed_table('{p}', 'table_id', colocate_with => '{t}');
              INSERT INTO {t} SELECT g, 5 FROM generate_series(1, {OWNERS}) g;"
@@ -1052,16 +1059,13 @@ fn citus_replicated_shards_are_fenced_on_every_replica_or_refused() {
 /// its token to every node's copy, and the previous token be refused after.
 #[test]
 fn citus_acquire_bumps_a_reference_owner_row_on_every_node() {
-    let n = SEQ.fetch_add(1, Ordering::SeqCst);
-    let poker = Poker { t: format!("ref{n}_tables"), p: format!("ref{n}_payouts") };
+    let (poker, create) = new_pair("ref");
     let Poker { t, p } = &poker;
     let mut m = citus().coordinator_as(MIGRATOR);
     ok(
         &mut m,
         &format!(
-            "CREATE TABLE {t} (id bigint PRIMARY KEY, owner_fencing_token bigint);
-             CREATE TABLE {p} (table_id bigint NOT NULL, hand bigint NOT NULL DEFAULT 0,
-                               amount bigint NOT NULL DEFAULT 0, fencing_token bigint);
+            "{create}
              SELECT create_reference_table('{t}');
              SELECT create_distributed_table('{p}', 'table_id', shard_count => 4, colocate_with => 'none');
              INSERT INTO {t} SELECT g, 5 FROM generate_series(1, {OWNERS}) g;

@@ -32,6 +32,9 @@
 //!   after the fact);
 //! - high: on a worker, an owner shard is made `UNLOGGED` (a crash empties
 //!   it), or loses its unique key (a second owner row for one key);
+//! - medium: in a LATIN1 database the fence's refusals and the audit's
+//!   `resource_key` show a non-ASCII text key mangled (`clé` as `clï¿½`):
+//!   distinct resources are audited under one wrong key;
 //! - medium: any role with `EXECUTE` on `lease.acquire` bumps owner rows of
 //!   tables it cannot even read; a second lease *name* bound to a held owner
 //!   row takes it without `LF005` (the first holder's heartbeat reports
@@ -41,7 +44,7 @@
 //!   protection (writes then refused with a misleading HINT);
 //! - low: the emit_log_hook turns any `XX000` whose message starts with a
 //!   pg_lease error name (a user's `RAISE`) into that LF code; in a LATIN1
-//!   database the Rust lease functions' messages mangle non-ASCII names;
+//!   database the lease functions' messages mangle non-ASCII names;
 //!   unclear errors for a 2-D `owner_key`, for distributing a protected
 //!   local owner table, and an OID in place of an owner table's name.
 
@@ -1283,5 +1286,45 @@ fn owner_table_truncated_through_a_parent_or_a_cascade_is_refused() {
     assert!(
         failed_with(&inherit, &["LF004", "LF008"]) && failed_with(&cascade, &["LF004", "LF008"]) && now == 6,
         "INHERIT + TRUNCATE parent: {inherit:?}; FK + TRUNCATE CASCADE: {cascade:?}; owner 7's token: {now}"
+    );
+}
+
+/// **Hole (medium): the audit records a different resource.** In a LATIN1
+/// database with a text key, a stale write for resource `clé` is refused
+/// (`LF001`), but its message, its DETAIL and the audit row's
+/// `resource_key` in `lease.rejected_writes` read `(room)=(clï¿½)`: the key's
+/// text is read as UTF-8 (lossily) and written back as LATIN1. Resources
+/// `clé` and `clè` are then audited under the same wrong key. Expected:
+/// `(room)=(clé)` in the message and the audit.
+#[test]
+fn fence_refusals_in_a_latin1_database_audit_the_resource_key_as_written() {
+    let db = single_node_db("a12latinfence", "ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'");
+    let mut su = db_as(citus().coordinator.port, &db, "postgres");
+    ok(
+        &mut su,
+        "SET client_encoding = 'UTF8';
+         CREATE TABLE rooms (name text PRIMARY KEY, owner_fencing_token bigint);
+         CREATE TABLE bets (room text NOT NULL, amount bigint, fencing_token bigint);
+         SELECT lease.protect('bets', '{room}', 'fencing_token', 'rooms', '{name}', 'owner_fencing_token');
+         INSERT INTO rooms VALUES ('clé', 6);",
+    );
+    let refused = attempt(&mut su, "INSERT INTO bets VALUES ('clé', 1, 5)");
+    let mut audited = Vec::new();
+    for _ in 0..100 {
+        audited = su
+            .query("SELECT resource_key FROM lease.rejected_writes", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect();
+        if !audited.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        refused.as_ref().is_err_and(|e| e.starts_with("LF001") && e.contains("(room)=(clé)"))
+            && audited == ["(room)=(clé)"],
+        "the stale write gave {refused:?}; audited resource keys: {audited:?}"
     );
 }

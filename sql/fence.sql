@@ -136,7 +136,8 @@ END $$;
 -- Citus (README, "Scale out with Citus"): how Citus distributes rel, when
 -- Citus is installed and manages it. kind: 'distributed' (by hash of
 -- dist_column), 'reference', or 'other' (a Citus local, single-shard,
--- append- or range-distributed table); all NULL otherwise.
+-- append- or range-distributed table, or one whose shards Citus replicates
+-- itself: citus.shard_replication_factor > 1); all NULL otherwise.
 CREATE FUNCTION lease._citus_table(rel regclass, OUT kind text, OUT dist_column text, OUT colocation integer)
     LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -144,7 +145,7 @@ BEGIN
         RETURN;
     END IF;
     -- Dynamic: pg_lease does not depend on Citus.
-    EXECUTE $q$SELECT CASE WHEN d.partmethod = 'h' THEN 'distributed'
+    EXECUTE $q$SELECT CASE WHEN d.partmethod = 'h' AND d.repmodel <> 'c' THEN 'distributed'
                            WHEN d.partmethod = 'n' AND d.repmodel = 't' THEN 'reference'
                            ELSE 'other' END,
                       CASE WHEN d.partmethod = 'h' THEN pg_catalog.column_to_column_name(d.logicalrelid, d.partkey) END,
@@ -157,7 +158,7 @@ END $$;
 CREATE FUNCTION lease._citus_kind(kind text) RETURNS text
     LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT CASE kind WHEN 'distributed' THEN 'Citus distributed' WHEN 'reference' THEN 'Citus reference'
-                     ELSE 'Citus local, single-shard, append- or range-distributed' END
+                     ELSE 'Citus local, single-shard, append- or range-distributed or statement-replicated' END
 $$;
 
 -- Refuses (0A000) a fence the shards of Citus tables could not enforce on
@@ -340,6 +341,30 @@ BEGIN
     END LOOP;
 END $$;
 
+-- Whether this session is one of Citus's own connections between nodes
+-- (application_name 'citus_internal gpid=N' or 'citus_rebalancer gpid=N',
+-- as Citus itself tells them apart), over which Citus carries the
+-- coordinator's DDL to the shards and moves and splits them. Not proof of
+-- anything: a client can choose that application_name (README, "Guards on
+-- the workers").
+CREATE FUNCTION lease._citus_internal() RETURNS boolean
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+    RETURN pg_catalog.current_setting('application_name') ~ '^citus_(internal|rebalancer) gpid=[0-9]+$';
+
+-- Whether this node is the Citus coordinator (its group is 0).
+CREATE FUNCTION lease._citus_coordinator() RETURNS boolean
+    LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    coordinator boolean;
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_local_group') IS NULL THEN
+        RETURN false;
+    END IF;
+    -- Dynamic: pg_lease does not depend on Citus.
+    EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_local_group g WHERE g.groupid = 0)' INTO coordinator;
+    RETURN coordinator;
+END $$;
+
 -- Citus: the DDL guard on a node's shards. Citus runs each DDL command of a
 -- distributed table on the coordinator, where pg_lease's guard judges it,
 -- then on every shard; a command that reaches a shard of a fenced or owner
@@ -364,9 +389,33 @@ BEGIN
                  WHERE d.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass)) c
          WHERE c.rel IS NOT NULL
     LOOP
+        -- A worker's shell of a fenced or owner table (where its shards read
+        -- their config) changes only through Citus's own connections too.
+        IF x.shell IS NULL AND (lease._citus_table(x.rel)).kind IS NOT NULL
+           AND EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = x.rel
+                          AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc))
+           AND NOT lease._citus_internal() AND NOT lease._citus_coordinator() THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s of %s is refused on this Citus worker', tag, x.rel),
+                format('%s is fenced by pg_lease (or holds owner rows): change it through the Citus coordinator, where pg_lease''s guard judges the change and Citus carries it to every node.', x.rel));
+        END IF;
         CONTINUE WHEN x.shell IS NULL
             OR NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = x.shell
                               AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc));
+        -- Only Citus changes such a shard: DDL of a fenced or owner table
+        -- goes through the coordinator, whose guard judges it, and Citus
+        -- sends it on over its own connections (as it moves, splits and
+        -- creates shards). Anything else reaching the shard on its node (a
+        -- table owner connected there, run_command_on_workers or
+        -- run_command_on_placements from the coordinator) is refused. The
+        -- coordinator's own placements (of reference tables) are changed by
+        -- the very commands its guard judges: Citus runs them there in the
+        -- client's own session.
+        IF NOT lease._citus_internal() AND NOT lease._citus_coordinator() THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s of shard %s of %s is refused on this node', tag, x.rel, x.shell),
+                format('%s is fenced by pg_lease (or holds owner rows): change it through the Citus coordinator, where pg_lease''s guard judges the change and Citus carries it to every shard.', x.shell));
+        END IF;
         SELECT s.rel, s.problem INTO gap FROM lease._shard_problems(x.shell, ARRAY[x.rel], false, tag = 'CREATE TRIGGER') s LIMIT 1;
         IF FOUND THEN
             PERFORM lease._raise('FenceTampering',
@@ -1255,6 +1304,26 @@ DECLARE
     orphan record;
     victim record;
 BEGIN
+    -- Citus: a trigger, column or constraint dropped from a shard of a
+    -- fenced or owner table straight on its node (see lease._guard_shards).
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL
+       AND NOT lease._citus_internal() AND NOT lease._citus_coordinator() THEN
+        SELECT d.object_type, d.object_identity, r.rel, lease._shard_of(r.rel)::regclass AS shell INTO victim
+          FROM pg_event_trigger_dropped_objects() d
+          -- (by name: Citus hides shards from pg_class queries)
+         CROSS JOIN LATERAL (SELECT pg_catalog.to_regclass(pg_catalog.quote_ident(d.address_names[1]) || '.'
+                                                         || pg_catalog.quote_ident(d.address_names[2])) AS rel) r
+         WHERE d.object_type IN ('trigger', 'table column', 'table constraint', 'rule') AND r.rel IS NOT NULL
+           AND EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = coalesce(lease._shard_of(r.rel), r.rel)
+                          AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc))
+           AND (lease._shard_of(r.rel) IS NOT NULL OR (lease._citus_table(r.rel)).kind IS NOT NULL)
+         LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s of %s %s is refused on this Citus worker', tg_tag, victim.object_type, victim.object_identity),
+                format('%s is fenced by pg_lease (or holds owner rows): change it through the Citus coordinator, where pg_lease''s guard judges the change and Citus carries it to every node.', coalesce(victim.shell, victim.rel)));
+        END IF;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
     END IF;

@@ -60,7 +60,7 @@ BEGIN
         RETURN;
     END IF;
     -- Dynamic: pg_lease does not depend on Citus.
-    EXECUTE $q$SELECT CASE WHEN d.partmethod = 'h' THEN 'distributed'
+    EXECUTE $q$SELECT CASE WHEN d.partmethod = 'h' AND d.repmodel <> 'c' THEN 'distributed'
                            WHEN d.partmethod = 'n' AND d.repmodel = 't' THEN 'reference'
                            ELSE 'other' END,
                       CASE WHEN d.partmethod = 'h' THEN pg_catalog.column_to_column_name(d.logicalrelid, d.partkey) END,
@@ -72,7 +72,7 @@ END $$;
 CREATE FUNCTION lease._citus_kind(kind text) RETURNS text
     LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT CASE kind WHEN 'distributed' THEN 'Citus distributed' WHEN 'reference' THEN 'Citus reference'
-                     ELSE 'Citus local, single-shard, append- or range-distributed' END
+                     ELSE 'Citus local, single-shard, append- or range-distributed or statement-replicated' END
 $$;
 
 CREATE FUNCTION lease._check_citus_layout(target regclass, key_columns text[], owner regclass, owner_key_columns text[])
@@ -223,6 +223,23 @@ BEGIN
     END LOOP;
 END $$;
 
+CREATE FUNCTION lease._citus_internal() RETURNS boolean
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+    RETURN pg_catalog.current_setting('application_name') ~ '^citus_(internal|rebalancer) gpid=[0-9]+$';
+
+CREATE FUNCTION lease._citus_coordinator() RETURNS boolean
+    LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    coordinator boolean;
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_local_group') IS NULL THEN
+        RETURN false;
+    END IF;
+    -- Dynamic: pg_lease does not depend on Citus.
+    EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_local_group g WHERE g.groupid = 0)' INTO coordinator;
+    RETURN coordinator;
+END $$;
+
 CREATE FUNCTION lease._guard_shards(tag text) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -239,9 +256,33 @@ BEGIN
                  WHERE d.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass)) c
          WHERE c.rel IS NOT NULL
     LOOP
+        -- A worker's shell of a fenced or owner table (where its shards read
+        -- their config) changes only through Citus's own connections too.
+        IF x.shell IS NULL AND (lease._citus_table(x.rel)).kind IS NOT NULL
+           AND EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = x.rel
+                          AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc))
+           AND NOT lease._citus_internal() AND NOT lease._citus_coordinator() THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s of %s is refused on this Citus worker', tag, x.rel),
+                format('%s is fenced by pg_lease (or holds owner rows): change it through the Citus coordinator, where pg_lease''s guard judges the change and Citus carries it to every node.', x.rel));
+        END IF;
         CONTINUE WHEN x.shell IS NULL
             OR NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = x.shell
                               AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc));
+        -- Only Citus changes such a shard: DDL of a fenced or owner table
+        -- goes through the coordinator, whose guard judges it, and Citus
+        -- sends it on over its own connections (as it moves, splits and
+        -- creates shards). Anything else reaching the shard on its node (a
+        -- table owner connected there, run_command_on_workers or
+        -- run_command_on_placements from the coordinator) is refused. The
+        -- coordinator's own placements (of reference tables) are changed by
+        -- the very commands its guard judges: Citus runs them there in the
+        -- client's own session.
+        IF NOT lease._citus_internal() AND NOT lease._citus_coordinator() THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s of shard %s of %s is refused on this node', tag, x.rel, x.shell),
+                format('%s is fenced by pg_lease (or holds owner rows): change it through the Citus coordinator, where pg_lease''s guard judges the change and Citus carries it to every shard.', x.shell));
+        END IF;
         SELECT s.rel, s.problem INTO gap FROM lease._shard_problems(x.shell, ARRAY[x.rel], false, tag = 'CREATE TRIGGER') s LIMIT 1;
         IF FOUND THEN
             PERFORM lease._raise('FenceTampering',
@@ -938,6 +979,26 @@ DECLARE
     orphan record;
     victim record;
 BEGIN
+    -- Citus: a trigger, column or constraint dropped from a shard of a
+    -- fenced or owner table straight on its node (see lease._guard_shards).
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL
+       AND NOT lease._citus_internal() AND NOT lease._citus_coordinator() THEN
+        SELECT d.object_type, d.object_identity, r.rel, lease._shard_of(r.rel)::regclass AS shell INTO victim
+          FROM pg_event_trigger_dropped_objects() d
+          -- (by name: Citus hides shards from pg_class queries)
+         CROSS JOIN LATERAL (SELECT pg_catalog.to_regclass(pg_catalog.quote_ident(d.address_names[1]) || '.'
+                                                         || pg_catalog.quote_ident(d.address_names[2])) AS rel) r
+         WHERE d.object_type IN ('trigger', 'table column', 'table constraint', 'rule') AND r.rel IS NOT NULL
+           AND EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = coalesce(lease._shard_of(r.rel), r.rel)
+                          AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc))
+           AND (lease._shard_of(r.rel) IS NOT NULL OR (lease._citus_table(r.rel)).kind IS NOT NULL)
+         LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s of %s %s is refused on this Citus worker', tg_tag, victim.object_type, victim.object_identity),
+                format('%s is fenced by pg_lease (or holds owner rows): change it through the Citus coordinator, where pg_lease''s guard judges the change and Citus carries it to every node.', coalesce(victim.shell, victim.rel)));
+        END IF;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
     END IF;
@@ -1140,7 +1201,7 @@ REVOKE EXECUTE ON FUNCTION lease._on_all_nodes(text), lease.cluster_rejected_wri
     lease.cluster_stats(), lease.cluster_fence_problems() FROM PUBLIC;
 
 -- DROP TABLE too reaches the ddl_command_start guard (a fenced Citus table
--- is unprotected before it is dropped).
+-- is unprotected before it is dropped; a shard is dropped only by Citus).
 DROP EVENT TRIGGER pg_lease_guard_ddl_start;
 CREATE EVENT TRIGGER pg_lease_guard_ddl_start ON ddl_command_start
     WHEN TAG IN ('ALTER TABLE', 'DROP TABLE')

@@ -470,7 +470,11 @@ unsafe extern "C-unwind" fn emit_log(edata: *mut pg_sys::ErrorData) {
         if let Some(e) = edata.as_mut() {
             if !e.message.is_null() {
                 let message = std::ffi::CStr::from_ptr(e.message).to_bytes();
-                if let Some(error) = lost_code(e.elevel, e.sqlerrcode, message) {
+                // Only where Citus runs in this process (it is what loses
+                // the code): elsewhere an XX000 so worded is someone
+                // else's error, left as it is.
+                let citus = !pg_sys::GetConfigOption(c"citus.version".as_ptr(), true, false).is_null();
+                if let Some(error) = lost_code(e.elevel, e.sqlerrcode, message).filter(|_| citus) {
                     e.sqlerrcode = error.sqlerrcode();
                     if e.hint.is_null() {
                         let hint = std::ffi::CString::new(error.hint()).expect("hints have no NUL");

@@ -362,9 +362,12 @@ fn acquire_plans() -> AcquirePlans {
         binding: prepare_saved(
             // Not IS DISTINCT FROM: it looks `=` up on the caller's
             // search_path. ($2's cardinality is never NULL.)
+            // (A key of more than one dimension does not match, before
+            // array_position could refuse it with its own error.)
             c"SELECT p.owner_key_columns,
-                     (pg_catalog.cardinality($2) OPERATOR(pg_catalog.=) pg_catalog.cardinality(p.owner_key_columns)) IS NOT TRUE
-                     OR pg_catalog.array_position($2, NULL) IS NOT NULL
+                     CASE WHEN COALESCE(pg_catalog.array_ndims($2), 0) OPERATOR(pg_catalog.<>) 1 THEN true
+                          ELSE (pg_catalog.cardinality($2) OPERATOR(pg_catalog.=) pg_catalog.cardinality(p.owner_key_columns)) IS NOT TRUE
+                               OR pg_catalog.array_position($2, NULL) IS NOT NULL END
                 FROM lease.protected p WHERE p.owner_table OPERATOR(pg_catalog.=) $1 LIMIT 1",
             &mut [REGCLASSOID, TEXTARRAYOID],
             WHAT,

@@ -176,6 +176,30 @@ fn refuse_citus_fenced_drop(drop: &pg_sys::DropStmt) -> Result<(), Refusal> {
         .ok()
         .flatten()
         .unwrap_or(false);
+        // A shard of a fenced or owner table, dropped straight on its node:
+        // only Citus drops shards (after a move or split), as lease._guard_shards
+        // judges every other change of one.
+        if let Some(shard) = crate::fence::citus::shard_of(relid) {
+            let refused = pgrx::spi::Spi::get_one_with_args::<bool>(
+                "SELECT NOT lease._citus_internal()
+                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid OPERATOR(pg_catalog.=) $1
+                                   AND t.tgfoid OPERATOR(pg_catalog.=) ANY (ARRAY['lease.fence_trigger'::pg_catalog.regproc,
+                                                                                  'lease.owner_guard'::pg_catalog.regproc]::pg_catalog.oid[]))
+                    AND NOT lease._citus_coordinator()",
+                &[shard.logical.into()],
+            )
+            .ok()
+            .flatten()
+            .unwrap_or(true);
+            if refused {
+                let (name, table) = (crate::pg::display(relid), crate::pg::display(shard.logical));
+                return Err(Refusal::new(
+                    crate::errors::LeaseError::FenceTampering,
+                    format!("DROP TABLE of shard {name} of {table} is refused on this node"),
+                    format!("{table} is fenced by pg_lease (or holds owner rows): change it through the Citus coordinator, where pg_lease's guard judges the change and Citus carries it to every shard."),
+                ));
+            }
+        }
         if fenced_citus {
             let display = crate::pg::display(relid);
             return Err(Refusal::new(

@@ -604,7 +604,7 @@ fn citus_owner_table_renamed_through_the_coordinator_never_consults_a_look_alike
 /// changes reach a worker the same way): the coordinator's
 /// `lease.cluster_fence_problems()` must name the worker.
 #[test]
-fn citus_owner_shell_swapped_on_a_worker_is_named_by_cluster_fence_problems() {
+fn citus_owner_shell_swapped_on_a_worker_is_refused() {
     let _state = shared();
     let (poker, mut m) = attacked("sw");
     let Poker { t, p } = &poker;
@@ -637,23 +637,13 @@ fn citus_owner_shell_swapped_on_a_worker_is_named_by_cluster_fence_problems() {
     }
     sql += "SELECT 1";
     let renamed = as_migrator_on_worker(port, &sql);
-    // A limit (README, "Guards on the workers"): no worker can tell this
-    // from Citus's own propagation, which also arrives with DDL propagation
-    // off; the table owner could as well have unprotected the table. What
-    // must hold: the coordinator's lease.cluster_fence_problems() names the
-    // worker and the table.
-    assert!(renamed.is_ok(), "{renamed:?}");
-    let mut su = citus().coordinator.connect();
-    let problems: Vec<String> = su
-        .query("SELECT node || ' ' || target || ' ' || problem FROM lease.cluster_fence_problems()", &[])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert!(
-        problems.iter().any(|x| x.starts_with(&format!("127.0.0.1:{port} ")) && x.contains(p.as_str())),
-        "lease.cluster_fence_problems() after the owner table's shell and shards were swapped on worker {port}: {problems:?}"
-    );
+    // Refused on the worker since review 12 (only Citus's own connections
+    // change a fenced table's shards there); the coordinator's
+    // lease.cluster_fence_problems() would name it otherwise.
+    assert!(failed_with(&renamed, &["LF008"]), "{renamed:?}");
+    let mut app = citus().coordinator_as(APP);
+    let stale = attempt(&mut app, &pay(p, 7, 5));
+    assert!(failed_with(&stale, &["LF001"]), "{stale:?}");
 }
 
 /// Whether `r` is a refusal that says what pg_lease refuses: one of its LF
@@ -1177,7 +1167,7 @@ fn citus_protect_with_ddl_propagation_off_still_fences_the_shards() {
 /// coordinator is refused (LF008). Kept as a documented limit: the
 /// coordinator's `lease.cluster_fence_problems()` must name the worker.
 #[test]
-fn citus_worker_shell_fence_config_replaced_is_named_by_cluster_fence_problems() {
+fn citus_worker_shell_fence_config_replaced_is_refused() {
     let _state = shared();
     let (poker, mut m) = attacked("cfg");
     let Poker { t, p } = &poker;
@@ -1206,21 +1196,12 @@ fn citus_worker_shell_fence_config_replaced_is_named_by_cluster_fence_problems()
              ALTER TABLE {p} ENABLE ALWAYS TRIGGER pg_lease_fence"
         ),
     );
-    // A limit, as for the swapped shell: named by the coordinator's check.
-    assert!(r.is_ok(), "{r:?}");
-    let mut su = citus().coordinator.connect();
-    let problems: Vec<String> = su
-        .query("SELECT node || ' ' || target || ' ' || problem FROM lease.cluster_fence_problems()", &[])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert!(
-        problems.iter().any(|x| x.starts_with(&format!("127.0.0.1:{port} "))
-            && x.contains(p.as_str())
-            && x.contains("fence trigger")),
-        "lease.cluster_fence_problems() after the shell's fence config was replaced on worker {port}: {problems:?}"
-    );
+    // Refused on the worker since review 12 (only Citus's own connections
+    // change a fenced table's shell there).
+    assert!(failed_with(&r, &["LF008"]), "{r:?}");
+    let mut app = citus().coordinator_as(APP);
+    let stale = attempt(&mut app, &pay(p, 7, 5));
+    assert!(failed_with(&stale, &["LF001"]), "{stale:?}");
 }
 
 /// **Defence check (legitimate operations).** A DBA isolates owner 7's

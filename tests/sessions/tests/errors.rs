@@ -230,6 +230,8 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         // and unprotect run with their caller's rights (a role can only
         // create or drop triggers on tables it owns).
         "lease._check_citus_layout(regclass,text[],regclass,text[])",
+        "lease._citus_coordinator()",
+        "lease._citus_internal()",
         "lease._citus_kind(text)",
         "lease._citus_table(regclass)",
         "lease._node_fence_problems(json)",

@@ -119,6 +119,10 @@ fn wait_for_replay(primary: &mut Client, standby: &mut Client) {
 }
 
 fn timeline(c: &mut Client) -> i64 {
+    // The control file's timeline is the last checkpoint's: a promotion
+    // only requests its end-of-recovery checkpoint, which a busy machine
+    // may not have run yet (CI saw 1 here right after promoting).
+    c.batch_execute("CHECKPOINT").unwrap();
     one_i64(c, "SELECT timeline_id::bigint FROM pg_control_checkpoint()")
 }
 

@@ -141,35 +141,15 @@ REVOKE EXECUTE ON FUNCTION lease._label(text, text) FROM PUBLIC;
 CREATE FUNCTION lease._check_ttl(ttl_ms integer) RETURNS integer
     LANGUAGE C STABLE PARALLEL SAFE AS 'MODULE_PATHNAME', 'pg_lease_check_ttl';
 
--- The token rule, in one place: lease.acquire issues with it, and
--- lease.token_ceiling / lease.issue_tokens_above (blue/green cutover) judge
--- with it. For a lease whose highest stored token (its own, its owner row's)
--- is `stored`, on WAL timeline `timeline`: the epoch is the highest base
--- recorded in lease.token_epoch (0 without any) + the timeline; a stored
--- token from a higher epoch, or a higher epoch issued before (restored from a
--- dump, or carried through pg_upgrade, where timelines restart), raises base
--- to that epoch (`raise_base`: the caller records it when it issues), and the
--- epoch is then above it, and above what any earlier, lower timeline computed
--- from the same stored token. The next token is max(stored, epoch << 40) + 1,
--- NULL when none is left (stored at bigint's top, or epoch 2^23 reached).
--- `issued` is lease.token_epoch_issued's epoch. A SQL-standard body, bound
--- when created and inlined into the caller's query (one statement, as before
--- it was factored out of acquire).
-CREATE FUNCTION lease._next_token(stored bigint, timeline bigint)
-RETURNS TABLE (token bigint, epoch bigint, issued bigint, raise_base bigint)
-LANGUAGE sql STABLE PARALLEL SAFE
-BEGIN ATOMIC
-    SELECT CASE WHEN stored = 9223372036854775807 OR r.epoch >= 8388608 THEN NULL   -- 2^63 - 1, 2^23
-                ELSE greatest(stored, r.epoch << 40) + 1 END,
-           r.epoch, r.issued, r.raise_base
-      FROM (SELECT CASE WHEN h.high > c.epoch THEN h.high + timeline ELSE c.epoch END AS epoch,
-                   c.issued,
-                   CASE WHEN h.high > c.epoch THEN h.high END AS raise_base
-              FROM (SELECT coalesce(max(e.base), 0) + timeline AS epoch,
-                           (SELECT i.epoch FROM lease.token_epoch_issued i) AS issued
-                      FROM lease.token_epoch e) c
-             CROSS JOIN LATERAL (SELECT greatest(stored >> 40, c.issued) AS high) h) r;
-END;
+-- The token rule, in one place (src/lease.rs, token_rule): lease.acquire
+-- issues with it, and lease.token_ceiling / lease.issue_tokens_above
+-- (blue/green cutover) judge with it through lease._next_token(stored,
+-- timeline), a C function (since 0.9.0; SQL before): for a lease whose
+-- highest stored token (its own, its owner row's) is `stored`, on WAL
+-- timeline `timeline`, the next token (NULL when none is left), the epoch,
+-- lease.token_epoch_issued's epoch and the base the epoch must rise to
+-- (`raise_base`: the caller records it when it issues). It reads the epoch
+-- tables as a statement run at that moment would (fresh at READ COMMITTED).
 COMMENT ON FUNCTION lease._next_token(bigint, bigint) IS
     'The next fencing token after stored on timeline, by the epoch rule (NULL when none is left), with the epoch and the base raise it needs (internal).';
 REVOKE EXECUTE ON FUNCTION lease._next_token(bigint, bigint) FROM PUBLIC;

@@ -1,6 +1,6 @@
-//! The parts of the lease service that need C: the token epoch and TTL bounds.
-//! The service itself is SQL (sql/lease.sql): it runs on row locks and
-//! `clock_timestamp()`, which PL/pgSQL expresses directly.
+//! The lease service's rules: the token epoch and the token rule, label and
+//! TTL bounds. The calls that apply them are `lease_calls` (Rust since 0.7.0
+//! and 0.8.0) and sql/lease.sql.
 
 use crate::errors::Invalid;
 use crate::gucs;
@@ -42,6 +42,67 @@ pub fn token_floor() -> i64 {
     // it is set once recovery has ended.
     let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() } as i64;
     timeline << EPOCH_SHIFT
+}
+
+/// Epochs stay below 2^23, so that `epoch << EPOCH_SHIFT` is a bigint.
+pub const EPOCH_LIMIT: i64 = 1 << 23;
+
+/// What the token rule gives for one lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NextToken {
+    /// The next token; None when none is left (the stored token at bigint's
+    /// top, or the epoch at [`EPOCH_LIMIT`]).
+    pub token: Option<i64>,
+    /// The epoch the token is issued in.
+    pub epoch: i64,
+    /// `lease.token_epoch_issued`'s epoch (None before the first token).
+    pub issued: Option<i64>,
+    /// The base the epoch had to rise to (the caller records it in
+    /// `lease.token_epoch` when it issues), None when no raise is needed.
+    pub raise_base: Option<i64>,
+}
+
+/// The token rule, in one place (lease.acquire issues with it;
+/// `lease._next_token`, for lease.token_ceiling and lease.issue_tokens_above,
+/// judges with it). For a lease whose highest stored token (its own, its
+/// owner row's) is `stored`, on WAL timeline `timeline`, with `max_base` the
+/// highest base in `lease.token_epoch` and `issued` the issued epoch: the
+/// epoch is max_base (0 without any) + the timeline; a stored token from a
+/// higher epoch, or a higher epoch issued before (restored from a dump, or
+/// carried through pg_upgrade, where timelines restart), raises the base to
+/// that epoch, and the epoch is then above it, and above what any earlier,
+/// lower timeline computed from the same stored token. The next token is
+/// max(stored, epoch << 40) + 1.
+pub fn token_rule(stored: i64, timeline: i64, max_base: Option<i64>, issued: Option<i64>) -> NextToken {
+    let current = max_base.unwrap_or(0).saturating_add(timeline);
+    let high = issued.map_or(stored >> EPOCH_SHIFT, |i| i.max(stored >> EPOCH_SHIFT));
+    let (epoch, raise_base) =
+        if high > current { (high.saturating_add(timeline), Some(high)) } else { (current, None) };
+    let token = (stored != i64::MAX && epoch < EPOCH_LIMIT).then(|| stored.max(epoch << EPOCH_SHIFT) + 1);
+    NextToken { token, epoch, issued, raise_base }
+}
+
+/// [`token_rule`] on the epoch tables as a statement run now reads them
+/// (fresh at READ COMMITTED: call it after the lease row's lock wait).
+pub fn next_token(stored: i64, timeline: i64) -> NextToken {
+    let max_base = crate::pg::own_table_max_int8(c"token_epoch", 1);
+    let issued = crate::pg::own_table_max_int8(c"token_epoch_issued", 2);
+    token_rule(stored, timeline, max_base, issued)
+}
+
+/// `lease._next_token(stored, timeline)`: [`next_token`] as a row (for
+/// lease.token_ceiling and lease.issue_tokens_above; not executable by PUBLIC).
+#[pg_extern(name = "_next_token", volatile, parallel_unsafe)]
+#[allow(clippy::type_complexity)] // pgrx reads the row's columns from the literal tuple
+pub fn next_token_sql(
+    stored: i64,
+    timeline: i64,
+) -> TableIterator<
+    'static,
+    (name!(token, Option<i64>), name!(epoch, i64), name!(issued, Option<i64>), name!(raise_base, Option<i64>)),
+> {
+    let n = next_token(stored, timeline);
+    TableIterator::once((n.token, n.epoch, n.issued, n.raise_base))
 }
 
 /// The longest lease name or owner, in characters.
@@ -104,6 +165,69 @@ mod tests {
         let floor = Spi::get_one::<i64>("SELECT lease._token_floor()").unwrap().unwrap();
         let timeline = Spi::get_one::<i64>("SELECT timeline_id::bigint FROM pg_control_checkpoint()").unwrap().unwrap();
         assert_eq!(floor, timeline << super::EPOCH_SHIFT);
+    }
+
+    /// The Rust rule gives what 0.8.0's SQL `lease._next_token` gave, over the
+    /// edges (bigint's top, epoch 2^23, raises by a stored token or an issued
+    /// epoch, no base/issued rows), the SQL run here on the same inputs.
+    #[pg_test]
+    fn the_token_rule_is_the_sql_rule_it_replaced() {
+        use super::{token_rule, NextToken};
+        let edges = [0_i64, 1, (1 << 40) - 1, 1 << 40, (5 << 40) + 7, (1 << 62) - 1, i64::MAX - 1, i64::MAX];
+        let bases = [None, Some(1), Some(3), Some((1 << 23) - 2)];
+        let issueds = [None, Some(0), Some(2), Some(9), Some((1 << 23) - 1)];
+        for stored in edges {
+            for timeline in [1_i64, 2, 7] {
+                for base in bases {
+                    for issued in issueds {
+                        // 0.8.0's body of lease._next_token, with the two
+                        // tables' values as parameters.
+                        let sql = Spi::connect(|c| {
+                            let row = c
+                                .select(
+                                    "SELECT CASE WHEN $1 = 9223372036854775807 OR r.epoch >= 8388608 THEN NULL
+                                                 ELSE greatest($1, r.epoch << 40) + 1 END,
+                                            r.epoch, r.issued, r.raise_base
+                                       FROM (SELECT CASE WHEN h.high > c.epoch THEN h.high + $2 ELSE c.epoch END AS epoch,
+                                                    c.issued,
+                                                    CASE WHEN h.high > c.epoch THEN h.high END AS raise_base
+                                               FROM (SELECT coalesce($3, 0) + $2 AS epoch, $4 AS issued) c
+                                              CROSS JOIN LATERAL (SELECT greatest($1 >> 40, c.issued) AS high) h) r",
+                                    None,
+                                    &[stored.into(), timeline.into(), base.into(), issued.into()],
+                                )
+                                .unwrap()
+                                .first();
+                            NextToken {
+                                token: row.get::<i64>(1).unwrap(),
+                                epoch: row.get::<i64>(2).unwrap().unwrap(),
+                                issued: row.get::<i64>(3).unwrap(),
+                                raise_base: row.get::<i64>(4).unwrap(),
+                            }
+                        });
+                        assert_eq!(
+                            token_rule(stored, timeline, base, issued),
+                            sql,
+                            "{stored} {timeline} {base:?} {issued:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// lease._next_token reads the epoch tables, this transaction's writes
+    /// included.
+    #[pg_test]
+    fn next_token_reads_the_epoch_tables() {
+        let row = |sql: &str| Spi::get_two::<i64, i64>(sql).unwrap();
+        assert_eq!(row("SELECT token, epoch FROM lease._next_token(0, 1)"), (Some((1 << 40) + 1), Some(1)));
+        Spi::run("INSERT INTO lease.token_epoch (base) VALUES (4)").unwrap();
+        assert_eq!(row("SELECT token, epoch FROM lease._next_token(0, 1)"), (Some((5 << 40) + 1), Some(5)));
+        Spi::run("INSERT INTO lease.token_epoch_issued (epoch) VALUES (9)").unwrap();
+        let raised = Spi::get_one::<i64>("SELECT raise_base FROM lease._next_token(0, 1)").unwrap();
+        assert_eq!(raised, Some(9));
+        assert_eq!(row("SELECT token, epoch FROM lease._next_token(0, 1)"), (Some((10 << 40) + 1), Some(10)));
     }
 
     #[pg_test]

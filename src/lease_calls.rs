@@ -12,7 +12,7 @@
 
 use crate::errors::{Failure, Invalid, LeaseError, Refusal};
 use crate::lease::EPOCH_SHIFT;
-use crate::lease_owner::{lock_owner_row, set_owner_token};
+use crate::lease_owner::{lock_owner_row, same_owner_row, set_owner_token};
 use crate::pg::{
     as_definer, exec_saved, now, prepare_saved, result_datum, result_rows, result_text, row_datum, set_guc,
     spi_connected, subtransaction, with_pinned_search_path,
@@ -330,8 +330,6 @@ struct AcquirePlans {
     session: pg_sys::SPIPlanPtr,
     /// The issued-epoch row, locked at REPEATABLE READ and above.
     issued_share: pg_sys::SPIPlanPtr,
-    /// lease._next_token, the epoch rule's one home.
-    next_token: pg_sys::SPIPlanPtr,
     /// A name's first acquire without an owner row: both rows in one statement.
     fresh: pg_sys::SPIPlanPtr,
     raise_base: pg_sys::SPIPlanPtr,
@@ -341,6 +339,8 @@ struct AcquirePlans {
     lost: pg_sys::SPIPlanPtr,
     lost_moot: pg_sys::SPIPlanPtr,
     notify: pg_sys::SPIPlanPtr,
+    /// Unreleased leases of other names whose token an owner row holds.
+    rivals: pg_sys::SPIPlanPtr,
     /// The texts of a refusal's timestamps (LF005's DETAIL).
     held_texts: pg_sys::SPIPlanPtr,
     /// The texts of an owner table, owner key and key columns, for messages.
@@ -386,11 +386,6 @@ fn acquire_plans() -> AcquirePlans {
             WHAT,
         ),
         issued_share: prepare_saved(c"SELECT FROM lease.token_epoch_issued i FOR SHARE", &mut [], WHAT),
-        next_token: prepare_saved(
-            c"SELECT n.token, n.epoch, n.issued, n.raise_base FROM lease._next_token($1, $2) n",
-            &mut [INT8OID, INT8OID],
-            WHAT,
-        ),
         fresh: prepare_saved(
             // The lease row, then (only if it was inserted) the session row.
             c"WITH ins AS (
@@ -447,6 +442,15 @@ fn acquire_plans() -> AcquirePlans {
             &mut [TEXTOID, TEXTOID, INT8OID, TEXTOID, INT8OID, TIMESTAMPTZOID],
             WHAT,
         ),
+        rivals: prepare_saved(
+            // No index serves it: run only when an owner row holds a token
+            // that is not this lease's (a first binding, or a rival).
+            c"SELECT l.name, l.owner, l.token, l.expires_at, l.owner_key FROM lease.lease_state l
+               WHERE l.owner_table OPERATOR(pg_catalog.=) $1 AND l.token OPERATOR(pg_catalog.=) $2
+                 AND l.name OPERATOR(pg_catalog.<>) $3 AND l.released_at IS NULL",
+            &mut [REGCLASSOID, INT8OID, TEXTOID],
+            WHAT,
+        ),
         held_texts: prepare_saved(
             c"SELECT $1::pg_catalog.text,
                      pg_catalog.date_trunc('millisecond', $1 OPERATOR(pg_catalog.-) $2)::pg_catalog.text",
@@ -483,7 +487,43 @@ pub struct Acquired {
 
 /// `lease.acquire(...)` as the function's owner `definer`.
 pub fn acquire(definer: pg_sys::Oid, call: &Acquire) -> Result<Acquired, Failure> {
+    if let Some((table, _)) = call.bound {
+        may_bind(table)?;
+    }
     as_definer(definer, || spi_connected(|| acquire_connected(call)))
+}
+
+/// A lease bound to an owner row writes its tokens there, fencing out every
+/// writer of that row: the caller must have some right on the owner table
+/// (SELECT or UPDATE, on the table or on any of its columns); 42501 otherwise.
+fn may_bind(table: pg_sys::Oid) -> Result<(), Invalid> {
+    let mode = (pg_sys::ACL_SELECT | pg_sys::ACL_UPDATE) as pg_sys::AclMode;
+    // SAFETY: privilege lookups of the calling role (the function's caller:
+    // acquire has not switched user yet) on a relation that exists (a
+    // regclass argument; a concurrently dropped one reads as no privilege).
+    let allowed = unsafe {
+        let role = pg_sys::GetUserId();
+        pg_sys::pg_class_aclcheck(table, role, mode) == pg_sys::AclResult::ACLCHECK_OK
+            || pg_sys::pg_attribute_aclcheck_all(table, role, mode, pg_sys::AclMaskHow::ACLMASK_ANY)
+                == pg_sys::AclResult::ACLCHECK_OK
+    };
+    if allowed {
+        return Ok(());
+    }
+    // SAFETY: reads a backend global.
+    let role = unsafe { pg_sys::GetUserId() };
+    let mut e = invalid(
+        "42501",
+        format!(
+            "pg_lease: permission denied to bind a lease to owner rows of {} (role {})",
+            crate::pg::display(table),
+            crate::pg::role_name(role)
+        ),
+    );
+    e.hint = Some(
+        "Binding a lease to an owner row writes its tokens there: grant SELECT or UPDATE on the owner table.".into(),
+    );
+    Err(e)
 }
 
 /// `lease.try_acquire(...)` as the function's owner `definer`: acquire in a
@@ -591,7 +631,10 @@ fn acquire_connected(call: &Acquire) -> Result<Acquired, Failure> {
         };
         // The new holder's session row exists from its first lease on, so the
         // takeover check below can always lock it. Fresh: after its row.
-        if !fresh {
+        // Re-taken by the owner that holds it: the row is there already (its
+        // acquire wrote it with the lease row; pg_lease never deletes one).
+        let holds = found && cur.released.is_none() && cur.owner_bytes == owner_bytes;
+        if !fresh && !holds {
             // SAFETY: as above.
             unsafe { exec_saved(a.session, &[owner_d], "lease.acquire") };
         }
@@ -628,10 +671,13 @@ fn acquire_connected(call: &Acquire) -> Result<Acquired, Failure> {
                 .into());
             };
             owner_token = token;
+            if let Some(t) = token.filter(|&t| t > 0 && t != cur.token) {
+                rival_on_row(a, p, (&name, call.name.0), &owner_bytes, (*table, *key, key_values), t)?;
+            }
         }
 
         // Epoch = base + timeline, raised above a stored token's or an issued
-        // epoch when needed: the rule is lease._next_token's.
+        // epoch when needed: the rule is crate::lease::token_rule.
         let stored = cur.token.max(owner_token.unwrap_or(0)).max(0);
         // A REPEATABLE READ or SERIALIZABLE transaction reads the epoch in
         // its snapshot, which may be older than a raise: every raise writes
@@ -641,12 +687,9 @@ fn acquire_connected(call: &Acquire) -> Result<Acquired, Failure> {
             // SAFETY: as above.
             unsafe { exec_saved(a.issued_share, &[], "lease.acquire") };
         }
-        // SAFETY: as above; one row: token, epoch, issued, raise_base (int8s).
-        let (new_token, epoch, issued, high) = unsafe {
-            exec_saved(a.next_token, &[Some(stored.into()), Some(call.timeline.into())], "lease.acquire");
-            let int = |c| result_datum(c).map(|d| d.value() as i64);
-            (int(1), int(2).expect("an epoch"), int(3), int(4))
-        };
+        // The epoch tables read as a statement now would (after the lock waits).
+        let crate::lease::NextToken { token: new_token, epoch, issued, raise_base: high } =
+            crate::lease::next_token(stored, call.timeline);
         let Some(new_token) = new_token else {
             let mut e =
                 invalid("22003", format!("pg_lease: lease \"{name}\" has no fencing token left (current {stored})"));
@@ -748,6 +791,78 @@ fn returned() -> Acquired {
 
 fn invalid(sqlstate: &str, message: String) -> Invalid {
     Invalid::new(sqlstate, message).expect("a valid SQLSTATE")
+}
+
+/// An owner row is one resource, so one lease: when the owner row locked for
+/// lease `name` holds token `t`, not this lease's, and an unreleased lease of
+/// another name issued it for this row, that lease is judged as a holder of
+/// `name` would be: live (on its own, or carried by its owner's session) and
+/// held by another owner, LF005 naming it; else its holder hears of the loss
+/// at its next heartbeat, as from a takeover. Keys compare by the key
+/// columns' own `=` (`lease_owner::same_owner_row`).
+fn rival_on_row(
+    a: AcquirePlans,
+    p: Plans,
+    (name, name_d): (&str, pg_sys::Datum),
+    owner_bytes: &[u8],
+    (table, key_d, key): (pg_sys::Oid, pg_sys::Datum, &[Option<String>]),
+    t: i64,
+) -> Result<(), Refusal> {
+    // SAFETY: inside spi_connected; the parameters are of the plan's types;
+    // the rows' columns are name, owner (text), token (int8), expires_at
+    // (timestamptz), owner_key (text[]), the first four NOT NULL; the owner
+    // datum stays valid until the SPI connection ends.
+    let rivals: Vec<(String, pg_sys::Datum, Current, Vec<Option<String>>)> = unsafe {
+        exec_saved(a.rivals, &[Some(table.into()), Some(t.into()), Some(name_d)], "lease.acquire");
+        (0..result_rows())
+            .map(|r| {
+                let text = |c| String::from_datum(row_datum(r, c).expect("NOT NULL"), false).expect("text");
+                let owner_d = row_datum(r, 2).expect("owner is NOT NULL");
+                let key = row_datum(r, 5).and_then(|d| Vec::<Option<String>>::from_datum(d, false)).unwrap_or_default();
+                let cur = Current {
+                    owner: text(2),
+                    owner_bytes: text_bytes(owner_d),
+                    owner_d,
+                    token: row_datum(r, 3).expect("token is NOT NULL").value() as i64,
+                    released: None,
+                    expiry: row_datum(r, 4).map(|d| d.value() as i64),
+                };
+                (text(1), row_datum(r, 1).expect("name is NOT NULL"), cur, key)
+            })
+            .collect()
+    };
+    for (rival, rival_d, mut cur, rival_key) in rivals {
+        if !with_pinned_search_path(|| same_owner_row(table, key, &rival_key)) {
+            continue;
+        }
+        if cur.owner_bytes == owner_bytes {
+            continue; // the same owner, under another name: its own to re-take
+        }
+        // SAFETY: as above.
+        let session = unsafe { exec_saved(p.lock_session, &[Some(cur.owner_d)], "lease.acquire") };
+        let now_ts = now();
+        let own = cur.expiry.expect("expires_at is NOT NULL");
+        cur.expiry = Some(if session { carried(own, timestamp(1), timestamp(2)) } else { own });
+        if cur.expiry.is_some_and(|e| e > now_ts) {
+            let refusal = held_elsewhere(a, &rival, &cur, now_ts);
+            let (table_text, key_text, _) = owner_texts(a, table, key_d, None);
+            return Err(Refusal::new(
+                LeaseError::LeaseOwnedElsewhere,
+                format!(
+                    "lease \"{name}\": owner row {key_text} of {table_text} is held by {} through lease \"{rival}\"",
+                    cur.owner
+                ),
+                format!(
+                    "{} One owner row is one resource: acquire it by the lease name that holds it.",
+                    refusal.detail
+                ),
+            ));
+        }
+        let params = [Some(cur.owner_d), Some(rival_d), Some(cur.token.into()), Some(now_ts.into())];
+        // SAFETY: as above.
+        unsafe { exec_saved(a.lost, &params, "lease.acquire") };
+    }
+    Ok(())
 }
 
 /// LF005: `name` is held by another live owner, as `cur` says.

@@ -106,6 +106,41 @@ pub fn lock_owner_row(owner_table: pg_sys::Oid, owner_key: Vec<Option<String>>) 
     })
 }
 
+/// Whether owner keys `a` and `b` (text, as `lease.acquire` receives them)
+/// name the same row of `owner_table`: a row matches both, by the key
+/// columns' own `=` as the owner lookup compares (`'07'` and `'7'` are one
+/// integer key), read as the owner table's owner.
+pub fn same_owner_row(owner_table: pg_sys::Oid, a: &[Option<String>], b: &[Option<String>]) -> bool {
+    if a == b {
+        return true;
+    }
+    let (keys, _) = binding(owner_table);
+    as_table_owner(owner_table, || {
+        let mut datums = key_datums(&keys, a);
+        datums.extend(key_datums(&keys, b));
+        let n = keys.len();
+        let second = keys
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _))| format!("o.{} OPERATOR(pg_catalog.=) ${}", quote_ident(name), n + i + 1))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        let sql = format!(
+            "SELECT EXISTS (SELECT FROM {} o WHERE {} AND {})",
+            display(owner_table),
+            key_match(&key_columns(&keys)),
+            second
+        );
+        Spi::connect(|client| {
+            client
+                .select(sql.as_str(), Some(1), &args(&datums))
+                .and_then(|rows| rows.first().get_one::<bool>())
+                .unwrap_or_else(|e| error!("pg_lease: {e}"))
+                == Some(true)
+        })
+    })
+}
+
 /// `lease._set_owner_token(owner_table, owner_key, token)`: writes the new
 /// token into the owner row; returns the token the row holds afterwards, or
 /// NULL if no row was written (a trigger or rule swallowed the UPDATE).

@@ -328,6 +328,58 @@ pub fn own_relid(name: &str) -> pg_sys::Oid {
     .unwrap_or_else(|| panic!("{name} exists"))
 }
 
+/// The largest value of int8 column `attnum` of pg_lease's own table
+/// `lease.<name>` (None when it has no non-NULL one), read as a statement run
+/// here would read it: a fresh snapshot at READ COMMITTED (so, after a lock
+/// wait, what committed meanwhile), the transaction's above it, and this
+/// transaction's own earlier writes; the table locked AccessShareLock to
+/// transaction end, as SELECT locks it. No privilege check: for pg_lease's
+/// code reading its own tables. A sequential scan, for the token-epoch
+/// tables (a row or two each), without SPI.
+pub fn own_table_max_int8(name: &CStr, attnum: i16) -> Option<i64> {
+    // SAFETY: catalog lookups by name (the schema must exist: missing_ok
+    // false raises); the relation is opened (an ERROR if it vanished) and
+    // kept locked to transaction end; the snapshot is pushed, with the
+    // command counter advanced, as SPI does for a statement, and popped
+    // before return (an ERROR in between unwinds the snapshot stack, the scan,
+    // the slot and the relation reference at (sub)transaction abort); the
+    // column is read only from rows with at least `attnum` columns of type
+    // int8 (checked against the tuple descriptor first).
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(c"lease".as_ptr(), false);
+        let relid = pg_sys::get_relname_relid(name.as_ptr(), schema);
+        if relid == pg_sys::InvalidOid {
+            pgrx::error!("pg_lease: lease.{} is missing", name.to_string_lossy());
+        }
+        let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
+        let desc = (*rel).rd_att;
+        let typed = attnum >= 1
+            && attnum as i32 <= (*desc).natts
+            && (*(*desc).attrs.as_ptr().add(attnum as usize - 1)).atttypid == pg_sys::INT8OID;
+        if !typed {
+            pg_sys::table_close(rel, pg_sys::NoLock as _);
+            pgrx::error!("pg_lease: column {attnum} of lease.{} is not a bigint", name.to_string_lossy());
+        }
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+        pg_sys::CommandCounterIncrement();
+        pg_sys::UpdateActiveSnapshotCommandId();
+        let scan = pg_sys::table_beginscan(rel, pg_sys::GetActiveSnapshot(), 0, std::ptr::null_mut());
+        let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+        let mut max = None;
+        while pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
+            if let Some(v) = slot_attr(slot, attnum) {
+                let v = v.value() as i64;
+                max = Some(max.map_or(v, |m: i64| m.max(v)));
+            }
+        }
+        pg_sys::ExecDropSingleTupleTableSlot(slot);
+        pg_sys::table_endscan(scan);
+        pg_sys::PopActiveSnapshot();
+        pg_sys::table_close(rel, pg_sys::NoLock as _);
+        max
+    }
+}
+
 /// A `text` datum made by [`text_datum`]: the only elements [`text_array`]
 /// accepts, so that it never hands construct_array something that is not a
 /// text varlena.

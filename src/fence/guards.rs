@@ -29,11 +29,15 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     let Some((token_column, key_names)) = args.split_first() else {
         pgrx::error!("lease.owner_guard() needs the token column as its first argument");
     };
-    let owner_display = config::display_of(relid);
-    let (attnum, typid) = config::column(relid, &owner_display, token_column)?;
+    // The table's name is for messages only: built when one is (on a Citus
+    // shard it takes a catalog query), not on every owner-row write.
+    let owner_display = std::cell::LazyCell::new(|| config::display_of(relid));
+    let column =
+        |name: &str| crate::pg::attribute(relid, name).map_or_else(|| config::column(relid, &owner_display, name), Ok);
+    let (attnum, typid) = column(token_column)?;
     let mut keys = Vec::with_capacity(key_names.len());
     for name in key_names {
-        let (attnum, typid) = config::column(relid, &owner_display, name)?;
+        let (attnum, typid) = column(name)?;
         keys.push((name.as_str(), attnum, typid));
     }
     let op = call.op();
@@ -55,7 +59,7 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
         pgrx::ereport!(
             ERROR,
             pgrx::PgSqlErrorCode::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
-            format!("pg_lease: fencing token {a} is out of range for owner table {owner_display}"),
+            format!("pg_lease: fencing token {a} is out of range for owner table {}", *owner_display),
             format!(
                 "Owner tokens set by hand stop at {MAX_TOKEN}, so that lease.acquire can always issue a higher one."
             )
@@ -80,9 +84,10 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
         return Err(refusal::on_relation(
             LeaseError::FencingTokenRegression,
             relid,
-            format!("owner row {key} of {owner_display} {what}"),
+            format!("owner row {key} of {} {what}", *owner_display),
             format!(
-                "Table {owner_display}, owner row {key}, column \"{token_column}\": current token {b}, new token {}.",
+                "Table {}, owner row {key}, column \"{token_column}\": current token {b}, new token {}.",
+                *owner_display,
                 show(after)
             ),
             facts,

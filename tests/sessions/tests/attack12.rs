@@ -1188,7 +1188,6 @@ fn single_node_pair(name: &str) -> (String, Client) {
 /// read the table. Expected: `42501` unless the caller may at least read
 /// (or update) the owner table, as `protect` requires ownership.
 #[test]
-#[ignore = "open (medium): acquire's owner binding asks no privilege on the owner table; see the session 7 closing note"]
 fn citus_acquire_by_a_role_without_rights_on_the_owner_table_is_refused() {
     let (db, mut su) = single_node_pair("a12outsider");
     ok(
@@ -1217,7 +1216,6 @@ fn citus_acquire_by_a_role_without_rights_on_the_owner_table_is_refused() {
 /// Expected: `LF005` while a live lease of another name is bound to that
 /// owner row (or one lease name per owner row enforced).
 #[test]
-#[ignore = "open (medium): two lease names bound to one owner row; see the session 7 closing note"]
 fn citus_a_second_lease_name_for_a_held_owner_row_is_refused() {
     let (_db, mut su) = single_node_pair("a12twonames");
     let a: i64 = su

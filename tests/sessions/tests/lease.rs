@@ -312,6 +312,84 @@ fn owner_paused_past_its_ttl_loses_and_is_fenced() {
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM payouts"), 0);
 }
 
+/// One owner row is one resource, so one lease: a lease of another name
+/// bound to a row a live lease holds is refused (LF005, naming the lease
+/// that holds it), whatever the key's spelling ('01' is row 1 of an int
+/// key); once that lease has expired the row may be taken under the new
+/// name, and the old holder's heartbeat reports the loss. The same owner
+/// may re-bind the row under another name.
+#[test]
+fn a_second_lease_name_for_a_held_owner_row_is_refused() {
+    let (_db, mut c) = poker_with_leases("lease_two_names");
+    let a: i64 =
+        c.query_one("SELECT token FROM lease.acquire('table:1', 'host-a', 300, 'tables', '{1}')", &[]).unwrap().get(0);
+    for key in ["{1}", "{01}", "{\" 1\"}"] {
+        let e = db_error(&mut c, &format!("SELECT lease.acquire('room:1', 'host-b', 15000, 'tables', '{key}')"));
+        assert_eq!(e.code().code(), "LF005", "{key}: {e:?}");
+        assert!(
+            e.message().contains("through lease \"table:1\"") && e.message().contains("host-a"),
+            "{key}: {}",
+            e.message()
+        );
+        let none =
+            c.query("SELECT * FROM lease.try_acquire('room:1', 'host-b', 15000, 'tables', $1::text::text[])", &[&key]);
+        assert!(none.unwrap().is_empty(), "{key}: try_acquire gives no row");
+    }
+    assert_eq!(one_i64(&mut c, "SELECT owner_fencing_token FROM tables WHERE id = 1"), a);
+    c.batch_execute(&format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {a})")).unwrap();
+    // Another row of the same table holding the same token value is no rival.
+    c.execute("UPDATE tables SET owner_fencing_token = $1 WHERE id = 2", &[&a]).unwrap();
+    c.batch_execute("SELECT lease.acquire('room:2', 'host-b', 15000, 'tables', '{2}')").unwrap();
+    // The same owner re-binds its row under another name.
+    let again: i64 =
+        c.query_one("SELECT token FROM lease.acquire('t1', 'host-a', 300, 'tables', '{1}')", &[]).unwrap().get(0);
+    assert!(again > a);
+    // Expired: taken under the new name; the holder of 't1' hears of it.
+    thread::sleep(Duration::from_millis(400));
+    let b: i64 =
+        c.query_one("SELECT token FROM lease.acquire('room:1', 'host-b', 15000, 'tables', '{1}')", &[]).unwrap().get(0);
+    assert!(b > again);
+    let lost: Vec<String> = c
+        .query("SELECT name FROM lease.heartbeat('host-a', 15000) WHERE lost IS NOT NULL ORDER BY name", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(lost.contains(&"t1".to_string()), "host-a's heartbeat reports t1 lost: {lost:?}");
+    expect_error(&mut c, &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {again})"), "LF001");
+}
+
+/// Binding a lease to an owner row writes tokens there: the caller needs a
+/// right on the owner table (SELECT or UPDATE, table or column), else 42501
+/// and the row keeps its token. Unbound leases need only EXECUTE.
+#[test]
+fn binding_a_lease_needs_a_right_on_the_owner_table() {
+    let (db, mut c) = poker_with_leases("lease_bind_rights");
+    let role = format!("outsider_{}", std::process::id());
+    c.batch_execute(&format!(
+        "CREATE ROLE {role} LOGIN;
+         GRANT EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]),
+                                   lease.try_acquire(text, text, integer, regclass, text[]) TO {role}"
+    ))
+    .unwrap();
+    let mut app = db.connect_as(&role);
+    for call in ["acquire", "try_acquire"] {
+        let e =
+            db_error(&mut app, &format!("SELECT * FROM lease.{call}('table:1', 'intruder', 15000, 'tables', '{{1}}')"));
+        assert_eq!(e.code().code(), "42501", "{call}: {e:?}");
+        assert!(
+            e.message().contains("tables") && e.hint().is_some_and(|h| h.contains("GRANT") || h.contains("grant")),
+            "{e:?}"
+        );
+    }
+    assert_eq!(one_i64(&mut c, "SELECT owner_fencing_token FROM tables WHERE id = 1"), 5);
+    acquire(&mut app, "unbound", "intruder", 1000).unwrap();
+    c.batch_execute(&format!("GRANT SELECT (id) ON tables TO {role}")).unwrap();
+    app.batch_execute("SELECT lease.acquire('table:1', 'intruder', 15000, 'tables', '{1}')").unwrap();
+    drop(app);
+    c.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).unwrap();
+}
+
 #[test]
 fn application_role_needs_execute_grants() {
     let (db, mut c) = poker_with_leases("lease_grants");

@@ -1,0 +1,338 @@
+//! Attack review 14 (0.9.0 in progress: the token rule in Rust reading the
+//! epoch tables without SPI, the session-row skip on a re-take, LF005 for a
+//! second lease name on a held owner row, 42501 for binding without rights on
+//! the owner table), over real connections on one node.
+//!
+//! Tests marked **Hole** fail at the commit they were written against
+//! (1468d96); those marked **Defence holds** pass and document what was
+//! tried. Review 12's findings (attack12.rs) are not repeated. Most severe
+//! first:
+//!
+//! - high: the "one owner row, one lease" rule only looks for a rival when
+//!   the owner row's token differs from the acquiring lease's own token.
+//!   Tokens are per lease, so two names' first tokens collide (both
+//!   `epoch << 40 | 1`): a second name whose last token equals the row's
+//!   takes the row from a live holder, no LF005, and the holder's heartbeat
+//!   reports nothing;
+//! - high: the rival's owner key (stored as text) is parsed again under the
+//!   *current caller's* `TimeZone`/`DateStyle`: the same row bound from a
+//!   session in another time zone is not recognised as the rival's, and the
+//!   second name takes it (a `date` key under another `DateStyle` fails
+//!   with a misleading 22008 instead);
+//! - medium: the 42501 check counts a table-level SELECT that row-level
+//!   security limits to other rows: a role that cannot see an owner row
+//!   binds a lease to it and bumps its token (fencing out its writers);
+//! - medium: a token handed out by an `acquire` whose transaction then rolls
+//!   back is issued again, to another owner: two holders, one token;
+//! - low: an owner token raised by a role allowed to UPDATE owner rows hides
+//!   the live lease that holds the row: a second name takes it, no LF005,
+//!   no loss reported to the first holder.
+//!
+//! Defences that held: an acquire in a REPEATABLE READ snapshot taken before
+//! `issue_tokens_above` on a database that never issued a token (no issued
+//! row to lock) fails to serialize; `issue_tokens_above` then `acquire` in
+//! one transaction issues above the raise; two names racing for one owner
+//! row: one wins, the other gets LF005.
+
+use pg_lease_sessions::postgres::Client;
+use pg_lease_sessions::*;
+use std::thread;
+
+const TTL: i32 = 60_000;
+
+fn ok(c: &mut Client, sql: &str) {
+    c.batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// `acquire(...)`'s token, or its SQLSTATE.
+fn acquire(c: &mut Client, args: &str) -> Result<i64, String> {
+    c.query_one(&format!("SELECT token FROM lease.acquire({args})"), &[]).map(|r| r.get(0)).map_err(|e| {
+        let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();
+        format!("{code}: {}", e.as_db_error().map(|d| d.message().to_owned()).unwrap_or_default())
+    })
+}
+
+/// Live leases bound to owner row `id` of `tables`.
+fn live_on_row(c: &mut Client, id: i32) -> Vec<String> {
+    c.query(
+        "SELECT name FROM lease.leases WHERE live AND owner_table = 'tables'::regclass AND owner_key[1]::int = $1
+          ORDER BY name",
+        &[&id],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// The losses `owner`'s heartbeat reports.
+fn losses(c: &mut Client, owner: &str) -> Vec<String> {
+    c.query("SELECT name || ':' || lost FROM lease.heartbeat($1, 60000)", &[&owner])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Creates `role` (login, cluster-wide) unless it exists.
+fn role(c: &mut Client, role: &str) {
+    ok(
+        c,
+        &format!(
+            "DO $$ BEGIN CREATE ROLE {role} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             GRANT USAGE ON SCHEMA lease TO {role};
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA lease TO {role};"
+        ),
+    );
+}
+
+/// **Hole (high).** Attack: lease `b` (owner srv2) is taken unbound and
+/// released: its token is `epoch << 40 | 1`. Lease `a` (owner srv1) binds
+/// owner row 3 (token NULL) and gets the same first token, which the row now
+/// holds. srv2 then acquires `b` bound to row 3. The rival check in
+/// `acquire` runs only when the row's token differs from the acquiring
+/// lease's own last token; here they are equal, so it is skipped.
+/// Observed: `b` takes row 3 while `a` is live (two live leases on one row;
+/// srv1's writes are refused from then on) and srv1's heartbeat reports no
+/// loss. Expected: LF005 naming lease `a` (README: "while a live lease of
+/// another name holds the row ... binding it under a new name is LF005").
+#[test]
+fn second_name_whose_token_equals_the_rows_takes_a_held_owner_row() {
+    let db = TestDb::new("a14_collide");
+    let mut c = db.connect();
+    ok(&mut c, POKER);
+    ok(&mut c, "INSERT INTO tables VALUES (3, NULL)");
+    let b = acquire(&mut c, &format!("'b', 'srv2', {TTL}")).unwrap();
+    ok(&mut c, &format!("SELECT lease.release('b', 'srv2', {b})"));
+    let a = acquire(&mut c, &format!("'a', 'srv1', {TTL}, 'tables', '{{3}}'")).unwrap();
+    assert_eq!(a, b, "the two names' first tokens collide");
+    let taken = acquire(&mut c, &format!("'b', 'srv2', {TTL}, 'tables', '{{3}}'"));
+    let live = live_on_row(&mut c, 3);
+    let lost = losses(&mut c, "srv1");
+    assert!(
+        matches!(&taken, Err(e) if e.starts_with("LF005")),
+        "second name took owner row 3 from live lease a: {taken:?}; live leases on the row {live:?}; \
+         srv1's heartbeat losses {lost:?}"
+    );
+}
+
+/// **Hole (high).** Attack: an owner table keyed by `timestamptz`. srv1, in
+/// a session at `TimeZone = UTC`, binds lease `s1` to the row
+/// `'2024-01-01 00:00'`; srv2, at `TimeZone = Asia/Tokyo`, binds lease `s2`
+/// to `'2024-01-01 09:00'`: the same instant, the same row (acquire locks
+/// it and reads s1's token). The rival check parses s1's stored key text
+/// again under srv2's time zone (2023-12-31 15:00 UTC), finds it names
+/// another row, and skips the rival. Observed: `s2` takes the row while `s1`
+/// is live, no LF005. Expected: LF005 (keys compare by the key type's own
+/// `=`, whatever the caller's settings; the rival's key must be compared as
+/// the value it named when bound, e.g. stored in the type's canonical form).
+#[test]
+fn rival_owner_key_is_reparsed_in_the_callers_time_zone() {
+    let db = TestDb::new("a14_tz");
+    let mut c = db.connect();
+    ok(
+        &mut c,
+        "CREATE TABLE slots (at timestamptz PRIMARY KEY, tok bigint);
+         CREATE TABLE slot_pay (id bigserial PRIMARY KEY, at timestamptz NOT NULL, tok bigint);
+         SELECT lease.protect('slot_pay', '{at}', 'tok', 'slots', '{at}', 'tok');
+         INSERT INTO slots VALUES ('2024-01-01 00:00+00', 5);",
+    );
+    ok(&mut c, "SET TimeZone = 'UTC'");
+    acquire(&mut c, &format!("'s1', 'srv1', {TTL}, 'slots', '{{2024-01-01 00:00}}'")).unwrap();
+    let mut d = db.connect();
+    ok(&mut d, "SET TimeZone = 'Asia/Tokyo'");
+    let taken = acquire(&mut d, &format!("'s2', 'srv2', {TTL}, 'slots', '{{2024-01-01 09:00}}'"));
+    let live = one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE live AND owner_table = 'slots'::regclass");
+    assert!(
+        matches!(&taken, Err(e) if e.starts_with("LF005")),
+        "s2 took the owner row s1 holds: {taken:?}; live leases on it: {live}"
+    );
+}
+
+/// **Hole (low).** Attack: an owner table keyed by `date`. srv1 binds lease
+/// `d1` to `'13/01/2024'` under `DateStyle = 'ISO, DMY'`; srv2, under
+/// `'ISO, MDY'`, binds `d2` to `'01/13/2024'` (the same row). The rival
+/// check parses d1's stored text under srv2's DateStyle. Observed: 22008
+/// "date/time field value out of range: "13/01/2024"" with a HINT about
+/// srv2's datestyle, about a value srv2 never passed. Expected: LF005 naming
+/// lease d1.
+#[test]
+fn rival_date_key_under_another_datestyle_gives_a_misleading_22008() {
+    let db = TestDb::new("a14_datestyle");
+    let mut c = db.connect();
+    ok(
+        &mut c,
+        "CREATE TABLE days (d date PRIMARY KEY, tok bigint);
+         CREATE TABLE day_pay (id bigserial PRIMARY KEY, d date NOT NULL, tok bigint);
+         SELECT lease.protect('day_pay', '{d}', 'tok', 'days', '{d}', 'tok');
+         INSERT INTO days VALUES ('2024-01-13', 5);",
+    );
+    ok(&mut c, "SET DateStyle = 'ISO, DMY'");
+    acquire(&mut c, &format!("'d1', 'srv1', {TTL}, 'days', '{{13/01/2024}}'")).unwrap();
+    let mut d = db.connect();
+    ok(&mut d, "SET DateStyle = 'ISO, MDY'");
+    let taken = acquire(&mut d, &format!("'d2', 'srv2', {TTL}, 'days', '{{01/13/2024}}'"));
+    assert!(matches!(&taken, Err(e) if e.starts_with("LF005")), "expected LF005 naming d1, got {taken:?}");
+}
+
+/// **Hole (medium).** Attack: the application role has SELECT on the owner
+/// table, but a row-level security policy shows it only row 1. It binds a
+/// lease to row 2, which it cannot read. `may_bind` checks the table-level
+/// privilege only; the owner row is then locked and written as the table's
+/// owner (RLS does not apply). Observed: the lease is granted and row 2's
+/// token is bumped: whoever writes row 2's resources is fenced out by a role
+/// that cannot see that row. Expected: 42501 (or the row treated as missing,
+/// LF003), as for a role without SELECT/UPDATE on the table.
+#[test]
+fn row_level_security_hidden_owner_row_is_bound_and_bumped() {
+    let db = TestDb::new("a14_rls");
+    let mut c = db.connect();
+    ok(&mut c, POKER);
+    role(&mut c, "a14_rls_app");
+    ok(
+        &mut c,
+        "ALTER TABLE tables ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY mine ON tables FOR SELECT TO a14_rls_app USING (id = 1);
+         GRANT SELECT ON tables TO a14_rls_app;",
+    );
+    let mut app = db.connect_as("a14_rls_app");
+    assert_eq!(one_i64(&mut app, "SELECT count(*) FROM tables WHERE id = 2"), 0, "row 2 is hidden from the role");
+    let bound = acquire(&mut app, &format!("'t2', 'app', {TTL}, 'tables', '{{2}}'"));
+    let row2 = one_i64(&mut c, "SELECT owner_fencing_token FROM tables WHERE id = 2");
+    assert!(
+        matches!(&bound, Err(e) if e.starts_with("42501") || e.starts_with("LF003")),
+        "a role that cannot see owner row 2 bound it: {bound:?}; row 2's token 5 -> {row2}"
+    );
+}
+
+/// **Hole (medium).** Attack: srv1 calls `lease.acquire` inside its own
+/// transaction, sees token T, and the transaction rolls back (a client
+/// error, a pooler reset, a savepoint rolled back around it). srv2 then
+/// acquires the same free lease. Observed: srv2 is issued the same T that
+/// srv1 saw; if srv1 goes on with the token it was shown, its fenced writes
+/// are accepted alongside srv2's (one token, two holders). Expected: a token
+/// shown to a caller is never issued again (the README: "the token is
+/// committed before the client sees it"): e.g. acquire refused in an
+/// explicit transaction block/subtransaction, or the counter advanced
+/// outside the caller's transaction.
+#[test]
+fn token_seen_in_a_rolled_back_acquire_is_issued_again_to_another_owner() {
+    let db = TestDb::new("a14_rollback");
+    let mut c = db.connect();
+    ok(&mut c, POKER);
+    let mut srv1 = db.connect();
+    ok(&mut srv1, "BEGIN");
+    let seen = acquire(&mut srv1, &format!("'table:1', 'srv1', {TTL}, 'tables', '{{1}}'")).unwrap();
+    ok(&mut srv1, "ROLLBACK");
+    let mut srv2 = db.connect();
+    let issued = acquire(&mut srv2, &format!("'table:1', 'srv2', {TTL}, 'tables', '{{1}}'")).unwrap();
+    // srv1 writes with the token it was shown.
+    let stale = try_sql(&mut srv1, &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {seen})"));
+    assert_ne!(
+        seen, issued,
+        "token {seen}, shown to srv1 in a transaction that rolled back, was issued again to srv2 \
+         (srv1's write with it: {stale:?}, empty = accepted)"
+    );
+}
+
+/// **Hole (low).** Attack: lease `h1` (srv1) holds owner row 1; a role
+/// granted UPDATE on owner rows raises the row's token by one (allowed: the
+/// owner guard only refuses lowering it). srv2 then binds lease `h2` to row 1.
+/// The rival search looks for a lease whose token *equals* the row's;
+/// none does now. Observed: h2 takes the row while h1 is live (two live
+/// leases on one owner row) and srv1's heartbeat reports no loss, so srv1
+/// learns only from LF001s. Expected: LF005 naming h1 (h1 is the live lease
+/// bound to that row), or at least h1 reported lost to srv1's heartbeat.
+#[test]
+fn hand_raised_owner_token_hides_the_live_holder_from_a_second_name() {
+    let db = TestDb::new("a14_raised");
+    let mut c = db.connect();
+    ok(&mut c, POKER);
+    role(&mut c, "a14_updater");
+    ok(&mut c, "GRANT SELECT, UPDATE ON tables TO a14_updater");
+    acquire(&mut c, &format!("'h1', 'srv1', {TTL}, 'tables', '{{1}}'")).unwrap();
+    let mut upd = db.connect_as("a14_updater");
+    ok(&mut upd, "UPDATE tables SET owner_fencing_token = owner_fencing_token + 1 WHERE id = 1");
+    let taken = acquire(&mut c, &format!("'h2', 'srv2', {TTL}, 'tables', '{{1}}'"));
+    let live = live_on_row(&mut c, 1);
+    let lost = losses(&mut c, "srv1");
+    assert!(
+        matches!(&taken, Err(e) if e.starts_with("LF005")) || !lost.is_empty(),
+        "h2 took row 1 from live h1: {taken:?}; live on the row {live:?}; srv1's heartbeat losses {lost:?}"
+    );
+}
+
+/// **Defence holds.** Attack: on a database that has never issued a token
+/// (no `lease.token_epoch_issued` row, so the REPEATABLE READ caller's
+/// `FOR SHARE` on it locks nothing), a REPEATABLE READ transaction takes
+/// its snapshot, then a DBA runs `issue_tokens_above(50 << 40)` (the
+/// blue/green cutover on a fresh new side), then the transaction acquires.
+/// Its snapshot does not see the raise. Observed: 40001 (the issued row's
+/// `ON CONFLICT DO UPDATE` meets the invisible committed row). Expected:
+/// that, or a token above the raise; never a token below it.
+#[test]
+fn repeatable_read_acquire_on_a_fresh_database_after_a_raise_never_goes_below_it() {
+    for bound in [false, true] {
+        let db = TestDb::new("a14_rr_fresh");
+        let mut a = db.connect();
+        let mut dba = db.connect();
+        ok(&mut dba, POKER);
+        ok(&mut a, "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1");
+        let lowest = one_i64(&mut dba, &format!("SELECT lease.issue_tokens_above({})", 50_i64 << 40));
+        let args = if bound { format!("'r', 'o', {TTL}, 'tables', '{{1}}'") } else { format!("'r', 'o', {TTL}") };
+        match acquire(&mut a, &args) {
+            Ok(t) => assert!(t >= lowest, "bound {bound}: token {t} below the raise's lowest {lowest}"),
+            Err(e) => assert!(e.starts_with("40001"), "bound {bound}: {e}"),
+        }
+        ok(&mut a, "ROLLBACK");
+        assert!(acquire(&mut a, &args).unwrap() >= lowest);
+    }
+}
+
+/// **Defence holds.** Attack: `issue_tokens_above` and then `acquire` (a
+/// fresh name and one bound to an owner row) in the same transaction, at
+/// READ COMMITTED and at SERIALIZABLE: the epoch tables are read without SPI,
+/// so a read that missed the transaction's own uncommitted raise would issue
+/// below it. Observed: both tokens are above the raise. Expected: that.
+#[test]
+fn issue_tokens_above_then_acquire_in_one_transaction_issues_above() {
+    let db = TestDb::new("a14_same_xact");
+    let mut c = db.connect();
+    ok(&mut c, POKER);
+    for (i, level) in ["READ COMMITTED", "SERIALIZABLE"].iter().enumerate() {
+        let above = ((10 + 10 * i as i64) << 40) + 7;
+        ok(&mut c, &format!("BEGIN ISOLATION LEVEL {level}"));
+        let lowest = one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({above})"));
+        let fresh = acquire(&mut c, &format!("'f{i}', 'o', {TTL}")).unwrap();
+        let bound = acquire(&mut c, &format!("'b{i}', 'o', {TTL}, 'tables', '{{{}}}'", i + 1)).unwrap();
+        ok(&mut c, "COMMIT");
+        assert!(fresh > above && bound > above && lowest > above, "{level}: {fresh} {bound} {lowest} vs {above}");
+    }
+}
+
+/// **Defence holds.** Attack: two owners race to bind two different lease
+/// names to one owner row: the first holds its acquire's transaction open
+/// (owner row locked FOR UPDATE), the second blocks on the row, then the
+/// first commits. Observed: the second gets LF005 naming the first's lease
+/// (the rival search runs after the lock wait, on a fresh snapshot).
+/// Expected: exactly one live lease on the row.
+#[test]
+fn two_names_racing_for_one_owner_row_one_wins() {
+    let db = TestDb::new("a14_race");
+    let mut c = db.connect();
+    ok(&mut c, POKER);
+    let mut first = db.connect();
+    ok(&mut first, "BEGIN");
+    acquire(&mut first, &format!("'n1', 'srv1', {TTL}, 'tables', '{{2}}'")).unwrap();
+    let pid = {
+        let mut second = db.connect();
+        let pid = backend_pid(&mut second);
+        let waiter = thread::spawn(move || acquire(&mut second, &format!("'n2', 'srv2', {TTL}, 'tables', '{{02}}'")));
+        (pid, waiter)
+    };
+    wait_until_blocked(&mut c, pid.0);
+    ok(&mut first, "COMMIT");
+    let second = pid.1.join().unwrap();
+    assert!(matches!(&second, Err(e) if e.starts_with("LF005")), "{second:?}");
+    assert_eq!(live_on_row(&mut c, 2), vec!["n1".to_owned()]);
+}

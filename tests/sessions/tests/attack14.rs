@@ -19,6 +19,10 @@
 //!   session in another time zone is not recognised as the rival's, and the
 //!   second name takes it (a `date` key under another `DateStyle` fails
 //!   with a misleading 22008 instead);
+//! - medium: the rival lease's row is read without a lock: in a REPEATABLE
+//!   READ / SERIALIZABLE snapshot older than the rival's renew, or at READ
+//!   COMMITTED while that renew is in flight, the rival looks expired, and a
+//!   second name takes the owner row from a live, renewable lease;
 //! - medium: the 42501 check counts a table-level SELECT that row-level
 //!   security limits to other rows: a role that cannot see an owner row
 //!   binds a lease to it and bumps its token (fencing out its writers);
@@ -117,62 +121,73 @@ fn second_name_whose_token_equals_the_rows_takes_a_held_owner_row() {
 }
 
 /// **Hole (high).** Attack: an owner table keyed by `timestamptz`. srv1, in
-/// a session at `TimeZone = UTC`, binds lease `s1` to the row
-/// `'2024-01-01 00:00'`; srv2, at `TimeZone = Asia/Tokyo`, binds lease `s2`
+/// a session at `TimeZone = UTC`, binds lease `k1` to the row
+/// `'2024-01-01 00:00'`; srv2, at `TimeZone = Asia/Tokyo`, binds lease `k2`
 /// to `'2024-01-01 09:00'`: the same instant, the same row (acquire locks
-/// it and reads s1's token). The rival check parses s1's stored key text
+/// it and reads k1's token). The rival check parses k1's stored key text
 /// again under srv2's time zone (2023-12-31 15:00 UTC), finds it names
-/// another row, and skips the rival. Observed: `s2` takes the row while `s1`
+/// another row, and skips the rival. Observed: `k2` takes the row while `k1`
 /// is live, no LF005. Expected: LF005 (keys compare by the key type's own
 /// `=`, whatever the caller's settings; the rival's key must be compared as
 /// the value it named when bound, e.g. stored in the type's canonical form).
 #[test]
 fn rival_owner_key_is_reparsed_in_the_callers_time_zone() {
-    let db = TestDb::new("a14_tz");
-    let mut c = db.connect();
-    ok(
-        &mut c,
-        "CREATE TABLE slots (at timestamptz PRIMARY KEY, tok bigint);
-         CREATE TABLE slot_pay (id bigserial PRIMARY KEY, at timestamptz NOT NULL, tok bigint);
-         SELECT lease.protect('slot_pay', '{at}', 'tok', 'slots', '{at}', 'tok');
-         INSERT INTO slots VALUES ('2024-01-01 00:00+00', 5);",
+    let (taken, live) = second_name_under_other_settings(
+        ("timestamptz", "2024-01-01 00:00+00"),
+        ("TimeZone = 'UTC'", "2024-01-01 00:00"),
+        ("TimeZone = 'Asia/Tokyo'", "2024-01-01 09:00"),
     );
-    ok(&mut c, "SET TimeZone = 'UTC'");
-    acquire(&mut c, &format!("'s1', 'srv1', {TTL}, 'slots', '{{2024-01-01 00:00}}'")).unwrap();
-    let mut d = db.connect();
-    ok(&mut d, "SET TimeZone = 'Asia/Tokyo'");
-    let taken = acquire(&mut d, &format!("'s2', 'srv2', {TTL}, 'slots', '{{2024-01-01 09:00}}'"));
-    let live = one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE live AND owner_table = 'slots'::regclass");
     assert!(
         matches!(&taken, Err(e) if e.starts_with("LF005")),
-        "s2 took the owner row s1 holds: {taken:?}; live leases on it: {live}"
+        "k2 took the owner row k1 holds: {taken:?}; live leases on it: {live}"
     );
 }
 
-/// **Hole (low).** Attack: an owner table keyed by `date`. srv1 binds lease
-/// `d1` to `'13/01/2024'` under `DateStyle = 'ISO, DMY'`; srv2, under
-/// `'ISO, MDY'`, binds `d2` to `'01/13/2024'` (the same row). The rival
-/// check parses d1's stored text under srv2's DateStyle. Observed: 22008
-/// "date/time field value out of range: "13/01/2024"" with a HINT about
-/// srv2's datestyle, about a value srv2 never passed. Expected: LF005 naming
-/// lease d1.
-#[test]
-fn rival_date_key_under_another_datestyle_gives_a_misleading_22008() {
-    let db = TestDb::new("a14_datestyle");
+/// An owner table `keyed (k <type> PRIMARY KEY, tok bigint)` with one row
+/// `k = <row>` (token 5); lease `k1` (srv1) binds it from a session with
+/// `SET <first.0>` and key text `first.1`, then lease `k2` (srv2) from a
+/// session with `SET <second.0>` and key text `second.1`: k2's result and
+/// how many live leases the table then has.
+fn second_name_under_other_settings(
+    (typ, row): (&str, &str),
+    first: (&str, &str),
+    second: (&str, &str),
+) -> (Result<i64, String>, i64) {
+    let db = TestDb::new("a14_keyed");
     let mut c = db.connect();
     ok(
         &mut c,
-        "CREATE TABLE days (d date PRIMARY KEY, tok bigint);
-         CREATE TABLE day_pay (id bigserial PRIMARY KEY, d date NOT NULL, tok bigint);
-         SELECT lease.protect('day_pay', '{d}', 'tok', 'days', '{d}', 'tok');
-         INSERT INTO days VALUES ('2024-01-13', 5);",
+        &format!(
+            "CREATE TABLE keyed (k {typ} PRIMARY KEY, tok bigint);
+             CREATE TABLE keyed_pay (id bigserial PRIMARY KEY, k {typ} NOT NULL, tok bigint);
+             SELECT lease.protect('keyed_pay', '{{k}}', 'tok', 'keyed', '{{k}}', 'tok');
+             INSERT INTO keyed VALUES ('{row}', 5);"
+        ),
     );
-    ok(&mut c, "SET DateStyle = 'ISO, DMY'");
-    acquire(&mut c, &format!("'d1', 'srv1', {TTL}, 'days', '{{13/01/2024}}'")).unwrap();
+    ok(&mut c, &format!("SET {}", first.0));
+    acquire(&mut c, &format!("'k1', 'srv1', {TTL}, 'keyed', '{{{}}}'", first.1)).unwrap();
     let mut d = db.connect();
-    ok(&mut d, "SET DateStyle = 'ISO, MDY'");
-    let taken = acquire(&mut d, &format!("'d2', 'srv2', {TTL}, 'days', '{{01/13/2024}}'"));
-    assert!(matches!(&taken, Err(e) if e.starts_with("LF005")), "expected LF005 naming d1, got {taken:?}");
+    ok(&mut d, &format!("SET {}", second.0));
+    let taken = acquire(&mut d, &format!("'k2', 'srv2', {TTL}, 'keyed', '{{{}}}'", second.1));
+    let live = one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE live AND owner_table = 'keyed'::regclass");
+    (taken, live)
+}
+
+/// **Hole (low).** Attack: an owner table keyed by `date`. srv1 binds lease
+/// `k1` to `'13/01/2024'` under `DateStyle = 'ISO, DMY'`; srv2, under
+/// `'ISO, MDY'`, binds `k2` to `'01/13/2024'` (the same row). The rival
+/// check parses k1's stored text under srv2's DateStyle. Observed: 22008
+/// "date/time field value out of range: "13/01/2024"" with a HINT about
+/// srv2's datestyle, about a value srv2 never passed. Expected: LF005 naming
+/// lease k1.
+#[test]
+fn rival_date_key_under_another_datestyle_gives_a_misleading_22008() {
+    let (taken, _) = second_name_under_other_settings(
+        ("date", "2024-01-13"),
+        ("DateStyle = 'ISO, DMY'", "13/01/2024"),
+        ("DateStyle = 'ISO, MDY'", "01/13/2024"),
+    );
+    assert!(matches!(&taken, Err(e) if e.starts_with("LF005")), "expected LF005 naming k1, got {taken:?}");
 }
 
 /// **Hole (medium).** Attack: the application role has SELECT on the owner
@@ -335,4 +350,85 @@ fn two_names_racing_for_one_owner_row_one_wins() {
     let second = pid.1.join().unwrap();
     assert!(matches!(&second, Err(e) if e.starts_with("LF005")), "{second:?}");
     assert_eq!(live_on_row(&mut c, 2), vec!["n1".to_owned()]);
+}
+
+/// A database with the poker tables and lease `c1` (srv1, TTL 2 s) bound to
+/// owner row 1: a connection, c1's token, and a moment just past c1's expiry.
+fn short_lease_on_row_1(label: &str) -> (TestDb, Client, i64, std::time::Instant) {
+    let db = TestDb::new(label);
+    let mut c = db.connect();
+    ok(&mut c, POKER);
+    let before = std::time::Instant::now();
+    let c1 = acquire(&mut c, "'c1', 'srv1', 2000, 'tables', '{1}'").unwrap();
+    (db, c, c1, before + std::time::Duration::from_millis(2300))
+}
+
+/// **Hole (medium).** Attack: lease `c1` (srv1, TTL 2 s) holds owner row 1.
+/// srv2 opens a REPEATABLE READ (or SERIALIZABLE) transaction and takes its
+/// snapshot; srv1 then renews `c1` for a minute; once c1's first expiry has
+/// passed, srv2 binds lease `c2` to row 1 in that transaction. The rival
+/// search reads c1's lease row in srv2's old snapshot without locking it
+/// (the owner row and srv1's session row, which it does lock, did not
+/// change), so it sees the expiry before the renew. Observed: `c2` takes
+/// the row; c1 stays live and renewable (two live leases on one owner row);
+/// srv1's heartbeat says `taken` while its renew keeps succeeding. Expected:
+/// 40001 (as for the lease's own row, README: "fails with 40001 (retry it)
+/// rather than ..."), or LF005 naming c1.
+#[test]
+fn snapshot_older_than_a_renew_lets_a_second_name_take_a_live_owner_row() {
+    let mut holes = vec![];
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        let (db, mut c, c1, deadline) = short_lease_on_row_1("a14_rr_rival");
+        let mut srv2 = db.connect();
+        ok(&mut srv2, &format!("BEGIN ISOLATION LEVEL {level}; SELECT 1"));
+        ok(&mut c, &format!("SELECT lease.renew('c1', 'srv1', {c1}, 60000)"));
+        thread::sleep(deadline.saturating_duration_since(std::time::Instant::now()));
+        let taken = acquire(&mut srv2, &format!("'c2', 'srv2', {TTL}, 'tables', '{{1}}'"));
+        let _ = srv2.batch_execute("COMMIT");
+        let live = live_on_row(&mut c, 1);
+        let renewed = try_sql(&mut c, &format!("SELECT lease.renew('c1', 'srv1', {c1}, 60000)"));
+        if !matches!(&taken, Err(e) if e.starts_with("40001") || e.starts_with("LF005")) {
+            holes.push(format!(
+                "{level}: c2 took owner row 1 from renewed c1: {taken:?}; live on the row {live:?}; \
+                 c1's renew afterwards: {renewed:?} (empty = renewed)"
+            ));
+        }
+    }
+    assert!(holes.is_empty(), "{holes:#?}");
+}
+
+/// **Hole (medium).** Attack: as above at READ COMMITTED: srv1 renews lease
+/// `c1` (TTL 2 s, bound to owner row 1) inside its own transaction, judged
+/// alive before its expiry, and commits a moment later (its client does
+/// more work in that transaction). Meanwhile c1's first expiry passes and
+/// srv2 binds lease `c2` to row 1. A takeover of `c1` itself would wait for
+/// the renew's row lock; the rival search reads c1's row without a lock, as
+/// last committed. Observed: `c2` takes the row, srv1's renew then commits:
+/// c1 and c2 both live on row 1, c1 renewable. Expected: the rival judged
+/// under its lease row's lock (c2 waits for the renew, then LF005).
+#[test]
+fn renew_in_flight_is_not_waited_for_by_a_second_name_taking_the_owner_row() {
+    let (db, mut c, c1, deadline) = short_lease_on_row_1("a14_rc_rival");
+    let mut srv1 = db.connect();
+    ok(&mut srv1, &format!("BEGIN; SELECT lease.renew('c1', 'srv1', {c1}, 60000)"));
+    thread::sleep(deadline.saturating_duration_since(std::time::Instant::now()));
+    let mut srv2 = db.connect();
+    let pid = backend_pid(&mut srv2);
+    let taker = thread::spawn(move || acquire(&mut srv2, &format!("'c2', 'srv2', {TTL}, 'tables', '{{1}}'")));
+    // Either it waits for srv1's transaction (then srv1 commits) or it is done.
+    let waited = (0..50).any(|_| {
+        thread::sleep(std::time::Duration::from_millis(20));
+        one_i64(
+            &mut c,
+            &format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {pid} AND wait_event_type = 'Lock'"),
+        ) == 1
+    });
+    ok(&mut srv1, "COMMIT");
+    let taken = taker.join().unwrap();
+    let live = live_on_row(&mut c, 1);
+    assert!(
+        matches!(&taken, Err(e) if e.starts_with("LF005")),
+        "c2 took owner row 1 while c1's renew was in flight (c2 waited for it: {waited}): {taken:?}; \
+         live on the row {live:?}"
+    );
 }

@@ -19,6 +19,10 @@
 //!   session in another time zone is not recognised as the rival's, and the
 //!   second name takes it (a `date` key under another `DateStyle` fails
 //!   with a misleading 22008 instead);
+//! - high: `SET LOCAL synchronous_commit = off` after `acquire` in the same
+//!   transaction undoes acquire's raise to `local`: the COMMIT returns
+//!   before the token is durable, and after a crash the same token is
+//!   issued to another owner;
 //! - medium: the rival lease's row is read without a lock: in a REPEATABLE
 //!   READ / SERIALIZABLE snapshot older than the rival's renew, or at READ
 //!   COMMITTED while that renew is in flight, the rival looks expired, and a
@@ -430,5 +434,45 @@ fn renew_in_flight_is_not_waited_for_by_a_second_name_taking_the_owner_row() {
         matches!(&taken, Err(e) if e.starts_with("LF005")),
         "c2 took owner row 1 while c1's renew was in flight (c2 waited for it: {waited}): {taken:?}; \
          live on the row {live:?}"
+    );
+}
+
+/// **Hole (medium).** Attack: in its own transaction, srv1 acquires a lease
+/// (acquire raises `synchronous_commit = off` to `local` for the
+/// transaction), then runs `SET LOCAL synchronous_commit = off` and commits;
+/// the server is killed (SIGKILL) right after the COMMIT returned. Observed:
+/// the acquire's commit was not durable (acquire's raise was undone in the
+/// same transaction): after restart the lease has no token, and another
+/// owner is issued the very token srv1 was given and saw committed.
+/// Expected: the token durable before srv1 can see it committed (README:
+/// "the commit is forced to be synchronous"), e.g. the raise kept for the
+/// commit whatever the transaction sets after acquire.
+#[test]
+fn synchronous_commit_off_after_acquire_in_the_same_transaction_loses_the_token() {
+    // Writes of WAL only by commits: no walwriter or bgwriter flush within
+    // the test's second.
+    let cluster = Cluster::start_with(
+        "a14_async",
+        15110,
+        &["wal_writer_delay = 10000ms", "bgwriter_lru_maxpages = 0", "autovacuum = off"],
+    );
+    let mut c = cluster.connect();
+    ok(&mut c, "CREATE EXTENSION IF NOT EXISTS pg_lease; CHECKPOINT");
+    // The control: the same transaction without the SET survives the crash.
+    ok(&mut c, "BEGIN");
+    acquire(&mut c, &format!("'y', 'srv1', {TTL}")).unwrap();
+    ok(&mut c, "COMMIT");
+    ok(&mut c, "BEGIN");
+    let seen = acquire(&mut c, &format!("'x', 'srv1', {TTL}")).unwrap();
+    ok(&mut c, "SET LOCAL synchronous_commit = off; COMMIT");
+    cluster.kill9();
+    cluster.restart();
+    let mut c = cluster.connect();
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE name = 'y'"), 1, "the control was lost");
+    let kept = one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE name = 'x' AND owner = 'srv1'");
+    let again = acquire(&mut c, &format!("'x', 'srv2', {TTL}")).unwrap();
+    assert!(
+        kept == 1 && again > seen,
+        "srv1's committed acquire (token {seen}) was lost in the crash (rows kept: {kept}); srv2 got {again}"
     );
 }

@@ -40,7 +40,9 @@
 //! `issue_tokens_above` on a database that never issued a token (no issued
 //! row to lock) fails to serialize; `issue_tokens_above` then `acquire` in
 //! one transaction issues above the raise; two names racing for one owner
-//! row: one wins, the other gets LF005.
+//! row: one wins, the other gets LF005; an acquire through a wrapper
+//! function with a `SET search_path` clause, under a session's
+//! `synchronous_commit = off`, still commits durably (SIGKILL after it).
 
 use pg_lease_sessions::postgres::Client;
 use pg_lease_sessions::*;
@@ -449,30 +451,84 @@ fn renew_in_flight_is_not_waited_for_by_a_second_name_taking_the_owner_row() {
 /// commit whatever the transaction sets after acquire.
 #[test]
 fn synchronous_commit_off_after_acquire_in_the_same_transaction_loses_the_token() {
-    // Writes of WAL only by commits: no walwriter or bgwriter flush within
-    // the test's second.
-    let cluster = Cluster::start_with(
+    let (seen, kept, again) = acquire_then_kill9(
         "a14_async",
         15110,
+        "",
+        "BEGIN",
+        "SELECT token FROM lease.acquire('x', 'srv1', 60000)",
+        "SET LOCAL synchronous_commit = off; COMMIT",
+    );
+    assert!(
+        kept == 1 && again != Ok(seen),
+        "srv1's committed acquire (token {seen}) was lost in the crash (rows kept: {kept}); srv2 got {again:?}"
+    );
+}
+
+/// On a cluster of its own (`name`, `port`) where WAL is flushed only by
+/// commits (no walwriter or bgwriter flush within the test's second): runs
+/// `setup`, then (a control) an acquire of lease `y` in a transaction that
+/// must survive, then `before`, `acquire_sql` (lease `x` for srv1: its
+/// token) and `after`, kills the server with SIGKILL and restarts it.
+/// Returns the token srv1 saw, how many rows of lease `x` held by srv1
+/// survived, and what srv2's acquire of `x` then gets (LF005 while srv1's
+/// survived).
+fn acquire_then_kill9(
+    name: &str,
+    port: u16,
+    setup: &str,
+    before: &str,
+    acquire_sql: &str,
+    after: &str,
+) -> (i64, i64, Result<i64, String>) {
+    let cluster = Cluster::start_with(
+        name,
+        port,
         &["wal_writer_delay = 10000ms", "bgwriter_lru_maxpages = 0", "autovacuum = off"],
     );
     let mut c = cluster.connect();
-    ok(&mut c, "CREATE EXTENSION IF NOT EXISTS pg_lease; CHECKPOINT");
-    // The control: the same transaction without the SET survives the crash.
+    ok(&mut c, &format!("CREATE EXTENSION IF NOT EXISTS pg_lease; {setup} CHECKPOINT"));
     ok(&mut c, "BEGIN");
     acquire(&mut c, &format!("'y', 'srv1', {TTL}")).unwrap();
     ok(&mut c, "COMMIT");
-    ok(&mut c, "BEGIN");
-    let seen = acquire(&mut c, &format!("'x', 'srv1', {TTL}")).unwrap();
-    ok(&mut c, "SET LOCAL synchronous_commit = off; COMMIT");
+    if !before.is_empty() {
+        ok(&mut c, before);
+    }
+    let seen = one_i64(&mut c, acquire_sql);
+    if !after.is_empty() {
+        ok(&mut c, after);
+    }
     cluster.kill9();
     cluster.restart();
     let mut c = cluster.connect();
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE name = 'y'"), 1, "the control was lost");
     let kept = one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE name = 'x' AND owner = 'srv1'");
-    let again = acquire(&mut c, &format!("'x', 'srv2', {TTL}")).unwrap();
+    let again = acquire(&mut c, &format!("'x', 'srv2', {TTL}"));
+    (seen, kept, again)
+}
+
+/// **Defence holds.** Attack: the application runs with
+/// `synchronous_commit = off` (a session or role setting, as for its
+/// payouts) and takes leases through its own wrapper function with a `SET
+/// search_path` clause (as every SECURITY DEFINER function should have).
+/// acquire raises `synchronous_commit` to `local` with a transaction-local
+/// SET; were it undone when the wrapper's SET clause is popped at its
+/// return, the autocommit COMMIT would be asynchronous. The server is killed
+/// right after the call returned. Observed: the acquire survives (the
+/// wrapper's clause restores only its own variable). Expected: that.
+#[test]
+fn acquire_through_a_function_with_a_set_clause_stays_durable() {
+    let (seen, kept, again) = acquire_then_kill9(
+        "a14_async_fn",
+        15111,
+        "CREATE FUNCTION take(n text, o text) RETURNS bigint LANGUAGE sql SET search_path = pg_catalog
+             AS $$ SELECT token FROM lease.acquire(n, o, 60000) $$;",
+        "SET synchronous_commit = off",
+        "SELECT take('x', 'srv1')",
+        "",
+    );
     assert!(
-        kept == 1 && again > seen,
-        "srv1's committed acquire (token {seen}) was lost in the crash (rows kept: {kept}); srv2 got {again}"
+        kept == 1 && again != Ok(seen),
+        "srv1's acquire through take() (token {seen}) was lost in the crash (rows kept: {kept}); srv2 got {again:?}"
     );
 }

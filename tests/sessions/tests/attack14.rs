@@ -19,6 +19,11 @@
 //!   session in another time zone is not recognised as the rival's, and the
 //!   second name takes it (a `date` key under another `DateStyle` fails
 //!   with a misleading 22008 instead);
+//! - high: an owner table that two fenced tables name with different key
+//!   columns (protect accepts it) gives `acquire`'s owner_key whichever
+//!   meaning the first `lease.protected` row has: after a re-protect, an
+//!   owner's re-take with the same key bumps another row, and the old
+//!   process's stale token is accepted;
 //! - high: `SET LOCAL synchronous_commit = off` after `acquire` in the same
 //!   transaction undoes acquire's raise to `local`: the COMMIT returns
 //!   before the token is durable, and after a crash the same token is
@@ -530,5 +535,49 @@ fn acquire_through_a_function_with_a_set_clause_stays_durable() {
     assert!(
         kept == 1 && again != Ok(seen),
         "srv1's acquire through take() (token {seen}) was lost in the crash (rows kept: {kept}); srv2 got {again:?}"
+    );
+}
+
+/// **Hole (high).** Attack: one owner table `rooms (id int PRIMARY KEY, code
+/// text UNIQUE)` is the owner table of two fenced tables, one keyed by `id`,
+/// the other by `code` (protect accepts both). `lease.acquire`'s owner_key
+/// is read against the key columns of whichever `lease.protected` row comes
+/// first (`LIMIT 1`, no order). srv1 takes lease `room` for key `{1}` (id 1);
+/// the migrator then unprotects and protects the id-keyed table again
+/// (after a schema change); srv1's new process re-takes `room` with the same
+/// `{1}`. Observed: the re-take bumps the row whose *code* is '1' (id 2);
+/// row id 1 keeps the old token, so the old process's write with it is
+/// accepted. Expected: one meaning for an owner key: protect refuses a
+/// second key column set for an owner table (lease_owner's binding assumes
+/// "every table fenced against one owner table agrees"), or acquire refuses
+/// an owner table with two.
+#[test]
+fn owner_key_meaning_flips_between_two_key_column_sets_of_one_owner_table() {
+    let db = TestDb::new("a14_two_keys");
+    let mut c = db.connect();
+    ok(
+        &mut c,
+        "CREATE TABLE rooms (id int PRIMARY KEY, code text UNIQUE NOT NULL, tok bigint);
+         CREATE TABLE by_id (n bigserial PRIMARY KEY, room int NOT NULL, tok bigint);
+         CREATE TABLE by_code (n bigserial PRIMARY KEY, code text NOT NULL, tok bigint);
+         INSERT INTO rooms VALUES (1, '2', 5), (2, '1', 5);
+         SELECT lease.protect('by_id', '{room}', 'tok', 'rooms', '{id}', 'tok');",
+    );
+    let second = try_sql(&mut c, "SELECT lease.protect('by_code', '{code}', 'tok', 'rooms', '{code}', 'tok')");
+    if !second.is_empty() {
+        return; // refused: one key column set per owner table (the defence)
+    }
+    let old = acquire(&mut c, &format!("'room', 'srv1', {TTL}, 'rooms', '{{1}}'")).unwrap();
+    ok(
+        &mut c,
+        "SELECT lease.unprotect('by_id'); SELECT lease.protect('by_id', '{room}', 'tok', 'rooms', '{id}', 'tok')",
+    );
+    let new = acquire(&mut c, &format!("'room', 'srv1', {TTL}, 'rooms', '{{1}}'"));
+    let row1 = one_i64(&mut c, "SELECT tok FROM rooms WHERE id = 1");
+    let stale = try_sql(&mut c, &format!("INSERT INTO by_id (room, tok) VALUES (1, {old})"));
+    assert!(
+        new.is_err() || row1 != old,
+        "re-take of room {{1}} gave {new:?} but owner row id 1 still holds the old token {old}; \
+         the old process's write with it: {stale:?} (empty = accepted)"
     );
 }

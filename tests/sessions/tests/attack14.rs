@@ -39,7 +39,10 @@
 //!   back is issued again, to another owner: two holders, one token;
 //! - low: an owner token raised by a role allowed to UPDATE owner rows hides
 //!   the live lease that holds the row: a second name takes it, no LF005,
-//!   no loss reported to the first holder.
+//!   no loss reported to the first holder;
+//! - low: an owner table given as an OID of no relation (0, a dropped
+//!   table's) fails in the new 42501 check with aclchk's 42P01 "relation
+//!   with OID 0 does not exist", not pg_lease's error about `owner_table`.
 //!
 //! Defences that held: an acquire in a REPEATABLE READ snapshot taken before
 //! `issue_tokens_above` on a database that never issued a token (no issued
@@ -580,4 +583,31 @@ fn owner_key_meaning_flips_between_two_key_column_sets_of_one_owner_table() {
         "re-take of room {{1}} gave {new:?} but owner row id 1 still holds the old token {old}; \
          the old process's write with it: {stale:?} (empty = accepted)"
     );
+}
+
+/// **Hole (low).** Attack: `lease.acquire` with an owner table given as an
+/// OID no relation has (`0::regclass`, or the OID of a table dropped since
+/// the caller read it: regclass accepts any number). The new binding check
+/// (`may_bind`, whose comment says a dropped relation "reads as no
+/// privilege") calls `pg_class_aclcheck`, which raises. Observed: 42P01
+/// "relation with OID 0 does not exist" from aclchk.c, naming no pg_lease
+/// argument. Expected: pg_lease's own clear error, as for any table that is
+/// not an owner table (55000 "... is not the owner table of any table
+/// protected with lease.protect"), or 42P01 saying `owner_table` names no
+/// relation.
+#[test]
+fn owner_table_oid_of_no_relation_gives_an_unclear_error() {
+    let db = TestDb::new("a14_no_oid");
+    let mut c = db.connect();
+    ok(&mut c, POKER);
+    ok(&mut c, "CREATE TABLE gone (id int)");
+    let dropped = one_i64(&mut c, "SELECT 'gone'::regclass::oid::bigint");
+    ok(&mut c, "DROP TABLE gone");
+    for oid in [0, dropped] {
+        let got = acquire(&mut c, &format!("'e', 'srv1', {TTL}, {oid}::oid::regclass, '{{1}}'"));
+        assert!(
+            matches!(&got, Err(e) if e.starts_with("55000") || (e.starts_with("42P01") && e.contains("owner_table"))),
+            "owner_table {oid}: {got:?}"
+        );
+    }
 }

@@ -365,6 +365,42 @@ BEGIN
     RETURN coordinator;
 END $$;
 
+-- The one rule for Citus workers: a fenced or owner table's shards, and its
+-- shell (where the shards read their config), change only over Citus's own
+-- connections. DDL of such a table goes through the coordinator, whose guard
+-- judges it, and Citus sends it on over its own connections (as it moves,
+-- splits and creates shards). Anything else reaching it on a worker (a table
+-- owner connected there, run_command_on_workers or run_command_on_placements
+-- from the coordinator) is refused. The coordinator's own placements (of
+-- reference tables) are changed by the very commands its guard judges: Citus
+-- runs them there in the client's own session. NULL when rel may change
+-- here; else the refusal's hint. Called by lease._guard_shards,
+-- lease._guard_drop and the DROP TABLE guard (src/fence/ddl.rs).
+CREATE FUNCTION lease._citus_change_refused(rel regclass) RETURNS text
+    LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    shell regclass;
+BEGIN
+    IF rel IS NULL OR pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NULL
+       OR lease._citus_internal() OR lease._citus_coordinator() THEN
+        RETURN NULL;
+    END IF;
+    shell := lease._shard_of(rel);
+    IF shell IS NULL THEN
+        IF (lease._citus_table(rel)).kind IS NULL THEN
+            RETURN NULL;
+        END IF;
+        shell := rel;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = shell
+                      AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)) THEN
+        RETURN NULL;
+    END IF;
+    RETURN format('%s is fenced by pg_lease (or holds owner rows): change it through the Citus coordinator, where pg_lease''s guard judges the change and Citus carries it to every node.', shell);
+END $$;
+
+-- (Executable by PUBLIC: the DROP TABLE guard calls it as the dropping role.)
+
 -- Citus: the DDL guard on a node's shards. Citus runs each DDL command of a
 -- distributed table on the coordinator, where pg_lease's guard judges it,
 -- then on every shard; a command that reaches a shard of a fenced or owner
@@ -380,6 +416,7 @@ DECLARE
     gap record;
     fenced text[];
     bad text;
+    refused text;
 BEGIN
     FOR x IN
         SELECT DISTINCT c.rel, lease._shard_of(c.rel)::regclass AS shell
@@ -389,33 +426,18 @@ BEGIN
                  WHERE d.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass)) c
          WHERE c.rel IS NOT NULL
     LOOP
-        -- A worker's shell of a fenced or owner table (where its shards read
-        -- their config) changes only through Citus's own connections too.
-        IF x.shell IS NULL AND (lease._citus_table(x.rel)).kind IS NOT NULL
-           AND EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = x.rel
-                          AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc))
-           AND NOT lease._citus_internal() AND NOT lease._citus_coordinator() THEN
+        -- A fenced or owner table's shell or shard changes on a worker only
+        -- over Citus's own connections (lease._citus_change_refused).
+        refused := lease._citus_change_refused(x.rel);
+        IF refused IS NOT NULL THEN
             PERFORM lease._raise('FenceTampering',
-                format('%s of %s is refused on this Citus worker', tag, x.rel),
-                format('%s is fenced by pg_lease (or holds owner rows): change it through the Citus coordinator, where pg_lease''s guard judges the change and Citus carries it to every node.', x.rel));
+                CASE WHEN x.shell IS NULL THEN format('%s of %s is refused on this Citus worker', tag, x.rel)
+                     ELSE format('%s of shard %s of %s is refused on this node', tag, x.rel, x.shell) END,
+                refused);
         END IF;
         CONTINUE WHEN x.shell IS NULL
             OR NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = x.shell
                               AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc));
-        -- Only Citus changes such a shard: DDL of a fenced or owner table
-        -- goes through the coordinator, whose guard judges it, and Citus
-        -- sends it on over its own connections (as it moves, splits and
-        -- creates shards). Anything else reaching the shard on its node (a
-        -- table owner connected there, run_command_on_workers or
-        -- run_command_on_placements from the coordinator) is refused. The
-        -- coordinator's own placements (of reference tables) are changed by
-        -- the very commands its guard judges: Citus runs them there in the
-        -- client's own session.
-        IF NOT lease._citus_internal() AND NOT lease._citus_coordinator() THEN
-            PERFORM lease._raise('FenceTampering',
-                format('%s of shard %s of %s is refused on this node', tag, x.rel, x.shell),
-                format('%s is fenced by pg_lease (or holds owner rows): change it through the Citus coordinator, where pg_lease''s guard judges the change and Citus carries it to every shard.', x.shell));
-        END IF;
         SELECT s.rel, s.problem INTO gap FROM lease._shard_problems(x.shell, ARRAY[x.rel], false, tag = 'CREATE TRIGGER') s LIMIT 1;
         IF FOUND THEN
             PERFORM lease._raise('FenceTampering',
@@ -1306,22 +1328,19 @@ DECLARE
 BEGIN
     -- Citus: a trigger, column or constraint dropped from a shard of a
     -- fenced or owner table straight on its node (see lease._guard_shards).
-    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL
-       AND NOT lease._citus_internal() AND NOT lease._citus_coordinator() THEN
-        SELECT d.object_type, d.object_identity, r.rel, lease._shard_of(r.rel)::regclass AS shell INTO victim
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
+        SELECT d.object_type, d.object_identity, x.refused INTO victim
           FROM pg_event_trigger_dropped_objects() d
           -- (by name: Citus hides shards from pg_class queries)
          CROSS JOIN LATERAL (SELECT pg_catalog.to_regclass(pg_catalog.quote_ident(d.address_names[1]) || '.'
                                                          || pg_catalog.quote_ident(d.address_names[2])) AS rel) r
-         WHERE d.object_type IN ('trigger', 'table column', 'table constraint', 'rule') AND r.rel IS NOT NULL
-           AND EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = coalesce(lease._shard_of(r.rel), r.rel)
-                          AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc))
-           AND (lease._shard_of(r.rel) IS NOT NULL OR (lease._citus_table(r.rel)).kind IS NOT NULL)
+         CROSS JOIN LATERAL (SELECT lease._citus_change_refused(r.rel) AS refused) x
+         WHERE d.object_type IN ('trigger', 'table column', 'table constraint', 'rule') AND x.refused IS NOT NULL
          LIMIT 1;
         IF FOUND THEN
             PERFORM lease._raise('FenceTampering',
                 format('%s of %s %s is refused on this Citus worker', tg_tag, victim.object_type, victim.object_identity),
-                format('%s is fenced by pg_lease (or holds owner rows): change it through the Citus coordinator, where pg_lease''s guard judges the change and Citus carries it to every node.', coalesce(victim.shell, victim.rel)));
+                victim.refused);
         END IF;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN

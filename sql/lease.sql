@@ -27,6 +27,10 @@ CREATE TABLE lease.lease_state (
     owner_key   text[]
 ) WITH (fillfactor = 70);  -- renewals update in place (HOT)
 CREATE INDEX lease_state_owner ON lease.lease_state (owner) WHERE released_at IS NULL;
+-- The live bindings of an owner table, for acquire's one-lease-per-owner-row
+-- rule (src/lease_calls.rs, rival_on_row). By table only: a re-take changes
+-- the token, not the binding, and stays a HOT update.
+CREATE INDEX lease_state_bound ON lease.lease_state (owner_table) WHERE owner_table IS NOT NULL AND released_at IS NULL;
 COMMENT ON TABLE lease.lease_state IS 'pg_lease leases; use the lease.* functions, read lease.leases.';
 REVOKE ALL ON lease.lease_state FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('lease.lease_state', '');
@@ -72,6 +76,16 @@ CREATE TABLE lease.token_epoch_issued (
 COMMENT ON TABLE lease.token_epoch_issued IS 'The highest fencing-token epoch issued so far (one row).';
 REVOKE ALL ON lease.token_epoch_issued FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('lease.token_epoch_issued', '');
+
+-- The counter every token is drawn from (since 0.9.0; the low 40 bits of a
+-- token, the epoch above them): one for the database, so no two acquires are
+-- given the same token, and not transactional, so a token an acquire returned
+-- is never issued again, even if that acquire's transaction rolled back (its
+-- caller may have used it). Dumped with its value.
+CREATE SEQUENCE lease.token_counter AS bigint MINVALUE 1 MAXVALUE 1099511627775 NO CYCLE;   -- 2^40 - 1
+COMMENT ON SEQUENCE lease.token_counter IS 'The counter of fencing tokens (their low 40 bits; lease.acquire draws from it).';
+REVOKE ALL ON lease.token_counter FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('lease.token_counter', '');
 
 -- Heartbeat sessions (since 0.4.0): one row per owner that has called
 -- lease.heartbeat or lease.renew_all. The session is alive from live_since

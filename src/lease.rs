@@ -62,6 +62,9 @@ pub struct NextToken {
     pub raise_base: Option<i64>,
 }
 
+/// A token's counter: its low 40 bits.
+pub const COUNTER_MASK: i64 = (1 << EPOCH_SHIFT) - 1;
+
 /// The token rule, in one place (lease.acquire issues with it;
 /// `lease._next_token`, for lease.token_ceiling and lease.issue_tokens_above,
 /// judges with it). For a lease whose highest stored token (its own, its
@@ -71,27 +74,80 @@ pub struct NextToken {
 /// higher epoch, or a higher epoch issued before (restored from a dump, or
 /// carried through pg_upgrade, where timelines restart), raises the base to
 /// that epoch, and the epoch is then above it, and above what any earlier,
-/// lower timeline computed from the same stored token. The next token is
-/// max(stored, epoch << 40) + 1.
-pub fn token_rule(stored: i64, timeline: i64, max_base: Option<i64>, issued: Option<i64>) -> NextToken {
+/// lower timeline computed from the same stored token. The token is
+/// `epoch << 40 | counter`, `counter` drawn from the database's one counter
+/// (`lease.token_counter`), so that no two acquires are ever given the same
+/// token; a stored token above it (set by hand, or issued before 0.9.0, when
+/// each lease counted for itself) gives `stored + 1` instead.
+pub fn token_rule(stored: i64, timeline: i64, max_base: Option<i64>, issued: Option<i64>, counter: i64) -> NextToken {
     let current = max_base.unwrap_or(0).saturating_add(timeline);
     let high = issued.map_or(stored >> EPOCH_SHIFT, |i| i.max(stored >> EPOCH_SHIFT));
     let (epoch, raise_base) =
         if high > current { (high.saturating_add(timeline), Some(high)) } else { (current, None) };
-    let token = (stored != i64::MAX && epoch < EPOCH_LIMIT).then(|| stored.max(epoch << EPOCH_SHIFT) + 1);
+    let token = (stored != i64::MAX && epoch < EPOCH_LIMIT).then(|| {
+        let drawn = (epoch << EPOCH_SHIFT) | (counter & COUNTER_MASK);
+        if drawn > stored {
+            drawn
+        } else {
+            stored + 1
+        }
+    });
     NextToken { token, epoch, issued, raise_base }
 }
 
-/// [`token_rule`] on the epoch tables as a statement run now reads them
-/// (fresh at READ COMMITTED: call it after the lease row's lock wait).
+/// The epoch tables as a statement run now reads them (fresh at READ
+/// COMMITTED: read after the lease row's lock wait): the highest base, the
+/// issued epoch.
+fn epoch_tables() -> (Option<i64>, Option<i64>) {
+    (crate::pg::own_table_max_int8(c"token_epoch", 1), crate::pg::own_table_max_int8(c"token_epoch_issued", 2))
+}
+
+/// The next token [`token_rule`] would issue now, without issuing it (the
+/// counter's next value, read, not drawn): for lease.token_ceiling and
+/// lease.issue_tokens_above.
 pub fn next_token(stored: i64, timeline: i64) -> NextToken {
-    let max_base = crate::pg::own_table_max_int8(c"token_epoch", 1);
-    let issued = crate::pg::own_table_max_int8(c"token_epoch_issued", 2);
-    token_rule(stored, timeline, max_base, issued)
+    let (max_base, issued) = epoch_tables();
+    let counter = pgrx::spi::Spi::get_one::<i64>(
+        "SELECT CASE WHEN c.is_called THEN c.last_value OPERATOR(pg_catalog.+) 1 ELSE c.last_value END
+           FROM lease.token_counter c",
+    )
+    .unwrap_or_else(|e| error!("pg_lease: reading lease.token_counter: {e}"))
+    .unwrap_or(1);
+    token_rule(stored, timeline, max_base, issued, counter)
+}
+
+/// Issues a token by [`token_rule`] (lease.acquire): its counter drawn from
+/// `lease.token_counter`, a sequence, which no rollback gives back: a token
+/// an acquire returned is never issued again, even if its transaction then
+/// rolls back (and its caller used it anyway). The sequence's WAL record
+/// (one every 32 values) is flushed before the token is returned, so no
+/// crash gives a counter value back either. When the token comes from a
+/// stored one above the counter, the counter moves up to it.
+pub fn issue_token(stored: i64, timeline: i64) -> NextToken {
+    let (max_base, issued) = epoch_tables();
+    let counter = crate::pg::own_sequence(c"token_counter");
+    // SAFETY: reads a backend global (the end of this backend's last WAL record).
+    let before = unsafe { pg_sys::XactLastRecEnd };
+    let drawn = counter.next();
+    let next = token_rule(stored, timeline, max_base, issued, drawn);
+    if let Some(token) = next.token {
+        if token >> EPOCH_SHIFT == next.epoch && token & COUNTER_MASK > drawn {
+            counter.set(token & COUNTER_MASK);
+        }
+    }
+    // SAFETY: reads a backend global; XLogFlush flushes WAL this backend
+    // wrote (its end is at most the insert position), waiting for the I/O.
+    unsafe {
+        if pg_sys::XactLastRecEnd != before {
+            pg_sys::XLogFlush(pg_sys::XactLastRecEnd);
+        }
+    }
+    next
 }
 
 /// `lease._next_token(stored, timeline)`: [`next_token`] as a row (for
-/// lease.token_ceiling and lease.issue_tokens_above; not executable by PUBLIC).
+/// lease.token_ceiling and lease.issue_tokens_above; not executable by
+/// PUBLIC). Issues nothing.
 #[pg_extern(name = "_next_token", volatile, parallel_unsafe)]
 #[allow(clippy::type_complexity)] // pgrx reads the row's columns from the literal tuple
 pub fn next_token_sql(
@@ -167,12 +223,14 @@ mod tests {
         assert_eq!(floor, timeline << super::EPOCH_SHIFT);
     }
 
-    /// The Rust rule gives what 0.8.0's SQL `lease._next_token` gave, over the
-    /// edges (bigint's top, epoch 2^23, raises by a stored token or an issued
-    /// epoch, no base/issued rows), the SQL run here on the same inputs.
+    /// The Rust rule's epoch is what 0.8.0's SQL `lease._next_token` gave,
+    /// over the edges (bigint's top, epoch 2^23, raises by a stored token or an
+    /// issued epoch, no base/issued rows), the SQL run here on the same
+    /// inputs; its token is the epoch with the counter drawn, or stored + 1
+    /// when that is not above stored.
     #[pg_test]
-    fn the_token_rule_is_the_sql_rule_it_replaced() {
-        use super::{token_rule, NextToken};
+    fn the_token_rule_keeps_the_epoch_rule_and_draws_the_counter() {
+        use super::{token_rule, COUNTER_MASK, EPOCH_SHIFT};
         let edges = [0_i64, 1, (1 << 40) - 1, 1 << 40, (5 << 40) + 7, (1 << 62) - 1, i64::MAX - 1, i64::MAX];
         let bases = [None, Some(1), Some(3), Some((1 << 23) - 2)];
         let issueds = [None, Some(0), Some(2), Some(9), Some((1 << 23) - 1)];
@@ -182,7 +240,7 @@ mod tests {
                     for issued in issueds {
                         // 0.8.0's body of lease._next_token, with the two
                         // tables' values as parameters.
-                        let sql = Spi::connect(|c| {
+                        let (token, epoch, issued_sql, raise) = Spi::connect(|c| {
                             let row = c
                                 .select(
                                     "SELECT CASE WHEN $1 = 9223372036854775807 OR r.epoch >= 8388608 THEN NULL
@@ -198,18 +256,30 @@ mod tests {
                                 )
                                 .unwrap()
                                 .first();
-                            NextToken {
-                                token: row.get::<i64>(1).unwrap(),
-                                epoch: row.get::<i64>(2).unwrap().unwrap(),
-                                issued: row.get::<i64>(3).unwrap(),
-                                raise_base: row.get::<i64>(4).unwrap(),
-                            }
+                            (
+                                row.get::<i64>(1).unwrap(),
+                                row.get::<i64>(2).unwrap().unwrap(),
+                                row.get::<i64>(3).unwrap(),
+                                row.get::<i64>(4).unwrap(),
+                            )
                         });
-                        assert_eq!(
-                            token_rule(stored, timeline, base, issued),
-                            sql,
-                            "{stored} {timeline} {base:?} {issued:?}"
-                        );
+                        for counter in [1_i64, 5, COUNTER_MASK] {
+                            let rule = token_rule(stored, timeline, base, issued, counter);
+                            let at = format!("{stored} {timeline} {base:?} {issued:?} {counter}");
+                            assert_eq!((rule.epoch, rule.issued, rule.raise_base), (epoch, issued_sql, raise), "{at}");
+                            let expected = token.map(|_| {
+                                let drawn = (epoch << EPOCH_SHIFT) | counter;
+                                if drawn > stored {
+                                    drawn
+                                } else {
+                                    stored + 1
+                                }
+                            });
+                            assert_eq!(rule.token, expected, "{at}");
+                            if let Some(t) = rule.token {
+                                assert!(t > stored, "{at}: {t} not above {stored}");
+                            }
+                        }
                     }
                 }
             }
@@ -217,17 +287,26 @@ mod tests {
     }
 
     /// lease._next_token reads the epoch tables, this transaction's writes
-    /// included.
+    /// included, and the counter's next value, without drawing it.
     #[pg_test]
-    fn next_token_reads_the_epoch_tables() {
+    fn next_token_reads_the_epoch_tables_and_the_counter() {
         let row = |sql: &str| Spi::get_two::<i64, i64>(sql).unwrap();
-        assert_eq!(row("SELECT token, epoch FROM lease._next_token(0, 1)"), (Some((1 << 40) + 1), Some(1)));
+        let next = || {
+            Spi::get_one::<i64>(
+                "SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM lease.token_counter",
+            )
+            .unwrap()
+            .unwrap()
+        };
+        let n = next();
+        assert_eq!(row("SELECT token, epoch FROM lease._next_token(0, 1)"), (Some((1 << 40) | n), Some(1)));
+        assert_eq!(next(), n, "nothing drawn");
         Spi::run("INSERT INTO lease.token_epoch (base) VALUES (4)").unwrap();
-        assert_eq!(row("SELECT token, epoch FROM lease._next_token(0, 1)"), (Some((5 << 40) + 1), Some(5)));
+        assert_eq!(row("SELECT token, epoch FROM lease._next_token(0, 1)"), (Some((5 << 40) | n), Some(5)));
         Spi::run("INSERT INTO lease.token_epoch_issued (epoch) VALUES (9)").unwrap();
         let raised = Spi::get_one::<i64>("SELECT raise_base FROM lease._next_token(0, 1)").unwrap();
         assert_eq!(raised, Some(9));
-        assert_eq!(row("SELECT token, epoch FROM lease._next_token(0, 1)"), (Some((10 << 40) + 1), Some(10)));
+        assert_eq!(row("SELECT token, epoch FROM lease._next_token(0, 1)"), (Some((10 << 40) | n), Some(10)));
     }
 
     #[pg_test]

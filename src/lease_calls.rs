@@ -12,7 +12,7 @@
 
 use crate::errors::{Failure, Invalid, LeaseError, Refusal};
 use crate::lease::EPOCH_SHIFT;
-use crate::lease_owner::{lock_owner_row, same_owner_row, set_owner_token};
+use crate::lease_owner::{lock_owner_row, same_owner_row, set_owner_token, visible_to};
 use crate::pg::{
     as_definer, exec_saved, now, prepare_saved, result_datum, result_rows, result_text, row_datum, set_guc,
     spi_connected, subtransaction, with_pinned_search_path,
@@ -339,7 +339,8 @@ struct AcquirePlans {
     lost: pg_sys::SPIPlanPtr,
     lost_moot: pg_sys::SPIPlanPtr,
     notify: pg_sys::SPIPlanPtr,
-    /// Unreleased leases of other names whose token an owner row holds.
+    /// Unreleased leases of other names bound to an owner table whose token
+    /// an owner row holds (name, owner_key).
     rivals: pg_sys::SPIPlanPtr,
     /// The texts of a refusal's timestamps (LF005's DETAIL).
     held_texts: pg_sys::SPIPlanPtr,
@@ -367,7 +368,10 @@ fn acquire_plans() -> AcquirePlans {
             c"SELECT p.owner_key_columns,
                      CASE WHEN COALESCE(pg_catalog.array_ndims($2), 0) OPERATOR(pg_catalog.<>) 1 THEN true
                           ELSE (pg_catalog.cardinality($2) OPERATOR(pg_catalog.=) pg_catalog.cardinality(p.owner_key_columns)) IS NOT TRUE
-                               OR pg_catalog.array_position($2, NULL) IS NOT NULL END
+                               OR pg_catalog.array_position($2, NULL) IS NOT NULL END,
+                     (SELECT pg_catalog.string_agg(DISTINCT q.owner_key_columns::pg_catalog.text, ', ')
+                        FROM lease.protected q WHERE q.owner_table OPERATOR(pg_catalog.=) $1
+                      HAVING pg_catalog.count(DISTINCT q.owner_key_columns) OPERATOR(pg_catalog.>) 1)
                 FROM lease.protected p WHERE p.owner_table OPERATOR(pg_catalog.=) $1 LIMIT 1",
             &mut [REGCLASSOID, TEXTARRAYOID],
             WHAT,
@@ -443,9 +447,10 @@ fn acquire_plans() -> AcquirePlans {
             WHAT,
         ),
         rivals: prepare_saved(
-            // No index serves it: run only when an owner row holds a token
-            // that is not this lease's (a first binding, or a rival).
-            c"SELECT l.name, l.owner, l.token, l.expires_at, l.owner_key FROM lease.lease_state l
+            // Run only when an owner row holds a token that is not this
+            // lease's (a first binding, or a rival): lease_state_bound finds
+            // the owner table's live bindings.
+            c"SELECT l.name, l.owner_key FROM lease.lease_state l
                WHERE l.owner_table OPERATOR(pg_catalog.=) $1 AND l.token OPERATOR(pg_catalog.=) $2
                  AND l.name OPERATOR(pg_catalog.<>) $3 AND l.released_at IS NULL",
             &mut [REGCLASSOID, INT8OID, TEXTOID],
@@ -490,17 +495,27 @@ pub fn acquire(definer: pg_sys::Oid, call: &Acquire) -> Result<Acquired, Failure
     if let Some((table, _)) = call.bound {
         may_bind(table)?;
     }
-    as_definer(definer, || spi_connected(|| acquire_connected(call)))
+    // SAFETY: reads a backend global: the calling role, before the switch.
+    let caller = unsafe { pg_sys::GetUserId() };
+    as_definer(definer, || spi_connected(|| acquire_connected(call, caller)))
 }
 
 /// A lease bound to an owner row writes its tokens there, fencing out every
 /// writer of that row: the caller must have some right on the owner table
 /// (SELECT or UPDATE, on the table or on any of its columns); 42501 otherwise.
 fn may_bind(table: pg_sys::Oid) -> Result<(), Invalid> {
+    // SAFETY: a syscache lookup; the name (palloc'd) is only tested for NULL.
+    if unsafe { pg_sys::get_rel_name(table) }.is_null() {
+        // A regclass given as a number (0, a dropped table's OID).
+        return Err(invalid(
+            "42P01",
+            format!("pg_lease: owner_table {} is not a relation (no relation has that OID)", u32::from(table)),
+        ));
+    }
     let mode = (pg_sys::ACL_SELECT | pg_sys::ACL_UPDATE) as pg_sys::AclMode;
     // SAFETY: privilege lookups of the calling role (the function's caller:
-    // acquire has not switched user yet) on a relation that exists (a
-    // regclass argument; a concurrently dropped one reads as no privilege).
+    // acquire has not switched user yet) on a relation that exists (checked
+    // just above; aclchk raises 42P01 itself for one dropped since).
     let allowed = unsafe {
         let role = pg_sys::GetUserId();
         pg_sys::pg_class_aclcheck(table, role, mode) == pg_sys::AclResult::ACLCHECK_OK
@@ -571,7 +586,7 @@ impl Current {
     }
 }
 
-fn acquire_connected(call: &Acquire) -> Result<Acquired, Failure> {
+fn acquire_connected(call: &Acquire, caller: pg_sys::Oid) -> Result<Acquired, Failure> {
     let (p, a) = (plans(), acquire_plans());
     let (name_d, owner_d) = (Some(call.name.0), Some(call.owner.0));
     let (name, owner, owner_bytes) = (call.name.text(), call.owner.text(), call.owner.bytes());
@@ -589,8 +604,24 @@ fn acquire_connected(call: &Acquire) -> Result<Acquired, Failure> {
             )
             .into());
         }
-        // SAFETY: the row just returned: key columns text[], mismatch boolean.
-        let (columns, mismatch) = unsafe { (result_datum(1), result_datum(2).is_some_and(|d| d.value() != 0)) };
+        // SAFETY: the row just returned: key columns text[], mismatch
+        // boolean, the key column sets (text) when there are several.
+        let (columns, mismatch, sets) =
+            unsafe { (result_datum(1), result_datum(2).is_some_and(|d| d.value() != 0), result_text(3)) };
+        if let Some(sets) = sets {
+            // Tables fenced against it by different owner key columns: which
+            // row owner_key names would depend on which protection is read.
+            let (table_text, _, _) = owner_texts(a, table, key, None);
+            let mut e = invalid(
+                "55000",
+                format!("pg_lease: owner table {table_text} is fenced under several owner key column sets ({sets}): owner_key cannot name one row"),
+            );
+            e.hint = Some(
+                "Bind leases to an owner table whose fenced tables all use the same owner key columns (lease.protect ... owner_key_columns), or to a table of its own for each key."
+                    .into(),
+            );
+            return Err(e.into());
+        }
         if mismatch {
             let (table_text, key_text, columns_text) = owner_texts(a, table, key, columns);
             return Err(invalid(
@@ -601,6 +632,9 @@ fn acquire_connected(call: &Acquire) -> Result<Acquired, Failure> {
         }
         // SAFETY: a non-NULL text[] argument of the call.
         let key_values = unsafe { Vec::<Option<String>>::from_datum(key, false) }.expect("owner_key is not NULL");
+        if !with_pinned_search_path(|| visible_to(caller, table, &key_values)) {
+            return Err(owner_missing(a, &call.name.text(), (table, key, columns)).into());
+        }
         bound = Some((table, key, columns, key_values));
     }
 
@@ -662,13 +696,7 @@ fn acquire_connected(call: &Acquire) -> Result<Acquired, Failure> {
             // search_path the SECURITY DEFINER version ran it with.
             let row = with_pinned_search_path(|| lock_owner_row(*table, key_values.clone()));
             let Some(&token) = row.first() else {
-                let (table_text, key_text, columns_text) = owner_texts(a, *table, *key, *columns);
-                return Err(Refusal::new(
-                    LeaseError::FenceOwnerMissing,
-                    format!("lease \"{name}\" is bound to owner row {key_text} of {table_text}, which does not exist"),
-                    format!("Lease {name}, owner table {table_text}, key {columns_text} = {key_text}."),
-                )
-                .into());
+                return Err(owner_missing(a, &name, (*table, *key, *columns)).into());
             };
             owner_token = token;
             if let Some(t) = token.filter(|&t| t > 0 && t != cur.token) {
@@ -689,7 +717,7 @@ fn acquire_connected(call: &Acquire) -> Result<Acquired, Failure> {
         }
         // The epoch tables read as a statement now would (after the lock waits).
         let crate::lease::NextToken { token: new_token, epoch, issued, raise_base: high } =
-            crate::lease::next_token(stored, call.timeline);
+            crate::lease::issue_token(stored, call.timeline);
         let Some(new_token) = new_token else {
             let mut e =
                 invalid("22003", format!("pg_lease: lease \"{name}\" has no fencing token left (current {stored})"));
@@ -768,10 +796,18 @@ fn acquire_connected(call: &Acquire) -> Result<Acquired, Failure> {
             // SAFETY: as above.
             unsafe { exec_saved(a.notify, &params, "lease.acquire") };
         }
-        // A token must be durable before the client sees it.
-        // SAFETY: reads a backend global.
-        if unsafe { pg_sys::synchronous_commit } == pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_OFF as i32 {
-            set_guc(c"synchronous_commit", c"local", pg_sys::GucAction::GUC_ACTION_LOCAL);
+        // A token must be durable before the client sees it committed:
+        // ForceSyncCommit makes this transaction's commit wait for its WAL
+        // flush whatever synchronous_commit says when it commits (a later
+        // SET LOCAL synchronous_commit = off in the same transaction cannot
+        // undo it); the setting is raised to local too, as before, for what
+        // the session shows.
+        // SAFETY: sets a flag of the current transaction; reads a backend global.
+        unsafe {
+            pg_sys::ForceSyncCommit();
+            if pg_sys::synchronous_commit == pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_OFF as i32 {
+                set_guc(c"synchronous_commit", c"local", pg_sys::GucAction::GUC_ACTION_LOCAL);
+            }
         }
         return Ok(acquired);
     }
@@ -795,11 +831,18 @@ fn invalid(sqlstate: &str, message: String) -> Invalid {
 
 /// An owner row is one resource, so one lease: when the owner row locked for
 /// lease `name` holds token `t`, not this lease's, and an unreleased lease of
-/// another name issued it for this row, that lease is judged as a holder of
-/// `name` would be: live (on its own, or carried by its owner's session) and
-/// held by another owner, LF005 naming it; else its holder hears of the loss
-/// at its next heartbeat, as from a takeover. Keys compare by the key
-/// columns' own `=` (`lease_owner::same_owner_row`).
+/// another name issued it, that lease is judged as a holder of `name` would
+/// be: live (on its own, or carried by its owner's session) and held by
+/// another owner, LF005 naming it; else its holder hears of the loss at its
+/// next heartbeat, as from a takeover. Tokens are unique (drawn from
+/// `lease.token_counter`), so the token names the lease; only tokens issued
+/// before 0.9.0 (each lease counted for itself) or set by hand can be shared,
+/// and then the leases' keys tell (`lease_owner::same_owner_row`, the key
+/// columns' own `=`). The rival's row is locked as acquire locks its own: a
+/// renew in flight is waited for, and at REPEATABLE READ or above a change
+/// since the snapshot fails to serialize. (Its own acquire, bound to this
+/// row at this moment, waits for the owner row this one holds: the deadlock
+/// detector ends one of the two.)
 fn rival_on_row(
     a: AcquirePlans,
     p: Plans,
@@ -809,40 +852,39 @@ fn rival_on_row(
     t: i64,
 ) -> Result<(), Refusal> {
     // SAFETY: inside spi_connected; the parameters are of the plan's types;
-    // the rows' columns are name, owner (text), token (int8), expires_at
-    // (timestamptz), owner_key (text[]), the first four NOT NULL; the owner
-    // datum stays valid until the SPI connection ends.
-    let rivals: Vec<(String, pg_sys::Datum, Current, Vec<Option<String>>)> = unsafe {
+    // the rows are (name text NOT NULL, owner_key text[]); the name datums
+    // stay valid until the SPI connection ends.
+    let candidates: Vec<(pg_sys::Datum, Vec<Option<String>>)> = unsafe {
         exec_saved(a.rivals, &[Some(table.into()), Some(t.into()), Some(name_d)], "lease.acquire");
         (0..result_rows())
             .map(|r| {
-                let text = |c| String::from_datum(row_datum(r, c).expect("NOT NULL"), false).expect("text");
-                let owner_d = row_datum(r, 2).expect("owner is NOT NULL");
-                let key = row_datum(r, 5).and_then(|d| Vec::<Option<String>>::from_datum(d, false)).unwrap_or_default();
-                let cur = Current {
-                    owner: text(2),
-                    owner_bytes: text_bytes(owner_d),
-                    owner_d,
-                    token: row_datum(r, 3).expect("token is NOT NULL").value() as i64,
-                    released: None,
-                    expiry: row_datum(r, 4).map(|d| d.value() as i64),
-                };
-                (text(1), row_datum(r, 1).expect("name is NOT NULL"), cur, key)
+                let key = row_datum(r, 2).and_then(|d| Vec::<Option<String>>::from_datum(d, false)).unwrap_or_default();
+                (row_datum(r, 1).expect("name is NOT NULL"), key)
             })
             .collect()
     };
-    for (rival, rival_d, mut cur, rival_key) in rivals {
-        if !with_pinned_search_path(|| same_owner_row(table, key, &rival_key)) {
+    let shared = candidates.len() > 1;
+    for (rival_d, rival_key) in candidates {
+        if shared && !with_pinned_search_path(|| same_owner_row(table, key, &rival_key)) {
             continue;
         }
-        if cur.owner_bytes == owner_bytes {
-            continue; // the same owner, under another name: its own to re-take
+        // SAFETY: as above; lock_lease returns (owner, token, released_at,
+        // expires_at) of the locked row.
+        if !unsafe { exec_saved(p.lock_lease, &[Some(rival_d)], "lease.acquire") } {
+            continue;
+        }
+        let mut cur = Current::read();
+        if cur.released.is_some() || cur.token != t || cur.owner_bytes == owner_bytes {
+            // Released or re-taken meanwhile; or the same owner under another
+            // name: its own to re-take.
+            continue;
         }
         // SAFETY: as above.
         let session = unsafe { exec_saved(p.lock_session, &[Some(cur.owner_d)], "lease.acquire") };
         let now_ts = now();
         let own = cur.expiry.expect("expires_at is NOT NULL");
         cur.expiry = Some(if session { carried(own, timestamp(1), timestamp(2)) } else { own });
+        let rival = Label(rival_d).text();
         if cur.expiry.is_some_and(|e| e > now_ts) {
             let refusal = held_elsewhere(a, &rival, &cur, now_ts);
             let (table_text, key_text, _) = owner_texts(a, table, key_d, None);
@@ -863,6 +905,21 @@ fn rival_on_row(
         unsafe { exec_saved(a.lost, &params, "lease.acquire") };
     }
     Ok(())
+}
+
+/// LF007: lease `name` is bound to an owner row that does not exist (or that
+/// row-level security hides from its caller).
+fn owner_missing(
+    a: AcquirePlans,
+    name: &str,
+    (table, key, columns): (pg_sys::Oid, pg_sys::Datum, Option<pg_sys::Datum>),
+) -> Refusal {
+    let (table_text, key_text, columns_text) = owner_texts(a, table, key, columns);
+    Refusal::new(
+        LeaseError::FenceOwnerMissing,
+        format!("lease \"{name}\" is bound to owner row {key_text} of {table_text}, which does not exist"),
+        format!("Lease {name}, owner table {table_text}, key {columns_text} = {key_text}."),
+    )
 }
 
 /// LF005: `name` is held by another live owner, as `cur` says.

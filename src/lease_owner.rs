@@ -106,6 +106,34 @@ pub fn lock_owner_row(owner_table: pg_sys::Oid, owner_key: Vec<Option<String>>) 
     })
 }
 
+/// Whether `caller` may see owner row `key` of `owner_table` where
+/// row-level security applies to it: the owner row is read and written as
+/// the table's owner, so a row its policies hide from `caller` must count as
+/// missing for it (binding a lease there would fence that row's writers).
+/// True without row-level security for `caller` (no query then). The query
+/// runs as `caller`: without SELECT on the key columns it raises 42501.
+pub fn visible_to(caller: pg_sys::Oid, owner_table: pg_sys::Oid, key: &[Option<String>]) -> bool {
+    // SAFETY: a catalog check of the table's RLS flags for `caller`; with
+    // noError it never raises.
+    let rls = unsafe { pg_sys::check_enable_rls(owner_table, caller, true) };
+    if rls != pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32 {
+        return true;
+    }
+    let (keys, _) = binding(owner_table);
+    let datums = key_datums(&keys, key);
+    let sql =
+        format!("SELECT EXISTS (SELECT FROM {} o WHERE {})", display(owner_table), key_match(&key_columns(&keys)));
+    crate::pg::as_caller(caller, || {
+        Spi::connect(|client| {
+            client
+                .select(sql.as_str(), Some(1), &args(&datums))
+                .and_then(|rows| rows.first().get_one::<bool>())
+                .unwrap_or_else(|e| error!("pg_lease: {e}"))
+                == Some(true)
+        })
+    })
+}
+
 /// Whether owner keys `a` and `b` (text, as `lease.acquire` receives them)
 /// name the same row of `owner_table`: a row matches both, by the key
 /// columns' own `=` as the owner lookup compares (`'07'` and `'7'` are one

@@ -144,6 +144,12 @@ pub fn as_role<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
     with_user(role, pg_sys::SECURITY_NOFORCE_RLS, f)
 }
 
+/// Runs `f` as `role` with its row-level security as a query of its own
+/// would have it (to ask what `role` may see).
+pub fn as_caller<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
+    with_user(role, 0, f)
+}
+
 /// The owner of function `fn_oid`: the role a SECURITY DEFINER function
 /// runs as (see [`as_definer`]).
 pub fn function_owner(fn_oid: pg_sys::Oid) -> pg_sys::Oid {
@@ -352,11 +358,7 @@ pub fn own_table_max_int8(name: &CStr, attnum: i16) -> Option<i64> {
             pgrx::error!("pg_lease: lease.{} is missing", name.to_string_lossy());
         }
         let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
-        let desc = (*rel).rd_att;
-        let typed = attnum >= 1
-            && attnum as i32 <= (*desc).natts
-            && (*(*desc).attrs.as_ptr().add(attnum as usize - 1)).atttypid == pg_sys::INT8OID;
-        if !typed {
+        if attnum < 1 || pg_sys::get_atttype(relid, attnum) != pg_sys::INT8OID {
             pg_sys::table_close(rel, pg_sys::NoLock as _);
             pgrx::error!("pg_lease: column {attnum} of lease.{} is not a bigint", name.to_string_lossy());
         }
@@ -377,6 +379,46 @@ pub fn own_table_max_int8(name: &CStr, attnum: i16) -> Option<i64> {
         pg_sys::PopActiveSnapshot();
         pg_sys::table_close(rel, pg_sys::NoLock as _);
         max
+    }
+}
+
+/// One of pg_lease's own sequences (`lease.<name>`), found by name on each
+/// use (two syscache lookups): no OID outlives a DROP EXTENSION.
+pub struct OwnSequence(pg_sys::Oid);
+
+/// `lease.<name>`, a sequence of pg_lease's.
+pub fn own_sequence(name: &CStr) -> OwnSequence {
+    // SAFETY: catalog lookups by name; missing_ok false raises for a missing
+    // schema.
+    let relid =
+        unsafe { pg_sys::get_relname_relid(name.as_ptr(), pg_sys::get_namespace_oid(c"lease".as_ptr(), false)) };
+    if relid == pg_sys::InvalidOid {
+        pgrx::error!("pg_lease: lease.{} is missing", name.to_string_lossy());
+    }
+    OwnSequence(relid)
+}
+
+impl OwnSequence {
+    /// nextval(): non-transactional, raises when the sequence is exhausted
+    /// (and without USAGE or UPDATE on it for the current user).
+    pub fn next(&self) -> i64 {
+        // SAFETY: nextval(regclass) is a built-in function of one oid
+        // argument returning int8 (never NULL), called through fmgr as SQL
+        // would call it.
+        unsafe {
+            pg_sys::OidFunctionCall1Coll(pg_sys::Oid::from(pg_sys::F_NEXTVAL), pg_sys::InvalidOid, self.0.into())
+                .value() as i64
+        }
+    }
+
+    /// setval(value): the next nextval() returns value + 1.
+    pub fn set(&self, value: i64) {
+        // SAFETY: setval(regclass, int8) is a built-in function of (oid,
+        // int8) returning int8, called through fmgr as SQL would call it.
+        unsafe {
+            let setval = pg_sys::Oid::from(pg_sys::F_SETVAL_REGCLASS_INT8);
+            pg_sys::OidFunctionCall2Coll(setval, pg_sys::InvalidOid, self.0.into(), value.into());
+        }
     }
 }
 

@@ -177,26 +177,20 @@ fn refuse_citus_fenced_drop(drop: &pg_sys::DropStmt) -> Result<(), Refusal> {
         .flatten()
         .unwrap_or(false);
         // A shard of a fenced or owner table, dropped straight on its node:
-        // only Citus drops shards (after a move or split), as lease._guard_shards
-        // judges every other change of one.
+        // only Citus drops shards (after a move or split), the rule
+        // lease._citus_change_refused holds for every change of one.
         if let Some(shard) = crate::fence::citus::shard_of(relid) {
-            let refused = pgrx::spi::Spi::get_one_with_args::<bool>(
-                "SELECT NOT lease._citus_internal()
-                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid OPERATOR(pg_catalog.=) $1
-                                   AND t.tgfoid OPERATOR(pg_catalog.=) ANY (ARRAY['lease.fence_trigger'::pg_catalog.regproc,
-                                                                                  'lease.owner_guard'::pg_catalog.regproc]::pg_catalog.oid[]))
-                    AND NOT lease._citus_coordinator()",
-                &[shard.logical.into()],
+            let refused = pgrx::spi::Spi::get_one_with_args::<String>(
+                "SELECT lease._citus_change_refused($1::pg_catalog.oid::pg_catalog.regclass)",
+                &[relid.into()],
             )
-            .ok()
-            .flatten()
-            .unwrap_or(true);
-            if refused {
+            .unwrap_or_else(|e| pgrx::error!("pg_lease: {e}"));
+            if let Some(hint) = refused {
                 let (name, table) = (crate::pg::display(relid), crate::pg::display(shard.logical));
                 return Err(Refusal::new(
                     crate::errors::LeaseError::FenceTampering,
                     format!("DROP TABLE of shard {name} of {table} is refused on this node"),
-                    format!("{table} is fenced by pg_lease (or holds owner rows): change it through the Citus coordinator, where pg_lease's guard judges the change and Citus carries it to every shard."),
+                    hint,
                 ));
             }
         }

@@ -123,7 +123,10 @@ fn second_name_whose_token_equals_the_rows_takes_a_held_owner_row() {
     let b = acquire(&mut c, &format!("'b', 'srv2', {TTL}")).unwrap();
     ok(&mut c, &format!("SELECT lease.release('b', 'srv2', {b})"));
     let a = acquire(&mut c, &format!("'a', 'srv1', {TTL}, 'tables', '{{3}}'")).unwrap();
-    assert_eq!(a, b, "the two names' first tokens collide");
+    // (Fixed in 0.9.0 by drawing every token from one counter: the two
+    // names' first tokens no longer collide, and the rival is found by the
+    // token the row holds.)
+    assert_ne!(a, b, "two acquires were given one token");
     let taken = acquire(&mut c, &format!("'b', 'srv2', {TTL}, 'tables', '{{3}}'"));
     let live = live_on_row(&mut c, 3);
     let lost = losses(&mut c, "srv1");
@@ -229,7 +232,7 @@ fn row_level_security_hidden_owner_row_is_bound_and_bumped() {
     let bound = acquire(&mut app, &format!("'t2', 'app', {TTL}, 'tables', '{{2}}'"));
     let row2 = one_i64(&mut c, "SELECT owner_fencing_token FROM tables WHERE id = 2");
     assert!(
-        matches!(&bound, Err(e) if e.starts_with("42501") || e.starts_with("LF003")),
+        matches!(&bound, Err(e) if e.starts_with("42501") || e.starts_with("LF007")),
         "a role that cannot see owner row 2 bound it: {bound:?}; row 2's token 5 -> {row2}"
     );
 }
@@ -273,6 +276,7 @@ fn token_seen_in_a_rolled_back_acquire_is_issued_again_to_another_owner() {
 /// learns only from LF001s. Expected: LF005 naming h1 (h1 is the live lease
 /// bound to that row), or at least h1 reported lost to srv1's heartbeat.
 #[test]
+#[ignore = "open (low): a token raised by hand in an owner row detaches it from its lease; README, Limits"]
 fn hand_raised_owner_token_hides_the_live_holder_from_a_second_name() {
     let db = TestDb::new("a14_raised");
     let mut c = db.connect();
@@ -570,7 +574,10 @@ fn owner_key_meaning_flips_between_two_key_column_sets_of_one_owner_table() {
     if !second.is_empty() {
         return; // refused: one key column set per owner table (the defence)
     }
-    let old = acquire(&mut c, &format!("'room', 'srv1', {TTL}, 'rooms', '{{1}}'")).unwrap();
+    let old = match acquire(&mut c, &format!("'room', 'srv1', {TTL}, 'rooms', '{{1}}'")) {
+        Err(e) if e.starts_with("55000") => return, // refused: owner_key would be ambiguous (the defence)
+        got => got.unwrap(),
+    };
     ok(
         &mut c,
         "SELECT lease.unprotect('by_id'); SELECT lease.protect('by_id', '{room}', 'tok', 'rooms', '{id}', 'tok')",

@@ -230,6 +230,9 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         // and unprotect run with their caller's rights (a role can only
         // create or drop triggers on tables it owns).
         "lease._check_citus_layout(regclass,text[],regclass,text[])",
+        // The worker-side change rule (a hint or NULL); the DROP TABLE guard
+        // calls it as the dropping role.
+        "lease._citus_change_refused(regclass)",
         "lease._citus_coordinator()",
         "lease._citus_internal()",
         "lease._citus_kind(text)",

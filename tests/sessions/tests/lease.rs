@@ -337,8 +337,7 @@ fn a_second_lease_name_for_a_held_owner_row_is_refused() {
     }
     assert_eq!(one_i64(&mut c, "SELECT owner_fencing_token FROM tables WHERE id = 1"), a);
     c.batch_execute(&format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {a})")).unwrap();
-    // Another row of the same table holding the same token value is no rival.
-    c.execute("UPDATE tables SET owner_fencing_token = $1 WHERE id = 2", &[&a]).unwrap();
+    // Another row of the same table is another resource.
     c.batch_execute("SELECT lease.acquire('room:2', 'host-b', 15000, 'tables', '{2}')").unwrap();
     // The same owner re-binds its row under another name.
     let again: i64 =
@@ -441,14 +440,16 @@ fn token_ceiling_and_issue_tokens_above() {
     assert_eq!(ceiling, bound + 1, "above every token issued: what the top lease would get next");
     assert_eq!(one_i64(&mut c, "SELECT lease.token_ceiling()"), ceiling, "reading it issues nothing");
 
-    // A lower or equal value is a no-op: the lowest token a fresh lease would get.
-    assert_eq!(one_i64(&mut c, "SELECT lease.issue_tokens_above(0)"), base + 1);
-    assert_eq!(one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({base})")), base + 1);
+    // A lower or equal value is a no-op: the lowest token a fresh lease would
+    // get (tokens come from one counter, which the bound acquire above moved
+    // past the owner row's hand-set token).
+    assert_eq!(one_i64(&mut c, "SELECT lease.issue_tokens_above(0)"), ceiling);
+    assert_eq!(one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({base})")), ceiling);
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.token_epoch"), 0);
     // A token of another cluster, in this epoch: every lease now issues above it.
     let blue = base + 5_000;
     let lowest = one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({blue})"));
-    assert_eq!(lowest, (2 << 40) + 1);
+    assert_eq!(lowest, (2 << 40) | (ceiling & ((1 << 40) - 1)), "the next counter, in epoch 2");
     assert_eq!(one_i64(&mut c, "SELECT base FROM lease.token_epoch"), 1, "recorded as acquire's own raises are");
     assert_eq!(one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({blue})")), lowest, "idempotent");
     assert_eq!(one_i64(&mut c, "SELECT lease.issue_tokens_above(1)"), lowest, "never lowers");
@@ -465,7 +466,7 @@ fn token_ceiling_and_issue_tokens_above() {
     expect_error(&mut c, &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {bound})"), "LF001");
     // Raising again, from a later epoch, moves the base up once more.
     let far = (7i64 << 40) + 3;
-    assert_eq!(one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({far})")), (8 << 40) + 1);
+    assert_eq!(one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({far})")) >> 40, 8);
     assert!(acquire(&mut c, "x", "host-a", 60_000).unwrap() > far);
 
     // Bad input: standard codes, pg_lease's messages, no CONTEXT.
@@ -495,7 +496,7 @@ fn token_ceiling_and_issue_tokens_above() {
     assert_eq!(one_i64(&mut c, "SELECT max(base) FROM lease.token_epoch"), 7, "refusals change nothing");
     // The highest reachable epoch: tokens are issued there, and the ceiling says so.
     let top = one_i64(&mut c, "SELECT lease.issue_tokens_above(8388606::bigint << 40)");
-    assert_eq!(top, (8388607i64 << 40) + 1);
+    assert_eq!(top >> 40, 8388607);
     assert_eq!(acquire(&mut c, "top", "host-a", 60_000).unwrap(), top);
     // A lease at bigint's top has no token left: the ceiling cannot exist.
     c.batch_execute("UPDATE lease.lease_state SET token = 9223372036854775807 WHERE name = 'top'").unwrap();
@@ -543,6 +544,6 @@ fn token_ceiling_and_issue_tokens_above_wait_for_acquires_in_flight() {
     wait_until_blocked(&mut observer, pid);
     assert!(old_epoch < target);
     c.batch_execute("COMMIT").unwrap();
-    assert_eq!(raised.join().unwrap(), (4 << 40) + 1);
+    assert_eq!(raised.join().unwrap() >> 40, 4);
     assert!(acquire(&mut c, "y", "host-a", 60_000).unwrap() > target);
 }

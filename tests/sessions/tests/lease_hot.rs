@@ -54,16 +54,14 @@ fn a_renew_that_waits_for_the_row_judges_and_extends_from_the_clock_after_the_wa
     assert_eq!(ttl, 30_000.0);
 
     // A lease that expires while a renew waits for it is lost, not renewed.
-    a.batch_execute(&format!(
-        "SELECT lease.acquire('s', 'host-a', 60000); BEGIN; SELECT lease.renew('s', 'host-a', {}, 100)",
-        token
-    ))
-    .unwrap();
-    let late = in_background(&db, "SELECT lease.renew('s', 'host-a', 1099511627777, 60000)");
+    let s_token = acquire(&mut a, "s", "host-a", 60_000);
+    a.batch_execute(&format!("BEGIN; SELECT lease.renew('s', 'host-a', {s_token}, 100)")).unwrap();
+    let renew_s: &'static str = format!("SELECT lease.renew('s', 'host-a', {s_token}, 60000)").leak();
+    let late = in_background(&db, renew_s);
     thread::sleep(Duration::from_millis(400));
     a.batch_execute("COMMIT").unwrap();
     assert_eq!(late.join().unwrap(), "LF006");
-    let detail = expect_error(&mut a, "SELECT lease.renew('s', 'host-a', 1099511627777, 60000)", "LF006");
+    let detail = expect_error(&mut a, renew_s, "LF006");
     assert!(detail.contains("it expired at"), "{detail}");
 }
 
@@ -113,8 +111,10 @@ fn a_names_first_acquires_race_and_the_loser_is_judged_under_the_winners_lock() 
         (1 << 40) + 1
     );
 
-    // The winner rolls back: the one that waited takes the name's first token.
-    a.batch_execute("BEGIN; SELECT lease.acquire('fresh2', 'host-a', 60000)").unwrap();
+    // The winner rolls back: the one that waited takes the name, with a token
+    // of its own (the rolled-back one was seen, so it is never issued again).
+    a.batch_execute("BEGIN").unwrap();
+    let rolled_back = acquire(&mut a, "fresh2", "host-a", 60_000);
     let taker = in_background(&db, "SELECT lease.acquire('fresh2', 'host-b', 60000)");
     thread::sleep(Duration::from_millis(300));
     a.batch_execute("ROLLBACK").unwrap();
@@ -124,7 +124,7 @@ fn a_names_first_acquires_race_and_the_loser_is_judged_under_the_winners_lock() 
         .unwrap();
     assert_eq!(
         (row.get::<_, String>(0), row.get::<_, i64>(1), row.get::<_, bool>(2)),
-        ("host-b".into(), (1 << 40) + 1, true)
+        ("host-b".into(), rolled_back + 1, true)
     );
     // Its session row exists from its first lease on, and no loss is recorded.
     assert_eq!(one_i64(&mut a, "SELECT count(*) FROM lease.session_state WHERE owner = 'host-b'"), 1);
@@ -169,11 +169,15 @@ fn renew_and_release_find_the_lease_by_its_name_even_before_the_table_is_analyze
         c.batch_execute("SELECT pg_stat_force_next_flush()").unwrap();
         one_i64(c, "SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelname = 'lease_state_owner'")
     };
+    let (t5, t6) = (
+        one_i64(&mut c, "SELECT token FROM lease.lease_state WHERE name = 'n:5'"),
+        one_i64(&mut c, "SELECT token FROM lease.lease_state WHERE name = 'n:6'"),
+    );
     let before = owner_scans(&mut c);
     for _ in 0..8 {
-        c.batch_execute("SELECT lease.renew('n:5', 'big', 1099511627777, 600000)").unwrap();
+        c.batch_execute(&format!("SELECT lease.renew('n:5', 'big', {t5}, 600000)")).unwrap();
     }
-    let released: bool = c.query_one("SELECT lease.release('n:6', 'big', 1099511627777)", &[]).unwrap().get(0);
+    let released: bool = c.query_one(&format!("SELECT lease.release('n:6', 'big', {t6})"), &[]).unwrap().get(0);
     assert!(released);
     assert_eq!(owner_scans(&mut c), before, "renew and release scanned the owner's leases");
     // The index still serves what it is for (here: release_all).

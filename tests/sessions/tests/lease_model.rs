@@ -11,6 +11,13 @@
 //! `SHORT_MS`). A case whose phase overran its budget on a loaded machine is
 //! discarded, not judged. Long TTLs outlast any case.
 //!
+//! Owner rows: an acquire may bind its lease to one of two owner rows of
+//! `tables` (an int key, spelled `7`, `07` or ` 7`: one row by the key
+//! type's own `=`). One owner row is one resource: while a live lease of
+//! another owner and another name holds the row (its token is the row's),
+//! binding it is LF005; an expired one is taken over and its holder hears of
+//! the loss at its next heartbeat. Every bound token is above the row's.
+//!
 //! Identity: leases 2 and 3 and owners 2 and 3 are the upper-case spellings
 //! of leases and owners 0 and 1, and a step may pass its name and owner with a
 //! case-insensitive nondeterministic collation (`ci`): they must stay
@@ -30,6 +37,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 const LEASES: u8 = 4;
+/// Owner rows per case (`tables` ids `case * 10 + row`).
+const ROWS: u8 = 2;
 const HOSTS: u8 = 4;
 const SHORT_MS: i32 = 250;
 const LONG_MS: i32 = 600_000;
@@ -43,6 +52,14 @@ enum Op {
         lease: u8,
         host: u8,
         long: bool,
+    },
+    /// Acquire bound to owner row `row`, its key spelled `spelling`.
+    AcquireBound {
+        lease: u8,
+        host: u8,
+        long: bool,
+        row: u8,
+        spelling: u8,
     },
     /// Renew with the lease's current token (or one below it).
     Renew {
@@ -81,6 +98,8 @@ fn op() -> impl Strategy<Value = Op> {
     let h = 0..HOSTS;
     prop_oneof![
         4 => (l.clone(), h.clone(), any::<bool>()).prop_map(|(lease, host, long)| Op::Acquire { lease, host, long }),
+        3 => (l.clone(), h.clone(), any::<bool>(), 0..ROWS, 0..3u8)
+            .prop_map(|(lease, host, long, row, spelling)| Op::AcquireBound { lease, host, long, row, spelling }),
         2 => (l.clone(), h.clone(), prop::bool::weighted(0.2), any::<bool>())
             .prop_map(|(lease, host, stale, long)| Op::Renew { lease, host, stale, long }),
         1 => (l, h.clone()).prop_map(|(lease, host)| Op::Release { lease, host }),
@@ -101,6 +120,8 @@ struct Lease {
     token: i64,
     own: T,
     released: bool,
+    /// The owner row it was last acquired bound to (None: unbound).
+    bound: Option<u8>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -115,6 +136,8 @@ struct Model {
     sessions: BTreeMap<u8, Session>,
     /// Takeovers not yet reported: (holder that lost it, lease) -> token.
     lost: BTreeMap<(u8, u8), i64>,
+    /// Owner rows' tokens (absent: the row's initial token, 0).
+    rows: BTreeMap<u8, i64>,
     phase: i64,
     step: i64,
 }
@@ -139,6 +162,18 @@ impl Model {
     fn live(&self, l: &Lease) -> bool {
         !l.released && self.effective(l) > self.now()
     }
+    fn row_token(&self, row: u8) -> i64 {
+        self.rows.get(&row).copied().unwrap_or(0)
+    }
+    /// The unreleased lease other than `lease` whose token owner row `row`
+    /// holds: the one that holds the row.
+    fn row_holder(&self, row: u8, lease: u8) -> Option<(u8, Lease)> {
+        let t = self.row_token(row);
+        self.leases
+            .iter()
+            .find(|(k, l)| **k != lease && l.bound == Some(row) && l.token == t && t > 0 && !l.released)
+            .map(|(k, l)| (*k, l.clone()))
+    }
 }
 
 struct Case<'a> {
@@ -154,6 +189,15 @@ impl Case<'_> {
             s.to_uppercase()
         } else {
             s
+        }
+    }
+    /// Owner row `row`'s id, as text spelled three ways.
+    fn key(&self, row: u8, spelling: u8) -> String {
+        let id = self.id * 10 + u32::from(row);
+        match spelling {
+            0 => format!("{{{id}}}"),
+            1 => format!("{{0{id}}}"),
+            _ => format!("{{\" {id}\"}}"),
         }
     }
     fn host(&self, host: u8) -> String {
@@ -206,10 +250,53 @@ fn step(case: &mut Case, m: &mut Model, op: &Op, ci: bool) -> Result<(), String>
                         }
                     }
                     let own = m.expiry(long);
-                    m.leases.insert(lease, Lease { owner: host, token, own, released: false });
+                    m.leases.insert(lease, Lease { owner: host, token, own, released: false, bound: None });
                 }
                 (got, expected_refusal) => {
                     return Err(format!("acquire gave {:?}, model expected LF005: {expected_refusal}", got.map(|_| ())))
+                }
+            }
+        }
+        Op::AcquireBound { lease, host, long, row, spelling } => {
+            let (name, who, key) = (case.name(lease), case.host(host), case.key(row, spelling));
+            let sql = format!(
+                "SELECT token FROM lease.acquire({}, {}, $3, 'tables', $4::text::text[])",
+                arg(1, ci),
+                arg(2, ci)
+            );
+            let got = case.c.query_one(&sql, &[&name, &who, &ttl(long), &key]);
+            let cur = m.leases.get(&lease).cloned();
+            let rival = m.row_holder(row, lease).filter(|(_, r)| r.owner != host);
+            let refused = cur.as_ref().is_some_and(|l| m.live(l) && l.owner != host)
+                || rival.as_ref().is_some_and(|(_, r)| m.live(r));
+            match (got, refused) {
+                (Err(e), true) if code(&e) == "LF005" => {}
+                (Ok(row_), false) => {
+                    let token: i64 = row_.get(0);
+                    let prev = cur.as_ref().map_or(0, |l| l.token).max(m.row_token(row));
+                    if token <= prev {
+                        return Err(format!("token {token} not above {prev} (the lease's and the owner row's)"));
+                    }
+                    if let Some((k, r)) = rival {
+                        m.lost.insert((r.owner, k), r.token);
+                    }
+                    if let Some(l) = &cur {
+                        if l.owner != host {
+                            if !l.released {
+                                m.lost.insert((l.owner, lease), l.token);
+                            }
+                            m.lost.remove(&(host, lease));
+                        }
+                    }
+                    let own = m.expiry(long);
+                    m.leases.insert(lease, Lease { owner: host, token, own, released: false, bound: Some(row) });
+                    m.rows.insert(row, token);
+                }
+                (got, expected_refusal) => {
+                    return Err(format!(
+                        "bound acquire gave {:?}, model expected LF005: {expected_refusal}",
+                        got.map_err(|e| code(&e)).map(|_| ())
+                    ))
                 }
             }
         }
@@ -345,10 +432,25 @@ fn check_view(case: &mut Case, m: &Model) -> Result<(), String> {
     if got != expected {
         return Err(format!("lease.leases {got:?}, model {expected:?}"));
     }
+    for row in 0..ROWS {
+        let id = case.id as i32 * 10 + i32::from(row);
+        let token: i64 = case
+            .c
+            .query_one("SELECT coalesce(owner_fencing_token, 0) FROM tables WHERE id = $1", &[&id])
+            .map_err(|e| e.to_string())?
+            .get(0);
+        if token != m.row_token(row) {
+            return Err(format!("owner row {id} holds token {token}, model {}", m.row_token(row)));
+        }
+    }
     Ok(())
 }
 
 fn run_case(c: &mut Client, id: u32, ops: &[(Op, bool)], discarded: &Cell<u32>) -> Result<(), TestCaseError> {
+    for row in 0..ROWS {
+        c.execute("INSERT INTO tables VALUES ($1, NULL)", &[&(id as i32 * 10 + i32::from(row))])
+            .map_err(|e| TestCaseError::fail(format!("owner rows: {e}")))?;
+    }
     let mut case = Case { c, id };
     let mut m = Model::default();
     let mut phase_start = Instant::now();
@@ -392,7 +494,12 @@ fn leases_and_heartbeat_sessions_follow_the_model() {
     let db = TestDb::new("lease_model");
     let c = RefCell::new(db.connect());
     c.borrow_mut()
-        .batch_execute("CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
+        .batch_execute(
+            "CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+             CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE payouts (table_id int NOT NULL, fencing_token bigint);
+             SELECT lease.protect('payouts', '{table_id}', 'fencing_token', 'tables', '{id}', 'owner_fencing_token');",
+        )
         .unwrap();
     let cases = env_u64("PG_LEASE_LEASE_MODEL_CASES", 16) as u32;
     let seed = env_u64("PG_LEASE_MODEL_SEED", DEFAULT_SEED);

@@ -123,14 +123,18 @@ pub fn visible_to(caller: pg_sys::Oid, owner_table: pg_sys::Oid, key: &[Option<S
     let datums = key_datums(&keys, key);
     let sql =
         format!("SELECT EXISTS (SELECT FROM {} o WHERE {})", display(owner_table), key_match(&key_columns(&keys)));
-    crate::pg::as_caller(caller, || {
-        Spi::connect(|client| {
-            client
-                .select(sql.as_str(), Some(1), &args(&datums))
-                .and_then(|rows| rows.first().get_one::<bool>())
-                .unwrap_or_else(|e| error!("pg_lease: {e}"))
-                == Some(true)
-        })
+    crate::pg::as_caller(caller, || exists(&sql, &datums))
+}
+
+/// Whether `sql` (`SELECT EXISTS ...` over key datums made by [`key_datums`])
+/// is true.
+fn exists(sql: &str, datums: &[(pg_sys::Datum, pg_sys::Oid)]) -> bool {
+    Spi::connect(|client| {
+        client
+            .select(sql, Some(1), &args(datums))
+            .and_then(|rows| rows.first().get_one::<bool>())
+            .unwrap_or_else(|e| error!("pg_lease: {e}"))
+            == Some(true)
     })
 }
 
@@ -159,13 +163,7 @@ pub fn same_owner_row(owner_table: pg_sys::Oid, a: &[Option<String>], b: &[Optio
             key_match(&key_columns(&keys)),
             second
         );
-        Spi::connect(|client| {
-            client
-                .select(sql.as_str(), Some(1), &args(&datums))
-                .and_then(|rows| rows.first().get_one::<bool>())
-                .unwrap_or_else(|e| error!("pg_lease: {e}"))
-                == Some(true)
-        })
+        exists(&sql, &datums)
     })
 }
 

@@ -162,6 +162,16 @@ impl Model {
     fn live(&self, l: &Lease) -> bool {
         !l.released && self.effective(l) > self.now()
     }
+    /// `lease` taken by `host` from its holder `cur`: a holder that did not
+    /// release it hears of the loss; `host`'s own earlier loss is moot.
+    fn take(&mut self, lease: u8, cur: Option<&Lease>, host: u8) {
+        if let Some(l) = cur.filter(|l| l.owner != host) {
+            if !l.released {
+                self.lost.insert((l.owner, lease), l.token);
+            }
+            self.lost.remove(&(host, lease));
+        }
+    }
     fn row_token(&self, row: u8) -> i64 {
         self.rows.get(&row).copied().unwrap_or(0)
     }
@@ -241,14 +251,7 @@ fn step(case: &mut Case, m: &mut Model, op: &Op, ci: bool) -> Result<(), String>
                     if token <= prev {
                         return Err(format!("token {token} not above {prev}"));
                     }
-                    if let Some(l) = &cur {
-                        if l.owner != host {
-                            if !l.released {
-                                m.lost.insert((l.owner, lease), l.token);
-                            }
-                            m.lost.remove(&(host, lease));
-                        }
-                    }
+                    m.take(lease, cur.as_ref(), host);
                     let own = m.expiry(long);
                     m.leases.insert(lease, Lease { owner: host, token, own, released: false, bound: None });
                 }
@@ -280,14 +283,7 @@ fn step(case: &mut Case, m: &mut Model, op: &Op, ci: bool) -> Result<(), String>
                     if let Some((k, r)) = rival {
                         m.lost.insert((r.owner, k), r.token);
                     }
-                    if let Some(l) = &cur {
-                        if l.owner != host {
-                            if !l.released {
-                                m.lost.insert((l.owner, lease), l.token);
-                            }
-                            m.lost.remove(&(host, lease));
-                        }
-                    }
+                    m.take(lease, cur.as_ref(), host);
                     let own = m.expiry(long);
                     m.leases.insert(lease, Lease { owner: host, token, own, released: false, bound: Some(row) });
                     m.rows.insert(row, token);

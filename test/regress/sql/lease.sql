@@ -58,7 +58,7 @@ SELECT pg_temp.lease_error($$SELECT lease.acquire('room:1', 'host-b', 60000)$$);
 SELECT count(*) AS rows FROM lease.try_acquire('room:1', 'host-b', 60000);
 SELECT token - :t2 AS bump FROM lease.try_acquire('room:1', 'host-a', 60000);
 SELECT token AS t3 FROM lease.leases WHERE name = 'room:1' \gset
--- each lease name counts on its own
+-- every lease draws from one counter (since 0.9.0): room:9 comes after room:1's three
 SELECT token - :t1 AS from_room_1 FROM lease.acquire('room:9', 'host-a', 60000);
 
 --

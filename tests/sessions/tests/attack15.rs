@@ -29,7 +29,14 @@
 //!   another owner, with no `LF005` and no loss reported to that owner;
 //! - low: `ALTER SEQUENCE lease.token_counter RESTART` (a DBA tidying
 //!   sequences) is accepted, not `LF008`: the next fresh lease is issued a
-//!   token another lease already holds.
+//!   token another lease already holds;
+//! - low: under row-level security, a role with only `UPDATE` on the owner
+//!   table (which the README says suffices) cannot bind a row its UPDATE
+//!   policy lets it update: aclchk's `42501` "permission denied for table";
+//! - low: `FORCE ROW LEVEL SECURITY` with a SELECT-only policy makes every
+//!   bound acquire fail with `LF007` "owner row ... does not exist" for a
+//!   row that exists and the caller sees (the owner's `FOR UPDATE` lock is
+//!   filtered by the forced policies): no holder can re-take its lease.
 //!
 //! Defences that held: a token seen in an acquire that rolled back under
 //! `synchronous_commit = off` is not issued again after `kill -9`; an
@@ -213,34 +220,32 @@ fn alter_sequence_restart_of_the_token_counter_reissues_a_held_token() {
     );
 }
 
-/// A cluster of its own (kept from a WAL writer flushing on its own), with
-/// pg_lease and one committed control lease `y`; `attack` runs on a
-/// `synchronous_commit = off` session and returns the token it saw; then
-/// `kill -9`, restart, and srv2 acquires `x`. Returns (seen, rows of `x`
-/// by srv1 kept, srv2's token).
-fn after_kill9(name: &str, port: u16, attack: impl FnOnce(&mut Client) -> i64) -> (i64, i64, Result<i64, String>) {
-    let cluster = Cluster::start_with(
-        name,
-        port,
-        &[
-            "wal_writer_delay = 10000ms",
-            "bgwriter_lru_maxpages = 0",
-            "autovacuum = off",
-            "max_prepared_transactions = 10",
-        ],
-    );
-    let mut c = cluster.connect();
-    ok(&mut c, "CREATE EXTENSION IF NOT EXISTS pg_lease; CHECKPOINT");
-    acquire(&mut c, &format!("'y', 'srv1', {TTL}")).unwrap();
-    ok(&mut c, "SET synchronous_commit = off");
-    let seen = attack(&mut c);
+/// A cluster of its own (no WAL writer or background writer flushing for
+/// it), pg_lease and a committed control lease `y`; `attack` runs on a
+/// `synchronous_commit = off` session and returns the token srv1 saw for
+/// lease `x`. The server is then killed (`kill -9`) and restarted: returns
+/// the cluster (kept alive for the caller), a connection, and that token.
+fn killed_after(name: &str, port: u16, attack: impl FnOnce(&mut Client) -> i64) -> (Cluster, Client, i64) {
+    let conf = ["wal_writer_delay = 10000ms", "bgwriter_lru_maxpages = 0", "max_prepared_transactions = 10"];
+    let cluster = Cluster::start_with(name, port, &conf);
+    let mut before = cluster.connect();
+    ok(&mut before, "CREATE EXTENSION IF NOT EXISTS pg_lease; CHECKPOINT");
+    acquire(&mut before, &format!("'y', 'srv1', {TTL}")).unwrap();
+    ok(&mut before, "SET synchronous_commit = off");
+    let seen = attack(&mut before);
     cluster.kill9();
     cluster.restart();
-    let mut c = cluster.connect();
-    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE name = 'y'"), 1, "the control was lost");
-    let kept = one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE name = 'x' AND owner = 'srv1'");
-    let again = acquire(&mut c, &format!("'x', 'srv2', {TTL}"));
-    (seen, kept, again)
+    let mut after = cluster.connect();
+    assert_eq!(one_i64(&mut after, "SELECT count(*) FROM lease.leases WHERE name = 'y'"), 1, "control lost");
+    (cluster, after, seen)
+}
+
+/// Rows of lease `x` held by srv1 after the crash, and srv2's acquire of `x`.
+fn x_after_crash(c: &mut Client) -> (i64, Result<i64, String>) {
+    (
+        one_i64(c, "SELECT count(*) FROM lease.leases WHERE name = 'x' AND owner = 'srv1'"),
+        acquire(c, &format!("'x', 'srv2', {TTL}")),
+    )
 }
 
 /// **Defence holds.** Attack: under `synchronous_commit = off`, srv1 takes
@@ -253,12 +258,13 @@ fn after_kill9(name: &str, port: u16, attack: impl FnOnce(&mut Client) -> i64) -
 /// again, even when that acquire rolled back, across a crash).
 #[test]
 fn token_of_a_rolled_back_acquire_is_not_reissued_after_kill9() {
-    let (seen, kept, again) = after_kill9("a15_rollback", 15141, |c| {
+    let (_cluster, mut c, seen) = killed_after("a15_rollback", 15141, |c| {
         ok(c, "BEGIN");
         let seen = acquire(c, &format!("'x', 'srv1', {TTL}")).unwrap();
         ok(c, "ROLLBACK");
         seen
     });
+    let (kept, again) = x_after_crash(&mut c);
     assert_eq!(kept, 0, "the rolled-back acquire's row survived");
     assert!(again.as_ref().is_ok_and(|&t| t > seen), "srv1 saw {seen} in its rolled-back acquire; srv2 got {again:?}");
 }
@@ -271,15 +277,97 @@ fn token_of_a_rolled_back_acquire_is_not_reissued_after_kill9() {
 /// durable however it commits).
 #[test]
 fn acquire_committed_by_two_phase_commit_survives_kill9() {
-    let (seen, kept, again) = after_kill9("a15_2pc", 15142, |c| {
-        ok(c, "BEGIN");
-        let seen = acquire(c, &format!("'x', 'srv1', {TTL}")).unwrap();
+    let (_cluster, mut c, seen) = killed_after("a15_2pc", 15142, |c| {
+        ok(c, "BEGIN; SELECT 1 FROM lease.acquire('x', 'srv1', 60000)");
         ok(c, "PREPARE TRANSACTION 'a15'");
         ok(c, "COMMIT PREPARED 'a15'");
-        seen
+        one_i64(c, "SELECT token FROM lease.leases WHERE name = 'x'")
     });
+    let (kept, again) = x_after_crash(&mut c);
     assert!(
         kept == 1 && again != Ok(seen),
         "srv1's prepared acquire (token {seen}) was lost in the crash (rows kept: {kept}); srv2 got {again:?}"
+    );
+}
+
+/// A database whose owner table `tables` (rows 1..=3) is owned by the role
+/// `mig_<db>` (the README's migrator: owns and protects the tables, with
+/// row-level security enabled by `rls`), and a role `app_<db>` with EXECUTE
+/// on the lease functions and `grant` on `tables`.
+fn rls_owner_table(label: &str, rls: &str, grant: &str) -> (TestDb, Client, Client) {
+    let db = TestDb::new(label);
+    let (mig, app) = (format!("mig_{}", db.name), format!("app_{}", db.name));
+    let mut c = db.connect();
+    ok(
+        &mut c,
+        &format!(
+            "DO $$ BEGIN CREATE ROLE {mig} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             DO $$ BEGIN CREATE ROLE {app} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             GRANT CREATE ON SCHEMA public TO {mig};
+             GRANT USAGE ON SCHEMA lease TO {mig}, {app};
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA lease TO {mig}, {app};
+             SET ROLE {mig};
+             CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE payouts (id bigserial PRIMARY KEY, table_id int NOT NULL, fencing_token bigint);
+             SELECT lease.protect('payouts', '{{table_id}}', 'fencing_token');
+             INSERT INTO tables VALUES (1, NULL), (2, NULL), (3, NULL);
+             GRANT {grant} ON tables TO {app};
+             {rls}
+             RESET ROLE;"
+        ),
+    );
+    let (m, a) = (db.connect_as(&mig), db.connect_as(&app));
+    drop(c);
+    (db, m, a)
+}
+
+/// **Hole (low).** Attack: the application role has only `UPDATE` on the
+/// owner table (the README: binding needs `SELECT` or `UPDATE`), and the
+/// migrator enables row-level security with an `UPDATE` policy that lets
+/// every row be updated. Observed: binding a lease to row 2 fails with
+/// aclchk's `42501` "permission denied for table tables" (pg_lease's
+/// visibility check reads the row with a SELECT the role may not run); the
+/// same role binds the row once RLS is off. Expected: the row its UPDATE
+/// policy lets it update is bound, as without RLS (or pg_lease's own error
+/// saying what is missing).
+#[test]
+fn update_only_role_under_an_update_policy_cannot_bind_a_row_it_may_update() {
+    let (_db, mut mig, mut app) = rls_owner_table(
+        "a15_rls_upd",
+        "ALTER TABLE tables ENABLE ROW LEVEL SECURITY; CREATE POLICY upd ON tables FOR UPDATE USING (true);",
+        "UPDATE",
+    );
+    let with_rls = acquire(&mut app, &format!("'t2', 'srv1', {TTL}, 'tables', '{{2}}'"));
+    ok(&mut mig, "ALTER TABLE tables DISABLE ROW LEVEL SECURITY");
+    let without = acquire(&mut app, &format!("'t3', 'srv1', {TTL}, 'tables', '{{3}}'"));
+    assert!(without.is_ok(), "without RLS the UPDATE-only role could not bind either: {without:?}");
+    assert!(with_rls.is_ok(), "under an UPDATE policy for every row, binding row 2 gave {with_rls:?}");
+}
+
+/// **Hole (low).** Attack: the migrator sets `FORCE ROW LEVEL SECURITY` on
+/// the owner table with one policy, `FOR SELECT USING (true)` (everyone may
+/// read every row; nobody was meant to update them by hand). Observed: every
+/// acquire bound to the table, by the application (which sees the row) and
+/// by the table owner alike, fails with `LF007` "owner row {1} ... which
+/// does not exist": acquire locks the row `FOR UPDATE` as the owner, whom
+/// the forced policies give no UPDATE visibility. A holder can then never
+/// re-take its lease to fence its previous process, and the message sends
+/// the operator looking for a row that is there. Expected: the row is bound
+/// (the caller sees it; pg_lease writes it as the owner, as the fence reads
+/// it), or an error that names the forced policies, not a missing row.
+#[test]
+fn forced_row_security_without_an_update_policy_says_a_visible_owner_row_does_not_exist() {
+    let (_db, mut mig, mut app) = rls_owner_table(
+        "a15_rls_force",
+        "ALTER TABLE tables ENABLE ROW LEVEL SECURITY; ALTER TABLE tables FORCE ROW LEVEL SECURITY;
+         CREATE POLICY sel ON tables FOR SELECT USING (true);",
+        "SELECT",
+    );
+    assert_eq!(one_i64(&mut app, "SELECT count(*) FROM tables WHERE id = 1"), 1, "the app sees row 1");
+    let by_app = acquire(&mut app, &format!("'t1', 'srv1', {TTL}, 'tables', '{{1}}'"));
+    let by_owner = acquire(&mut mig, &format!("'t2', 'srv2', {TTL}, 'tables', '{{2}}'"));
+    assert!(
+        by_app.is_ok() && by_owner.is_ok(),
+        "binding visible rows under FORCE ROW LEVEL SECURITY: the app got {by_app:?}, the table owner {by_owner:?}"
     );
 }

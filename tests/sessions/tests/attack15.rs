@@ -36,7 +36,10 @@
 //! - low: `FORCE ROW LEVEL SECURITY` with a SELECT-only policy makes every
 //!   bound acquire fail with `LF007` "owner row ... does not exist" for a
 //!   row that exists and the caller sees (the owner's `FOR UPDATE` lock is
-//!   filtered by the forced policies): no holder can re-take its lease.
+//!   filtered by the forced policies): no holder can re-take its lease;
+//! - low: two single autocommit calls deadlock (`40P01`): a bound acquire of
+//!   a new name that waited for an in-flight payout, and the holder's own
+//!   re-take queued behind it (README Limits says single calls cannot).
 //!
 //! Defences that held: a token seen in an acquire that rolled back under
 //! `synchronous_commit = off` is not issued again after `kill -9`; an
@@ -370,4 +373,37 @@ fn forced_row_security_without_an_update_policy_says_a_visible_owner_row_does_no
         by_app.is_ok() && by_owner.is_ok(),
         "binding visible rows under FORCE ROW LEVEL SECURITY: the app got {by_app:?}, the table owner {by_owner:?}"
     );
+}
+
+/// **Hole (low).** Attack: srv1 holds lease `a` bound to owner row 1, and a
+/// payout of it is in flight (its fenced INSERT holds row 1 `FOR SHARE`).
+/// srv3 acquires lease `c` for row 1 (it locks `c`, then waits for row 1);
+/// srv1's restarted process re-takes `a` (it locks `a`, then waits for row
+/// 1 behind srv3). The payout commits: srv3 gets row 1, finds `a`'s token
+/// there and locks `a` as its rival, held by srv1's re-take, which waits
+/// for srv3. Observed: PostgreSQL's deadlock detector aborts one of the two
+/// single autocommit `acquire` calls with `40P01`. Expected: what README
+/// Limits promises ("each takes its row locks in one order ... so single
+/// calls cannot deadlock each other"): srv1's re-take succeeds and srv3
+/// gets `LF005`, or srv3's acquire is refused without a deadlock.
+#[test]
+fn bound_acquire_and_the_holders_retake_deadlock_as_single_calls() {
+    let (db, mut c, _updater) = owner_rows_and_updater("a15_deadlock");
+    let a = acquire(&mut c, &format!("'a', 'srv1', {TTL}, 'tables', '{{1}}'")).unwrap();
+    let mut payout = db.connect();
+    ok(&mut payout, &format!("BEGIN; INSERT INTO payouts (table_id, fencing_token) VALUES (1, {a})"));
+    let start = |name: &str, owner: &str| {
+        let mut s = db.connect();
+        let pid = backend_pid(&mut s);
+        let args = format!("'{name}', '{owner}', {TTL}, 'tables', '{{1}}'");
+        (pid, std::thread::spawn(move || acquire(&mut s, &args)))
+    };
+    let (srv3_pid, srv3) = start("c", "srv3");
+    wait_until_blocked(&mut c, srv3_pid);
+    let (srv1_pid, srv1) = start("a", "srv1");
+    wait_until_blocked(&mut c, srv1_pid);
+    ok(&mut payout, "COMMIT");
+    let (srv3, srv1) = (srv3.join().unwrap(), srv1.join().unwrap());
+    let deadlocked = |r: &Result<i64, String>| r.as_ref().is_err_and(|e| e.starts_with("40P01"));
+    assert!(!deadlocked(&srv1) && !deadlocked(&srv3), "srv1's re-take gave {srv1:?}, srv3's acquire {srv3:?}");
 }

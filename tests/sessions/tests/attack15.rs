@@ -44,7 +44,9 @@
 //! Defences that held: a token seen in an acquire that rolled back under
 //! `synchronous_commit = off` is not issued again after `kill -9`; an
 //! acquire committed through `PREPARE TRANSACTION` / `COMMIT PREPARED` under
-//! `synchronous_commit = off` survives `kill -9`.
+//! `synchronous_commit = off` survives `kill -9`; an owner token raised by
+//! hand as high as allowed (`2^62 - 1`: past it is `22003`) moves every
+//! lease to a high epoch, yet acquire still works after a failover.
 
 use pg_lease_sessions::postgres::Client;
 use pg_lease_sessions::*;
@@ -54,7 +56,7 @@ const TTL: i32 = 60_000;
 const MASK: i64 = (1 << 40) - 1;
 
 fn ok(c: &mut Client, sql: &str) {
-    c.batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    c.batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {:?}", e.as_db_error()));
 }
 
 /// `acquire(...)`'s token, or its SQLSTATE and message.
@@ -406,4 +408,54 @@ fn bound_acquire_and_the_holders_retake_deadlock_as_single_calls() {
     let (srv3, srv1) = (srv3.join().unwrap(), srv1.join().unwrap());
     let deadlocked = |r: &Result<i64, String>| r.as_ref().is_err_and(|e| e.starts_with("40P01"));
     assert!(!deadlocked(&srv1) && !deadlocked(&srv3), "srv1's re-take gave {srv1:?}, srv3's acquire {srv3:?}");
+}
+
+/// **Defence holds.** Attack: a role allowed to UPDATE owner rows raises
+/// row 2's token as high as it can, to burn the token epochs of the whole
+/// database: a raise past `2^62 - 1` is refused (`22003`), so it sets
+/// `2^62 - 1`, the last counter of epoch `2^22 - 1`. The game server then
+/// acquires lease `b` bound to row 2, which raises the database's token
+/// epoch base to that epoch (every lease's tokens now live there). The
+/// primary then fails over to its streaming standby (timeline 2), where
+/// tokens are judged in a still higher epoch. Observed: a fresh lease is
+/// still acquired on the new primary, above the raised token. Expected:
+/// that (README: owner tokens set by hand stop where acquire can always
+/// issue a higher one).
+#[test]
+fn hand_raised_owner_token_at_its_limit_leaves_acquire_working_after_a_failover() {
+    let primary = Cluster::start("a15_epoch_p", 15143);
+    let mut p = primary.connect();
+    ok(
+        &mut p,
+        &format!(
+            "CREATE EXTENSION IF NOT EXISTS pg_lease;
+             CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint);
+             CREATE TABLE payouts (id bigserial PRIMARY KEY, table_id int NOT NULL, fencing_token bigint);
+             SELECT lease.protect('payouts', '{{table_id}}', 'fencing_token');
+             INSERT INTO tables VALUES (1, NULL), (2, NULL);
+             DO $$ BEGIN CREATE ROLE a15_updater LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             GRANT SELECT, UPDATE ON tables TO a15_updater;
+             SET ROLE a15_updater;"
+        ),
+    );
+    let max = (1_i64 << 62) - 1;
+    let over = try_sql(&mut p, &format!("UPDATE tables SET owner_fencing_token = {} WHERE id = 2", max + 1));
+    assert_eq!(over, "22003", "a raise past 2^62 - 1 by hand");
+    ok(&mut p, &format!("UPDATE tables SET owner_fencing_token = {max} WHERE id = 2; RESET ROLE"));
+    acquire(&mut p, &format!("'b', 'srv2', {TTL}, 'tables', '{{2}}'")).unwrap();
+    let before = acquire(&mut p, &format!("'x', 'srv3', {TTL}"));
+    assert!(before.is_ok(), "before the failover a fresh lease gave {before:?}");
+    let standby = Cluster::standby_of(&primary, "a15_epoch_s", 15144);
+    let mut s = standby.connect();
+    let start = std::time::Instant::now();
+    while one_i64(&mut s, "SELECT count(*) FROM lease.leases WHERE name IN ('b', 'x')") < 2 {
+        assert!(start.elapsed() < std::time::Duration::from_secs(30), "the standby never caught up");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    drop((p, s));
+    primary.stop();
+    standby.promote();
+    let mut n = standby.connect();
+    let after = acquire(&mut n, &format!("'y', 'srv4', {TTL}"));
+    assert!(after.as_ref().is_ok_and(|&t| t > max), "after the failover a fresh lease gave {after:?}");
 }

@@ -427,16 +427,14 @@ fn hand_raised_owner_token_at_its_limit_leaves_acquire_working_after_a_failover(
     let mut p = primary.connect();
     ok(
         &mut p,
-        &format!(
-            "CREATE EXTENSION IF NOT EXISTS pg_lease;
+        "CREATE EXTENSION IF NOT EXISTS pg_lease;
              CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint);
              CREATE TABLE payouts (id bigserial PRIMARY KEY, table_id int NOT NULL, fencing_token bigint);
-             SELECT lease.protect('payouts', '{{table_id}}', 'fencing_token');
+             SELECT lease.protect('payouts', '{table_id}', 'fencing_token');
              INSERT INTO tables VALUES (1, NULL), (2, NULL);
              DO $$ BEGIN CREATE ROLE a15_updater LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
              GRANT SELECT, UPDATE ON tables TO a15_updater;
-             SET ROLE a15_updater;"
-        ),
+             SET ROLE a15_updater;",
     );
     let max = (1_i64 << 62) - 1;
     let over = try_sql(&mut p, &format!("UPDATE tables SET owner_fencing_token = {} WHERE id = 2", max + 1));

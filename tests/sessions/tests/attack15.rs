@@ -44,7 +44,8 @@
 //! Defences that held: a token seen in an acquire that rolled back under
 //! `synchronous_commit = off` is not issued again after `kill -9`; an
 //! acquire committed through `PREPARE TRANSACTION` / `COMMIT PREPARED` under
-//! `synchronous_commit = off` survives `kill -9`; an owner token raised by
+//! `synchronous_commit = off` survives `kill -9`, and so does one through a
+//! wrapper function declared `SET synchronous_commit = off`; an owner token raised by
 //! hand as high as allowed (`2^62 - 1`: past it is `22003`) moves every
 //! lease to a high epoch, yet acquire still works after a failover.
 
@@ -456,4 +457,28 @@ fn hand_raised_owner_token_at_its_limit_leaves_acquire_working_after_a_failover(
     let mut n = standby.connect();
     let after = acquire(&mut n, &format!("'y', 'srv4', {TTL}"));
     assert!(after.as_ref().is_ok_and(|&t| t > max), "after the failover a fresh lease gave {after:?}");
+}
+
+/// **Defence holds.** Attack: the application takes leases through its own
+/// wrapper function declared `SET synchronous_commit = off` (copied from its
+/// payout functions); acquire's own transaction-local raise to `local` is
+/// undone when the wrapper's SET clause is popped at its return, so the
+/// autocommit COMMIT runs under `off`. The server is killed right after the
+/// call returned. Observed: the lease survives (acquire's commit is forced
+/// synchronous whatever the setting at COMMIT). Expected: that.
+#[test]
+fn acquire_through_a_function_declared_synchronous_commit_off_survives_kill9() {
+    let (_cluster, mut c, seen) = killed_after("a15_fn_off", 15145, |c| {
+        ok(
+            c,
+            "CREATE FUNCTION take(n text, o text) RETURNS bigint LANGUAGE sql SET synchronous_commit = off
+                 AS $$ SELECT token FROM lease.acquire(n, o, 60000) $$",
+        );
+        one_i64(c, "SELECT take('x', 'srv1')")
+    });
+    let (kept, again) = x_after_crash(&mut c);
+    assert!(
+        kept == 1 && again != Ok(seen),
+        "srv1's acquire through take() (token {seen}) was lost in the crash (rows kept: {kept}); srv2 got {again:?}"
+    );
 }

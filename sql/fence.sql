@@ -1142,6 +1142,16 @@ DECLARE
     match text;
     citus_pending oid[] := '{}';
 BEGIN
+    -- Fencing tokens are drawn from lease.token_counter, which only ever
+    -- rises on its own: ALTER SEQUENCE (RESTART, MAXVALUE, ...) could make
+    -- it issue a token again.
+    IF tg_tag = 'ALTER SEQUENCE' THEN
+        IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands() c
+                    WHERE c.classid = 'pg_class'::regclass AND c.objid = pg_catalog.to_regclass('lease.token_counter')) THEN
+            PERFORM lease._raise('FenceTampering', 'ALTER SEQUENCE of lease.token_counter is refused',
+                'Fencing tokens are drawn from lease.token_counter: changing it could issue a token again. To make every later token higher than a given one, use lease.issue_tokens_above.');
+        END IF;
+    END IF;
     -- Citus: DDL that reached a shard on this node (lease._guard_shards).
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
         PERFORM lease._guard_shards(tg_tag);

@@ -77,21 +77,22 @@ pub const COUNTER_MASK: i64 = (1 << EPOCH_SHIFT) - 1;
 /// lower timeline computed from the same stored token. The token is
 /// `epoch << 40 | counter`, `counter` drawn from the database's one counter
 /// (`lease.token_counter`), so that no two acquires are ever given the same
-/// token; a stored token above it (set by hand, or issued before 0.9.0, when
-/// each lease counted for itself) gives `stored + 1` instead.
+/// token. A stored token in that epoch at or above it (set by hand, or
+/// issued before 0.9.0, when each lease counted for itself) moves this token
+/// to the next epoch, with the same counter: still above it, still unique,
+/// and the counter is never pushed up by a value someone wrote (a hand-set
+/// owner token near 2^40 would otherwise use up the counter of every lease).
+/// The issued epoch then records it, as for any raise.
 pub fn token_rule(stored: i64, timeline: i64, max_base: Option<i64>, issued: Option<i64>, counter: i64) -> NextToken {
     let current = max_base.unwrap_or(0).saturating_add(timeline);
     let high = issued.map_or(stored >> EPOCH_SHIFT, |i| i.max(stored >> EPOCH_SHIFT));
-    let (epoch, raise_base) =
+    let (mut epoch, raise_base) =
         if high > current { (high.saturating_add(timeline), Some(high)) } else { (current, None) };
-    let token = (stored != i64::MAX && epoch < EPOCH_LIMIT).then(|| {
-        let drawn = (epoch << EPOCH_SHIFT) | (counter & COUNTER_MASK);
-        if drawn > stored {
-            drawn
-        } else {
-            stored + 1
-        }
-    });
+    let counter = counter & COUNTER_MASK;
+    if epoch < EPOCH_LIMIT && (epoch << EPOCH_SHIFT) | counter <= stored {
+        epoch += 1;
+    }
+    let token = (epoch < EPOCH_LIMIT).then_some((epoch << EPOCH_SHIFT) | counter);
     NextToken { token, epoch, issued, raise_base }
 }
 
@@ -121,20 +122,13 @@ pub fn next_token(stored: i64, timeline: i64) -> NextToken {
 /// an acquire returned is never issued again, even if its transaction then
 /// rolls back (and its caller used it anyway). The sequence's WAL record
 /// (one every 32 values) is flushed before the token is returned, so no
-/// crash gives a counter value back either. When the token comes from a
-/// stored one above the counter, the counter moves up to it.
+/// crash gives a counter value back either.
 pub fn issue_token(stored: i64, timeline: i64) -> NextToken {
     let (max_base, issued) = epoch_tables();
     let counter = crate::pg::own_sequence(c"token_counter");
     // SAFETY: reads a backend global (the end of this backend's last WAL record).
     let before = unsafe { pg_sys::XactLastRecEnd };
-    let drawn = counter.next();
-    let next = token_rule(stored, timeline, max_base, issued, drawn);
-    if let Some(token) = next.token {
-        if token >> EPOCH_SHIFT == next.epoch && token & COUNTER_MASK > drawn {
-            counter.set(token & COUNTER_MASK);
-        }
-    }
+    let next = token_rule(stored, timeline, max_base, issued, counter.next());
     // SAFETY: reads a backend global; XLogFlush flushes WAL this backend
     // wrote (its end is at most the insert position), waiting for the I/O.
     unsafe {
@@ -226,8 +220,8 @@ mod tests {
     /// The Rust rule's epoch is what 0.8.0's SQL `lease._next_token` gave,
     /// over the edges (bigint's top, epoch 2^23, raises by a stored token or an
     /// issued epoch, no base/issued rows), the SQL run here on the same
-    /// inputs; its token is the epoch with the counter drawn, or stored + 1
-    /// when that is not above stored.
+    /// inputs; its token is the epoch with the counter drawn, or the next
+    /// epoch with it when that is not above stored.
     #[pg_test]
     fn the_token_rule_keeps_the_epoch_rule_and_draws_the_counter() {
         use super::{token_rule, COUNTER_MASK, EPOCH_SHIFT};
@@ -266,16 +260,17 @@ mod tests {
                         for counter in [1_i64, 5, COUNTER_MASK] {
                             let rule = token_rule(stored, timeline, base, issued, counter);
                             let at = format!("{stored} {timeline} {base:?} {issued:?} {counter}");
-                            assert_eq!((rule.epoch, rule.issued, rule.raise_base), (epoch, issued_sql, raise), "{at}");
-                            let expected = token.map(|_| {
-                                let drawn = (epoch << EPOCH_SHIFT) | counter;
-                                if drawn > stored {
-                                    drawn
-                                } else {
-                                    stored + 1
-                                }
-                            });
+                            assert_eq!((rule.issued, rule.raise_base), (issued_sql, raise), "{at}");
+                            // The epoch's token with the counter drawn, or
+                            // the next epoch's when that is not above stored.
+                            let bumped = epoch < super::EPOCH_LIMIT && (epoch << EPOCH_SHIFT) | counter <= stored;
+                            let e = epoch + i64::from(bumped);
+                            assert_eq!(rule.epoch, e, "{at}");
+                            let expected = (e < super::EPOCH_LIMIT).then_some((e << EPOCH_SHIFT) | counter);
                             assert_eq!(rule.token, expected, "{at}");
+                            if token.is_none() && stored != i64::MAX {
+                                assert_eq!(rule.token, None, "{at}: 0.8.0 had no token left");
+                            }
                             if let Some(t) = rule.token {
                                 assert!(t > stored, "{at}: {t} not above {stored}");
                             }

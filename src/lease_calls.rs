@@ -339,6 +339,8 @@ struct AcquirePlans {
     lost: pg_sys::SPIPlanPtr,
     lost_moot: pg_sys::SPIPlanPtr,
     notify: pg_sys::SPIPlanPtr,
+    /// A rival lease's row, locked unless another transaction holds it.
+    rival_lock: pg_sys::SPIPlanPtr,
     /// Unreleased leases of other names bound to an owner table whose token
     /// an owner row holds (name, owner_key).
     rivals: pg_sys::SPIPlanPtr,
@@ -454,6 +456,12 @@ fn acquire_plans() -> AcquirePlans {
                WHERE l.owner_table OPERATOR(pg_catalog.=) $1 AND l.token OPERATOR(pg_catalog.=) $2
                  AND l.name OPERATOR(pg_catalog.<>) $3 AND l.released_at IS NULL",
             &mut [REGCLASSOID, INT8OID, TEXTOID],
+            WHAT,
+        ),
+        rival_lock: prepare_saved(
+            c"SELECT l.owner, l.token, l.released_at, l.expires_at FROM lease.lease_state l
+               WHERE l.name OPERATOR(pg_catalog.=) $1 FOR UPDATE SKIP LOCKED",
+            &mut [TEXTOID],
             WHAT,
         ),
         held_texts: prepare_saved(
@@ -632,8 +640,21 @@ fn acquire_connected(call: &Acquire, caller: pg_sys::Oid) -> Result<Acquired, Fa
         }
         // SAFETY: a non-NULL text[] argument of the call.
         let key_values = unsafe { Vec::<Option<String>>::from_datum(key, false) }.expect("owner_key is not NULL");
-        if !with_pinned_search_path(|| visible_to(caller, table, &key_values)) {
-            return Err(owner_missing(a, &call.name.text(), (table, key, columns)).into());
+        match with_pinned_search_path(|| visible_to(caller, table, &key_values)) {
+            Some(true) => {}
+            Some(false) => return Err(owner_missing(a, &call.name.text(), (table, key, columns)).into()),
+            None => {
+                let (table_text, _, _) = owner_texts(a, table, key, None);
+                let mut e = invalid(
+                    "42501",
+                    format!(
+                        "pg_lease: permission denied to bind a lease to owner rows of {table_text} under row-level security (role {})",
+                        crate::pg::role_name(caller)
+                    ),
+                );
+                e.hint = Some("Row-level security applies to this role on the owner table: binding needs SELECT on its key columns, to see the row its policies let it see.".into());
+                return Err(e.into());
+            }
         }
         bound = Some((table, key, columns, key_values));
     }
@@ -838,11 +859,10 @@ fn invalid(sqlstate: &str, message: String) -> Invalid {
 /// `lease.token_counter`), so the token names the lease; only tokens issued
 /// before 0.9.0 (each lease counted for itself) or set by hand can be shared,
 /// and then the leases' keys tell (`lease_owner::same_owner_row`, the key
-/// columns' own `=`). The rival's row is locked as acquire locks its own: a
-/// renew in flight is waited for, and at REPEATABLE READ or above a change
-/// since the snapshot fails to serialize. (Its own acquire, bound to this
-/// row at this moment, waits for the owner row this one holds: the deadlock
-/// detector ends one of the two.)
+/// columns' own `=`). The rival's row is locked, without waiting: one that
+/// another transaction is changing (a renew in flight, a re-take waiting for
+/// the owner row this acquire holds) counts as held; at REPEATABLE READ or
+/// above a change since the snapshot fails to serialize.
 fn rival_on_row(
     a: AcquirePlans,
     p: Plans,
@@ -868,10 +888,22 @@ fn rival_on_row(
         if shared && !with_pinned_search_path(|| same_owner_row(table, key, &rival_key)) {
             continue;
         }
-        // SAFETY: as above; lock_lease returns (owner, token, released_at,
-        // expires_at) of the locked row.
-        if !unsafe { exec_saved(p.lock_lease, &[Some(rival_d)], "lease.acquire") } {
-            continue;
+        // SAFETY: as above; rival_lock returns (owner, token, released_at,
+        // expires_at) of the locked row, or none when another transaction
+        // holds its lock.
+        if !unsafe { exec_saved(a.rival_lock, &[Some(rival_d)], "lease.acquire") } {
+            // Being changed right now (renewed, released, re-taken): judged
+            // held. Waiting could deadlock, as a re-take of that lease waits
+            // for the owner row this acquire holds.
+            let rival = Label(rival_d).text();
+            let (table_text, key_text, _) = owner_texts(a, table, key_d, None);
+            return Err(Refusal::new(
+                LeaseError::LeaseOwnedElsewhere,
+                format!("lease \"{name}\": owner row {key_text} of {table_text} is held through lease \"{rival}\""),
+                format!(
+                    "Lease {rival} is being changed by another transaction right now. One owner row is one resource: acquire it by the lease name that holds it."
+                ),
+            ));
         }
         let mut cur = Current::read();
         if cur.released.is_some() || cur.token != t || cur.owner_bytes == owner_bytes {

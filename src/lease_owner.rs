@@ -110,20 +110,35 @@ pub fn lock_owner_row(owner_table: pg_sys::Oid, owner_key: Vec<Option<String>>) 
 /// row-level security applies to it: the owner row is read and written as
 /// the table's owner, so a row its policies hide from `caller` must count as
 /// missing for it (binding a lease there would fence that row's writers).
-/// True without row-level security for `caller` (no query then). The query
-/// runs as `caller`: without SELECT on the key columns it raises 42501.
-pub fn visible_to(caller: pg_sys::Oid, owner_table: pg_sys::Oid, key: &[Option<String>]) -> bool {
+/// Some(true) without row-level security for `caller` (no query then); None
+/// when `caller` may not SELECT the key columns, so that its policies cannot
+/// be asked. The query runs as `caller`.
+pub fn visible_to(caller: pg_sys::Oid, owner_table: pg_sys::Oid, key: &[Option<String>]) -> Option<bool> {
     // SAFETY: a catalog check of the table's RLS flags for `caller`; with
     // noError it never raises.
     let rls = unsafe { pg_sys::check_enable_rls(owner_table, caller, true) };
     if rls != pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32 {
-        return true;
+        return Some(true);
     }
     let (keys, _) = binding(owner_table);
+    let select = pg_sys::ACL_SELECT as pg_sys::AclMode;
+    // SAFETY: privilege lookups of `caller` on an existing table and its
+    // existing key columns (binding found them).
+    let may_select = unsafe {
+        pg_sys::pg_class_aclcheck(owner_table, caller, select) == pg_sys::AclResult::ACLCHECK_OK
+            || keys.iter().all(|(name, _)| {
+                attribute(owner_table, name).is_some_and(|(attnum, _)| {
+                    pg_sys::pg_attribute_aclcheck(owner_table, attnum, caller, select) == pg_sys::AclResult::ACLCHECK_OK
+                })
+            })
+    };
+    if !may_select {
+        return None;
+    }
     let datums = key_datums(&keys, key);
     let sql =
         format!("SELECT EXISTS (SELECT FROM {} o WHERE {})", display(owner_table), key_match(&key_columns(&keys)));
-    crate::pg::as_caller(caller, || exists(&sql, &datums))
+    Some(crate::pg::as_caller(caller, || exists(&sql, &datums)))
 }
 
 /// Whether `sql` (`SELECT EXISTS ...` over key datums made by [`key_datums`])

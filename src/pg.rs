@@ -277,7 +277,9 @@ pub fn display(relid: pg_sys::Oid) -> String {
 /// state behind. pg_lease's SECURITY DEFINER code touches users' tables only
 /// through this.
 pub fn as_table_owner<R>(relid: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
-    with_user(rel_owner(relid), pg_sys::SECURITY_RESTRICTED_OPERATION, || {
+    // (SECURITY_NOFORCE_RLS: as ri_triggers.c, the owner's own lookups see
+    // every row even under FORCE ROW LEVEL SECURITY.)
+    with_user(rel_owner(relid), pg_sys::SECURITY_RESTRICTED_OPERATION | pg_sys::SECURITY_NOFORCE_RLS, || {
         // SAFETY: NewGUCNestLevel only increments guc.c's nest counter;
         // settings the user code makes are undone at this level below (or by
         // abort, if `f` raises).
@@ -408,16 +410,6 @@ impl OwnSequence {
         unsafe {
             pg_sys::OidFunctionCall1Coll(pg_sys::Oid::from(pg_sys::F_NEXTVAL), pg_sys::InvalidOid, self.0.into())
                 .value() as i64
-        }
-    }
-
-    /// setval(value): the next nextval() returns value + 1.
-    pub fn set(&self, value: i64) {
-        // SAFETY: setval(regclass, int8) is a built-in function of (oid,
-        // int8) returning int8, called through fmgr as SQL would call it.
-        unsafe {
-            let setval = pg_sys::Oid::from(pg_sys::F_SETVAL_REGCLASS_INT8);
-            pg_sys::OidFunctionCall2Coll(setval, pg_sys::InvalidOid, self.0.into(), value.into());
         }
     }
 }

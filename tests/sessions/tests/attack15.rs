@@ -114,7 +114,9 @@ fn hand_raised_owner_token_at_an_epochs_top_exhausts_the_counter_for_every_lease
     let mut u = db.connect_as(&updater);
     ok(&mut u, &format!("UPDATE tables SET owner_fencing_token = {} WHERE id = 2", (e << 40) | (MASK - 1)));
     let b = acquire(&mut c, &format!("'b', 'srv2', {TTL}, 'tables', '{{2}}'")).unwrap();
-    assert_eq!(b, (e << 40) | MASK, "the bound acquire issues stored + 1");
+    // (0.9.0 as first written issued stored + 1 here and moved the counter to
+    // its top; now the token goes to the next epoch with the counter drawn.)
+    assert!(b > (e << 40) | (MASK - 1), "the bound acquire issues above the row's token: {b}");
     let retake = acquire(&mut c, &format!("'a', 'srv1', {TTL}, 'tables', '{{1}}'"));
     let fresh = acquire(&mut c, &format!("'other', 'srv3', {TTL}"));
     assert!(
@@ -347,7 +349,13 @@ fn update_only_role_under_an_update_policy_cannot_bind_a_row_it_may_update() {
     ok(&mut mig, "ALTER TABLE tables DISABLE ROW LEVEL SECURITY");
     let without = acquire(&mut app, &format!("'t3', 'srv1', {TTL}, 'tables', '{{3}}'"));
     assert!(without.is_ok(), "without RLS the UPDATE-only role could not bind either: {without:?}");
-    assert!(with_rls.is_ok(), "under an UPDATE policy for every row, binding row 2 gave {with_rls:?}");
+    // Bound, or refused with pg_lease's own error (it cannot ask the
+    // policies which rows a role without SELECT may see).
+    assert!(
+        with_rls.is_ok()
+            || with_rls.as_ref().is_err_and(|e| e.contains("42501") && e.contains("under row-level security")),
+        "under an UPDATE policy for every row, binding row 2 gave {with_rls:?}"
+    );
 }
 
 /// **Hole (low).** Attack: the migrator sets `FORCE ROW LEVEL SECURITY` on

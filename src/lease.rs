@@ -120,22 +120,17 @@ pub fn next_token(stored: i64, timeline: i64) -> NextToken {
 /// Issues a token by [`token_rule`] (lease.acquire): its counter drawn from
 /// `lease.token_counter`, a sequence, which no rollback gives back: a token
 /// an acquire returned is never issued again, even if its transaction then
-/// rolls back (and its caller used it anyway). The sequence's WAL record
-/// (one every 32 values) is flushed before the token is returned, so no
-/// crash gives a counter value back either.
+/// rolls back (and its caller used it anyway). WAL is flushed up to the
+/// sequence's last change (a record every 32 values) before the token is
+/// returned, so no crash gives a counter value back either.
 pub fn issue_token(stored: i64, timeline: i64) -> NextToken {
     let (max_base, issued) = epoch_tables();
     let counter = crate::pg::own_sequence(c"token_counter");
-    // SAFETY: reads a backend global (the end of this backend's last WAL record).
-    let before = unsafe { pg_sys::XactLastRecEnd };
     let next = token_rule(stored, timeline, max_base, issued, counter.next());
-    // SAFETY: reads a backend global; XLogFlush flushes WAL this backend
-    // wrote (its end is at most the insert position), waiting for the I/O.
-    unsafe {
-        if pg_sys::XactLastRecEnd != before {
-            pg_sys::XLogFlush(pg_sys::XactLastRecEnd);
-        }
-    }
+    // The record that covers the value drawn may be another backend's, not
+    // flushed yet: flush up to the sequence page's LSN (nothing to do, and
+    // no I/O, when a commit since has flushed past it, which is the rule).
+    counter.flush_wal();
     next
 }
 

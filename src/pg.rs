@@ -401,6 +401,26 @@ pub fn own_sequence(name: &CStr) -> OwnSequence {
 }
 
 impl OwnSequence {
+    /// Flushes WAL up to the sequence page's last change: every value
+    /// nextval() handed out so far (by any backend) is then covered by a
+    /// durable WAL record, so no crash gives one back (nextval logs ahead 32
+    /// values in a record nobody flushes until some commit does).
+    pub fn flush_wal(&self) {
+        // SAFETY: the sequence relation exists (found by name this call) and
+        // is opened and closed with AccessShareLock; its one block is read,
+        // pinned and share-locked while its page LSN is read, then released;
+        // XLogFlush flushes WAL up to an LSN that was already inserted.
+        unsafe {
+            let rel = pg_sys::relation_open(self.0, pg_sys::AccessShareLock as _);
+            let buf = pg_sys::ReadBuffer(rel, 0);
+            pg_sys::LockBuffer(buf, pg_sys::BUFFER_LOCK_SHARE as _);
+            let lsn = pg_sys::BufferGetLSNAtomic(buf);
+            pg_sys::UnlockReleaseBuffer(buf);
+            pg_sys::relation_close(rel, pg_sys::AccessShareLock as _);
+            pg_sys::XLogFlush(lsn);
+        }
+    }
+
     /// nextval(): non-transactional, raises when the sequence is exhausted
     /// (and without USAGE or UPDATE on it for the current user).
     pub fn next(&self) -> i64 {

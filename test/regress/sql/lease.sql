@@ -152,9 +152,11 @@ INSERT INTO chips VALUES (7, 100, :o1);
 SELECT token - :o1 AS bump FROM lease.acquire('lobby:7', 'host-a', 60000, 'lobby', '{7}');
 SELECT owner_fencing_token - :o1 AS owner_row_bump FROM lobby WHERE id = 7;
 SELECT pg_temp.lease_error($$INSERT INTO chips VALUES (7, 100, $$ || :o1 || $$)$$);
--- the new token is above the owner row's token too
+-- the new token is above the owner row's token too (one set by hand above the
+-- counter moves the token to the next epoch, with the counter drawn)
 UPDATE lobby SET owner_fencing_token = :o1 + 100 WHERE id = 7;
-SELECT token - :o1 AS above_owner_row FROM lease.acquire('lobby:7', 'host-a', 60000, 'lobby', '{7}');
+SELECT token > :o1 + 100 AS above_owner_row, (token >> 40) - (:o1 >> 40) AS next_epoch
+  FROM lease.acquire('lobby:7', 'host-a', 60000, 'lobby', '{7}');
 -- refusals
 SELECT lease.acquire('lobby:9', 'host-a', 60000, 'lobby', '{9}');
 \echo :LAST_ERROR_SQLSTATE

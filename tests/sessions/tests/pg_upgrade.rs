@@ -160,7 +160,7 @@ fn pg_upgrade_keeps_every_fence_raises_every_token_and_continues_the_audit() {
     drop(s);
     standby.stop();
     let lost = acquire(&mut p, "table:1", "tables", "{1}");
-    assert_eq!(lost, t1 + 1);
+    assert!(lost > t1 && lost >> 40 == 1, "the lost token, still of timeline 1: {lost:#x}");
     drop(p);
     primary.crash();
     standby.restart();

@@ -9,8 +9,9 @@ use pgrx::prelude::*;
 /// Tokens are `epoch << EPOCH_SHIFT | counter`. The epoch is the WAL timeline,
 /// which rises at every standby promotion and point-in-time recovery, so a
 /// token issued after a failover beats every token of the old timeline even
-/// if the WAL that recorded them was lost. 2^40 acquisitions per lease per
-/// timeline, 2^23 timelines.
+/// if the WAL that recorded them was lost. The counter is the database's one
+/// sequence (`lease.token_counter`, since 0.9.0): 2^40 acquisitions per
+/// database, 2^23 epochs.
 pub const EPOCH_SHIFT: u32 = 40;
 
 /// The highest fencing token a role other than a superuser may write into an

@@ -358,6 +358,20 @@ fn a_second_lease_name_for_a_held_owner_row_is_refused() {
     expect_error(&mut c, &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {again})"), "LF001");
 }
 
+/// A database issues at most 2^40 tokens (README, Limits): past the token
+/// counter's range an acquire fails with the sequence's own error and
+/// changes nothing.
+#[test]
+fn the_token_counter_has_2_pow_40_values() {
+    let (_db, mut c) = poker_with_leases("lease_counter_top");
+    let last = acquire(&mut c, "x", "host-a", 60_000).unwrap();
+    c.batch_execute("SELECT setval('lease.token_counter', 1099511627775)").unwrap();
+    expect_error(&mut c, "SELECT lease.acquire('x', 'host-a', 60000)", "2200H");
+    expect_error(&mut c, "SELECT lease.acquire('y', 'host-b', 60000)", "2200H");
+    assert_eq!(one_i64(&mut c, "SELECT token FROM lease.leases WHERE name = 'x'"), last);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE name = 'y'"), 0);
+}
+
 /// Binding a lease to an owner row writes tokens there: the caller needs a
 /// right on the owner table (SELECT or UPDATE, table or column), else 42501
 /// and the row keeps its token. Unbound leases need only EXECUTE.

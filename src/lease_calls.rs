@@ -15,7 +15,7 @@ use crate::lease::EPOCH_SHIFT;
 use crate::lease_owner::{lock_owner_row, same_owner_row, set_owner_token, visible_to};
 use crate::pg::{
     as_definer, exec_saved, now, prepare_saved, result_datum, result_rows, result_text, row_datum, set_guc,
-    spi_connected, subtransaction, with_pinned_search_path,
+    spi_connected, subtransaction, update_own_row, with_pinned_search_path, END_TIMESTAMP,
 };
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
@@ -203,7 +203,47 @@ fn carried(own: i64, since: Option<i64>, until: Option<i64>) -> i64 {
 /// `lease.renew(name, owner, token, ttl_ms)` as the function's owner
 /// `definer`; the new expiry (a timestamptz datum) or LeaseLost.
 pub fn renew(definer: pg_sys::Oid, name: Label, owner: Label, token: i64, ttl: i32) -> Result<pg_sys::Datum, Refusal> {
-    as_definer(definer, || spi_connected(|| renew_connected(name, owner, token, ttl)))
+    as_definer(definer, || match renew_in_place(name, owner, token, ttl) {
+        Some(expires_at) => Ok(expires_at.into()),
+        None => spi_connected(|| renew_connected(name, owner, token, ttl)),
+    })
+}
+
+/// The common renew without a statement: the plan `renew`'s conditions
+/// (this owner, this token, not released, not expired on the clock read
+/// now) judged on the row a fresh snapshot sees, and its two columns
+/// written by the table AM ([`update_own_row`]). None whenever the plan must
+/// run instead: the row is missing or judged otherwise (renew_connected
+/// then judges it as a whole: carried by a session, or lost, with its
+/// message), changed concurrently (the plan follows the update chain or
+/// fails to serialize), or the expiry would leave the timestamp range.
+fn renew_in_place(name: Label, owner: Label, token: i64, ttl: i32) -> Option<pg_sys::TimestampTz> {
+    use pg_sys::{INT8OID, TEXTOID, TIMESTAMPTZOID};
+    // SAFETY: the name is a non-NULL text argument of this call; we run as
+    // the function's owner, inside the caller's transaction.
+    unsafe {
+        update_own_row(c"lease_state", c"lease_state_pkey", name.0, |row| {
+            if row.attr(c"released_at", TIMESTAMPTZOID).is_some()
+                || row.attr(c"token", INT8OID).map(|d| d.value() as i64) != Some(token)
+                // SAFETY: owner is a NOT NULL text column.
+                || row.attr(c"owner", TEXTOID).map(|d| text_bytes(d)) != Some(owner.bytes())
+            {
+                return None;
+            }
+            let now_ts = now();
+            let expires_at = row.attr(c"expires_at", TIMESTAMPTZOID)?.value() as i64;
+            let renewed = now_ts.checked_add(i64::from(ttl) * 1000).filter(|&e| e < END_TIMESTAMP)?;
+            (expires_at > now_ts).then(|| {
+                (
+                    vec![
+                        (c"renewed_at", TIMESTAMPTZOID, now_ts.into()),
+                        (c"expires_at", TIMESTAMPTZOID, renewed.into()),
+                    ],
+                    renewed,
+                )
+            })
+        })
+    }
 }
 
 fn renew_connected(name: Label, owner: Label, token: i64, ttl: i32) -> Result<pg_sys::Datum, Refusal> {

@@ -345,8 +345,8 @@ pub fn own_relid(name: &str) -> pg_sys::Oid {
 /// code reading its own tables. A sequential scan, for the token-epoch
 /// tables (a row or two each), without SPI.
 pub fn own_table_max_int8(name: &CStr, attnum: i16) -> Option<i64> {
-    // SAFETY: catalog lookups by name (the schema must exist: missing_ok
-    // false raises); the relation is opened (an ERROR if it vanished) and
+    let relid = lease_relid(name);
+    // SAFETY: the relation is opened (an ERROR if it vanished) and
     // kept locked to transaction end; the snapshot is pushed, with the
     // command counter advanced, as SPI does for a statement, and popped
     // before return (an ERROR in between unwinds the snapshot stack, the scan,
@@ -354,11 +354,6 @@ pub fn own_table_max_int8(name: &CStr, attnum: i16) -> Option<i64> {
     // column is read only from rows with at least `attnum` columns of type
     // int8 (checked against the tuple descriptor first).
     unsafe {
-        let schema = pg_sys::get_namespace_oid(c"lease".as_ptr(), false);
-        let relid = pg_sys::get_relname_relid(name.as_ptr(), schema);
-        if relid == pg_sys::InvalidOid {
-            pgrx::error!("pg_lease: lease.{} is missing", name.to_string_lossy());
-        }
         let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
         if attnum < 1 || pg_sys::get_atttype(relid, attnum) != pg_sys::INT8OID {
             pg_sys::table_close(rel, pg_sys::NoLock as _);
@@ -390,6 +385,12 @@ pub struct OwnSequence(pg_sys::Oid);
 
 /// `lease.<name>`, a sequence of pg_lease's.
 pub fn own_sequence(name: &CStr) -> OwnSequence {
+    OwnSequence(lease_relid(name))
+}
+
+/// The OID of pg_lease's own relation `lease.<name>` (table, index or
+/// sequence), by two syscache lookups; an ERROR when it is missing.
+pub fn lease_relid(name: &CStr) -> pg_sys::Oid {
     // SAFETY: catalog lookups by name; missing_ok false raises for a missing
     // schema.
     let relid =
@@ -397,7 +398,7 @@ pub fn own_sequence(name: &CStr) -> OwnSequence {
     if relid == pg_sys::InvalidOid {
         pgrx::error!("pg_lease: lease.{} is missing", name.to_string_lossy());
     }
-    OwnSequence(relid)
+    relid
 }
 
 impl OwnSequence {
@@ -1093,6 +1094,248 @@ impl UniqueIndex {
                 }
             }
         })
+    }
+}
+
+/// The row [`update_own_row`] found, as its `change` sees it.
+pub struct OwnRow {
+    relid: pg_sys::Oid,
+    slot: *mut pg_sys::TupleTableSlot,
+}
+
+impl OwnRow {
+    /// The attnum of column `name`, which must exist with type `typid`.
+    fn attnum(&self, name: &CStr, typid: pg_sys::Oid) -> i16 {
+        // SAFETY: syscache lookups accepting any relid and name.
+        let (attnum, found) = unsafe {
+            let attnum = pg_sys::get_attnum(self.relid, name.as_ptr());
+            (attnum, if attnum > 0 { pg_sys::get_atttype(self.relid, attnum) } else { pg_sys::InvalidOid })
+        };
+        if attnum <= 0 || found != typid {
+            pgrx::error!("pg_lease: column {} of its own table is missing or of another type", name.to_string_lossy());
+        }
+        attnum
+    }
+
+    /// Column `name` (of type `typid`, checked) of the row, None when NULL.
+    pub fn attr(&self, name: &CStr, typid: pg_sys::Oid) -> Option<pg_sys::Datum> {
+        let attnum = self.attnum(name, typid);
+        // SAFETY: the slot holds a row of the relation, which has column
+        // `attnum` (just looked up).
+        unsafe { slot_attr(self.slot, attnum) }
+    }
+}
+
+/// Whether a trigger of `rel` fires on UPDATE in this session (by the
+/// rules of TriggerEnabled: `session_replication_role` against each
+/// trigger's ENABLE mode).
+///
+/// # Safety
+/// `rel` is an open relation.
+unsafe fn update_triggers_fire(rel: pg_sys::Relation) -> bool {
+    // SAFETY: the caller's contract; trigdesc (NULL without triggers) holds
+    // numtriggers entries.
+    unsafe {
+        let desc = (*rel).trigdesc;
+        if desc.is_null() {
+            return false;
+        }
+        let replica = pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32;
+        (0..(*desc).numtriggers as usize).any(|i| {
+            let t = &*(*desc).triggers.add(i);
+            let fires = match t.tgenabled as u8 {
+                b'A' => true,
+                b'R' => replica,
+                b'O' => !replica,
+                _ => false,
+            };
+            fires && (t.tgtype as u32 & pg_sys::TRIGGER_TYPE_UPDATE) != 0
+        })
+    }
+}
+
+/// The largest timestamp PostgreSQL accepts (END_TIMESTAMP, exclusive).
+pub const END_TIMESTAMP: pg_sys::TimestampTz = 9_223_371_331_200_000_000;
+
+/// Updates, without a statement, the row of pg_lease's own table
+/// `lease.<table>` whose key in `index` (a unique btree index on one text
+/// column, compared with `texteq` in the index's collation) equals `key`:
+/// the row a fresh snapshot sees (as a statement run here would: READ
+/// COMMITTED sees what committed before, REPEATABLE READ its snapshot, and
+/// both this transaction's earlier writes), given to `change`, which returns
+/// the new values of some columns (name, type, value) and the caller's result, or None
+/// to leave the row alone. The update is the table AM's, as an UPDATE's:
+/// it waits for a transaction that locked or is changing the row, writes a
+/// HOT version when it can, else inserts the new version's index entries.
+///
+/// None — nothing written — whenever the caller must run its statement
+/// instead: no row, `change` declined, the row was changed concurrently
+/// (the statement then follows the update chain at READ COMMITTED or fails
+/// to serialize above it, as it always did), or the table is not plain
+/// enough for this path (a read-only transaction or parallel mode, where
+/// the statement raises its error; an UPDATE trigger that fires in this session,
+/// row-level security, CHECK constraints or generated columns, no UPDATE
+/// right for the current user, an index that is not one text column).
+///
+/// # Safety
+/// `key` is a valid, non-NULL text datum; the caller runs inside a
+/// transaction, as the role the statement would run as.
+pub unsafe fn update_own_row<R>(
+    table: &CStr,
+    index: &CStr,
+    key: pg_sys::Datum,
+    change: impl FnOnce(&OwnRow) -> Option<(Vec<(&'static CStr, pg_sys::Oid, pg_sys::Datum)>, R)>,
+) -> Option<R> {
+    let relid = lease_relid(table);
+    let indexid = lease_relid(index);
+    // SAFETY: the locks are an UPDATE's (RowExclusiveLock on the table, kept
+    // to transaction end; the index for the scan AccessShareLock, and
+    // RowExclusiveLock on every index when entries are inserted, through
+    // ExecOpenIndices); the snapshot is pushed and the command counter
+    // advanced as SPI does for a statement, and popped before return (an
+    // ERROR in between unwinds it, the scan, the slots, the executor state
+    // and the relation references at (sub)transaction abort); the scan key
+    // is copied by index_rescan; the rows' values are copied into a virtual
+    // slot of the table's descriptor before any is replaced; tuple_update is
+    // the table AM's callback, called as table_tuple_update (an inline
+    // function) calls it, on the TID the index scan returned; the executor
+    // state made for the index entries has no range table: its
+    // ResultRelInfo has index 0, for which the executor's "updated columns"
+    // are none (as for a trigger-only ResultRelInfo).
+    unsafe {
+        let rel = pg_sys::table_open(relid, pg_sys::RowExclusiveLock as _);
+        let irel = pg_sys::index_open(indexid, pg_sys::AccessShareLock as _);
+        let ind = &*(*irel).rd_index;
+        let constr = (*(*rel).rd_att).constr;
+        let plain = !pg_sys::XactReadOnly
+            && !pg_sys::IsInParallelMode()
+            && !update_triggers_fire(rel)
+            && !(*(*rel).rd_rel).relrowsecurity
+            && (constr.is_null() || ((*constr).num_check == 0 && !(*constr).has_generated_stored))
+            && pg_sys::pg_class_aclcheck(relid, pg_sys::GetUserId(), pg_sys::ACL_UPDATE as _)
+                == pg_sys::AclResult::ACLCHECK_OK
+            && ind.indrelid == relid
+            && ind.indisunique
+            && ind.indisvalid
+            && ind.indnkeyatts == 1
+            && (*(*irel).rd_rel).relam == pg_sys::BTREE_AM_OID
+            && *(*irel).rd_opcintype == pg_sys::TEXTOID;
+        if !plain {
+            pg_sys::index_close(irel, pg_sys::NoLock as _);
+            pg_sys::table_close(rel, pg_sys::NoLock as _);
+            return None;
+        }
+        pg_sys::CheckCmdReplicaIdentity(rel, pg_sys::CmdType::CMD_UPDATE);
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+        pg_sys::CommandCounterIncrement();
+        pg_sys::UpdateActiveSnapshotCommandId();
+        let snapshot = pg_sys::GetActiveSnapshot();
+
+        let mut sk = pg_sys::ScanKeyData::default();
+        pg_sys::ScanKeyEntryInitialize(
+            &mut sk,
+            0,
+            1,
+            pg_sys::BTEqualStrategyNumber as _,
+            pg_sys::InvalidOid,
+            *(*irel).rd_indcollation,
+            pg_sys::RegProcedure::from(pg_sys::F_TEXTEQ),
+            key,
+        );
+        #[cfg(not(feature = "pg18"))]
+        let scan = pg_sys::index_beginscan(rel, irel, snapshot, 1, 0);
+        #[cfg(feature = "pg18")]
+        let scan = pg_sys::index_beginscan(rel, irel, snapshot, std::ptr::null_mut(), 1, 0);
+        pg_sys::index_rescan(scan, &mut sk, 1, std::ptr::null_mut(), 0);
+        let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+        let visible = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
+        pg_sys::index_endscan(scan);
+
+        let mut result = None;
+        if let Some((changes, r)) = visible.then(|| change(&OwnRow { relid, slot })).flatten() {
+            let desc = (*rel).rd_att;
+            let natts = (*desc).natts;
+            pg_sys::slot_getsomeattrs_int(slot, natts);
+            let new = pg_sys::MakeSingleTupleTableSlot(desc, &pg_sys::TTSOpsVirtual);
+            pg_sys::ExecClearTuple(new);
+            std::ptr::copy_nonoverlapping((*slot).tts_values, (*new).tts_values, natts as usize);
+            std::ptr::copy_nonoverlapping((*slot).tts_isnull, (*new).tts_isnull, natts as usize);
+            let row = OwnRow { relid, slot };
+            for (name, typid, value) in changes {
+                let i = row.attnum(name, typid) as usize - 1;
+                *(*new).tts_values.add(i) = value;
+                *(*new).tts_isnull.add(i) = false;
+            }
+            pg_sys::ExecStoreVirtualTuple(new);
+
+            let mut tid = (*slot).tts_tid;
+            let mut tmfd = pg_sys::TM_FailureData::default();
+            let mut lockmode = pg_sys::LockTupleMode::LockTupleNoKeyExclusive;
+            #[cfg(not(feature = "pg18"))]
+            let mut update_indexes = false;
+            #[cfg(feature = "pg18")]
+            let mut update_indexes = pg_sys::TU_UpdateIndexes::TU_None;
+            let tuple_update = (*(*rel).rd_tableam).tuple_update.expect("a table AM updates tuples");
+            let status = tuple_update(
+                rel,
+                &mut tid,
+                new,
+                pg_sys::GetCurrentCommandId(true),
+                snapshot,
+                std::ptr::null_mut(),
+                true,
+                &mut tmfd,
+                &mut lockmode,
+                &mut update_indexes,
+            );
+            if status == pg_sys::TM_Result::TM_Ok {
+                #[cfg(not(feature = "pg18"))]
+                let (insert, only_summarizing) = (update_indexes, false);
+                #[cfg(feature = "pg18")]
+                let (insert, only_summarizing) = (
+                    update_indexes != pg_sys::TU_UpdateIndexes::TU_None,
+                    update_indexes == pg_sys::TU_UpdateIndexes::TU_Summarizing,
+                );
+                if insert {
+                    let estate = pg_sys::CreateExecutorState();
+                    let rri = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()).cast();
+                    pg_sys::InitResultRelInfo(rri, rel, 0, std::ptr::null_mut(), 0);
+                    pg_sys::ExecOpenIndices(rri, false);
+                    #[cfg(not(feature = "pg18"))]
+                    let _ = only_summarizing;
+                    #[cfg(not(feature = "pg18"))]
+                    pg_sys::ExecInsertIndexTuples(
+                        rri,
+                        new,
+                        estate,
+                        true,
+                        false,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    );
+                    #[cfg(feature = "pg18")]
+                    pg_sys::ExecInsertIndexTuples(
+                        rri,
+                        new,
+                        estate,
+                        true,
+                        false,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        only_summarizing,
+                    );
+                    pg_sys::ExecCloseIndices(rri);
+                    pg_sys::FreeExecutorState(estate);
+                }
+                result = Some(r);
+            }
+            pg_sys::ExecDropSingleTupleTableSlot(new);
+        }
+        pg_sys::ExecDropSingleTupleTableSlot(slot);
+        pg_sys::PopActiveSnapshot();
+        pg_sys::index_close(irel, pg_sys::NoLock as _);
+        pg_sys::table_close(rel, pg_sys::NoLock as _);
+        result
     }
 }
 

@@ -440,3 +440,98 @@ fn owners_that_differ_only_outside_ascii_stay_distinct_in_a_latin1_database() {
     let lost = text(&mut c, "SELECT string_agg(owner || ':' || token, ',') FROM lease.lost_leases");
     assert_eq!(lost, format!("hôte-é:{t2}"));
 }
+
+/// renew writes the lease row without a statement (issue #13) when
+/// nothing stands in the way; when a renewal cannot be a HOT update (the
+/// page is full: here, 400 renewals in one transaction keep every version),
+/// the new version moves to another page and gets its entries in every
+/// index of `lease_state`, partial ones included (amcheck: every index
+/// entry points at a row, and every row its index should hold is there).
+#[test]
+fn renew_in_place_indexes_a_version_that_moves_to_another_page() {
+    let db = TestDb::new("calls_renew_moves");
+    let mut c = db.connect();
+    c.batch_execute("CREATE EXTENSION amcheck").unwrap();
+    let t = token(&mut c, "a", "host-a");
+    let page = |c: &mut Client| -> String {
+        c.query_one("SELECT split_part(ctid::text, ',', 1) FROM lease.lease_state WHERE name = 'a'", &[])
+            .unwrap()
+            .get(0)
+    };
+    let first = page(&mut c);
+    c.batch_execute("BEGIN").unwrap();
+    let renewed =
+        one_i64(&mut c, &format!("SELECT count(lease.renew('a', 'host-a', {t}, 60000)) FROM generate_series(1, 400)"));
+    assert_eq!(renewed, 400);
+    c.batch_execute("COMMIT").unwrap();
+    assert_ne!(page(&mut c), first, "the row moved: at least one renewal was not HOT");
+    let checked = one_i64(
+        &mut c,
+        "SELECT count(bt_index_check(i.indexrelid, true)) FROM pg_index i WHERE i.indrelid = 'lease.lease_state'::regclass",
+    );
+    assert!(checked >= 3, "pkey, owner and bound indexes checked ({checked})");
+    // Found through each index again.
+    c.batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off").unwrap();
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.lease_state WHERE name = 'a'"), 1);
+    assert_eq!(
+        one_i64(&mut c, "SELECT count(*) FROM lease.lease_state WHERE owner = 'host-a' AND released_at IS NULL"),
+        1
+    );
+    assert!(renew_ok(&mut c, "a", "host-a", t));
+    assert_eq!(one_i64(&mut c, "SELECT lease.release_all('host-a')::bigint"), 1);
+}
+
+/// The in-place renew waits for a transaction changing the row and then
+/// judges it as the statement would: at READ COMMITTED the renewal that
+/// committed meanwhile is followed (same holder and token: renewed), a
+/// rolled-back one is as if it never happened, a takeover that committed
+/// meanwhile is a lost lease (LF006); at REPEATABLE READ a change committed
+/// after the snapshot is a serialization failure (40001), a read-only
+/// transaction gets the statement's 25006, and a renew in
+/// a session with `session_replication_role = replica` (where the table's
+/// replica trigger fires) is the statement's.
+#[test]
+fn renew_in_place_waits_and_judges_as_the_statement() {
+    let db = TestDb::new("calls_renew_race");
+    let mut c = db.connect();
+    let mut other = db.connect();
+    let mut observer = db.connect();
+    let t = token(&mut c, "a", "host-a");
+    for end in ["COMMIT", "ROLLBACK"] {
+        other.batch_execute("BEGIN").unwrap();
+        assert!(renew_ok(&mut other, "a", "host-a", t));
+        let mut w = connect_to(&db.name, "postgres");
+        let pid = backend_pid(&mut w);
+        let waiting = std::thread::spawn(move || renew_ok(&mut w, "a", "host-a", t));
+        wait_until_blocked(&mut observer, pid);
+        other.batch_execute(end).unwrap();
+        assert!(waiting.join().unwrap(), "renewed after the other transaction's {end}");
+    }
+    // A takeover in flight: the lease expires, another owner takes it.
+    c.batch_execute(&format!("SELECT lease.renew('a', 'host-a', {t}, 1)")).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    other.batch_execute("BEGIN").unwrap();
+    let u = token(&mut other, "a", "host-b");
+    let mut w = connect_to(&db.name, "postgres");
+    let pid = backend_pid(&mut w);
+    let waiting =
+        std::thread::spawn(move || try_sql(&mut w, &format!("SELECT lease.renew('a', 'host-a', {t}, 60000)")));
+    wait_until_blocked(&mut observer, pid);
+    other.batch_execute("COMMIT").unwrap();
+    assert_eq!(waiting.join().unwrap(), "LF006");
+    // REPEATABLE READ: a renewal committed after the snapshot.
+    c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1").unwrap();
+    assert!(renew_ok(&mut other, "a", "host-b", u));
+    expect_error(&mut c, &format!("SELECT lease.renew('a', 'host-b', {u}, 60000)"), "40001");
+    c.batch_execute("ROLLBACK").unwrap();
+    // A read-only transaction writes nothing (the statement's 25006).
+    c.batch_execute("BEGIN READ ONLY").unwrap();
+    expect_error(&mut c, &format!("SELECT lease.renew('a', 'host-b', {u}, 60000)"), "25006");
+    c.batch_execute("ROLLBACK").unwrap();
+    // With the replica trigger firing: the statement, with the same result.
+    c.batch_execute("SET session_replication_role = replica").unwrap();
+    assert!(renew_ok(&mut c, "a", "host-b", u));
+    c.batch_execute("RESET session_replication_role").unwrap();
+    assert!(renew_ok(&mut c, "a", "host-b", u));
+    expect_error(&mut c, &format!("SELECT lease.renew('a', 'host-a', {t}, 60000)"), "LF006");
+}

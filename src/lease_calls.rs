@@ -200,6 +200,17 @@ fn carried(own: i64, since: Option<i64>, until: Option<i64>) -> i64 {
     }
 }
 
+/// The effective expiry of a lease of holder `holder_d` past its own expiry
+/// `own`: carried by the holder's session while that lives, judged under
+/// the session row's share lock; and the clock, read after that lock.
+fn session_expiry(p: Plans, holder_d: pg_sys::Datum, own: i64, what: &str) -> (i64, pg_sys::TimestampTz) {
+    // SAFETY: inside spi_connected (every caller's); lock_session takes the
+    // owner's text and returns (live_since, expires_at), timestamptz.
+    let session = unsafe { exec_saved(p.lock_session, &[Some(holder_d)], what) };
+    let now_ts = now();
+    (if session { carried(own, timestamp(1), timestamp(2)) } else { own }, now_ts)
+}
+
 /// `lease.renew(name, owner, token, ttl_ms)` as the function's owner
 /// `definer`; the new expiry (a timestamptz datum) or LeaseLost.
 pub fn renew(definer: pg_sys::Oid, name: Label, owner: Label, token: i64, ttl: i32) -> Result<pg_sys::Datum, Refusal> {
@@ -222,7 +233,7 @@ fn renew_in_place(name: Label, owner: Label, token: i64, ttl: i32) -> Option<pg_
     // SAFETY: the name is a non-NULL text argument of this call; we run as
     // the function's owner, inside the caller's transaction.
     unsafe {
-        update_own_row(c"lease_state", c"lease_state_pkey", name.0, |row| {
+        update_own_row(c"lease_state", c"name", name.0, |row| {
             if row.attr(c"released_at", TIMESTAMPTZOID).is_some()
                 || row.attr(c"token", INT8OID).map(|d| d.value() as i64) != Some(token)
                 // SAFETY: owner is a NOT NULL text column.
@@ -281,12 +292,8 @@ fn renew_connected(name: Label, owner: Label, token: i64, ttl: i32) -> Result<pg
             }) == Some(owner.bytes())
         {
             // Maybe carried by the owner's session: judged under its lock.
-            // SAFETY: as above.
-            let session = unsafe { exec_saved(p.lock_session, &[owner_d], "lease.renew") };
-            now_ts = now();
-            if session {
-                expiry = Some(carried(own, timestamp(1), timestamp(2)));
-            }
+            let (carried_until, at) = session_expiry(p, owner.0, own, "lease.renew");
+            (expiry, now_ts) = (Some(carried_until), at);
         }
     }
     let ts = |t: Option<i64>| t.map(pg_sys::Datum::from);
@@ -739,12 +746,10 @@ fn acquire_connected(call: &Acquire, caller: pg_sys::Oid) -> Result<Acquired, Fa
             // Past its own expiry, another owner's lease may still be
             // carried by that owner's session: judged under its lock, on the
             // clock read after it.
-            // SAFETY: as above.
-            let session = unsafe { exec_saved(p.lock_session, &[Some(cur.owner_d)], "lease.acquire") };
-            now_ts = now();
             let own = cur.expiry.expect("expires_at is NOT NULL");
-            cur.expiry = Some(if session { carried(own, timestamp(1), timestamp(2)) } else { own });
-            live = cur.expiry.is_some_and(|e| e > now_ts);
+            let (carried_until, at) = session_expiry(p, cur.owner_d, own, "lease.acquire");
+            (cur.expiry, now_ts) = (Some(carried_until), at);
+            live = carried_until > now_ts;
         }
         if live && cur.owner_bytes != owner_bytes {
             return Err(held_elsewhere(a, &name, &cur, now_ts).into());
@@ -936,14 +941,8 @@ fn rival_on_row(
             // held. Waiting could deadlock, as a re-take of that lease waits
             // for the owner row this acquire holds.
             let rival = Label(rival_d).text();
-            let (table_text, key_text, _) = owner_texts(a, table, key_d, None);
-            return Err(Refusal::new(
-                LeaseError::LeaseOwnedElsewhere,
-                format!("lease \"{name}\": owner row {key_text} of {table_text} is held through lease \"{rival}\""),
-                format!(
-                    "Lease {rival} is being changed by another transaction right now. One owner row is one resource: acquire it by the lease name that holds it."
-                ),
-            ));
+            let detail = format!("Lease {rival} is being changed by another transaction right now.");
+            return Err(row_held(a, name, (table, key_d), &rival, None, detail));
         }
         let mut cur = Current::read();
         if cur.released.is_some() || cur.token != t || cur.owner_bytes == owner_bytes {
@@ -951,32 +950,38 @@ fn rival_on_row(
             // name: its own to re-take.
             continue;
         }
-        // SAFETY: as above.
-        let session = unsafe { exec_saved(p.lock_session, &[Some(cur.owner_d)], "lease.acquire") };
-        let now_ts = now();
-        let own = cur.expiry.expect("expires_at is NOT NULL");
-        cur.expiry = Some(if session { carried(own, timestamp(1), timestamp(2)) } else { own });
-        let rival = Label(rival_d).text();
-        if cur.expiry.is_some_and(|e| e > now_ts) {
-            let refusal = held_elsewhere(a, &rival, &cur, now_ts);
-            let (table_text, key_text, _) = owner_texts(a, table, key_d, None);
-            return Err(Refusal::new(
-                LeaseError::LeaseOwnedElsewhere,
-                format!(
-                    "lease \"{name}\": owner row {key_text} of {table_text} is held by {} through lease \"{rival}\"",
-                    cur.owner
-                ),
-                format!(
-                    "{} One owner row is one resource: acquire it by the lease name that holds it.",
-                    refusal.detail
-                ),
-            ));
+        let (expiry, now_ts) =
+            session_expiry(p, cur.owner_d, cur.expiry.expect("expires_at is NOT NULL"), "lease.acquire");
+        cur.expiry = Some(expiry);
+        if expiry > now_ts {
+            let rival = Label(rival_d).text();
+            let detail = held_elsewhere(a, &rival, &cur, now_ts).detail;
+            return Err(row_held(a, name, (table, key_d), &rival, Some(&cur.owner), detail));
         }
         let params = [Some(cur.owner_d), Some(rival_d), Some(cur.token.into()), Some(now_ts.into())];
         // SAFETY: as above.
         unsafe { exec_saved(a.lost, &params, "lease.acquire") };
     }
     Ok(())
+}
+
+/// LF005: lease `name` may not bind the owner row `key` of `table`, which
+/// lease `rival` (of `holder`, when known) holds; `detail` says how.
+fn row_held(
+    a: AcquirePlans,
+    name: &str,
+    (table, key): (pg_sys::Oid, pg_sys::Datum),
+    rival: &str,
+    holder: Option<&str>,
+    detail: String,
+) -> Refusal {
+    let (table_text, key_text, _) = owner_texts(a, table, key, None);
+    let by = holder.map(|h| format!(" by {h}")).unwrap_or_default();
+    Refusal::new(
+        LeaseError::LeaseOwnedElsewhere,
+        format!("lease \"{name}\": owner row {key_text} of {table_text} is held{by} through lease \"{rival}\""),
+        format!("{detail} One owner row is one resource: acquire it by the lease name that holds it."),
+    )
 }
 
 /// LF007: lease `name` is bound to an owner row that does not exist (or that

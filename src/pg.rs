@@ -1158,8 +1158,8 @@ unsafe fn update_triggers_fire(rel: pg_sys::Relation) -> bool {
 pub const END_TIMESTAMP: pg_sys::TimestampTz = 9_223_371_331_200_000_000;
 
 /// Updates, without a statement, the row of pg_lease's own table
-/// `lease.<table>` whose key in `index` (a unique btree index on one text
-/// column, compared with `texteq` in the index's collation) equals `key`:
+/// `lease.<table>` whose primary key, the text column `key_column` alone
+/// (compared with `texteq` in the index's collation), equals `key`:
 /// the row a fresh snapshot sees (as a statement run here would: READ
 /// COMMITTED sees what committed before, REPEATABLE READ its snapshot, and
 /// both this transaction's earlier writes), given to `change`, which returns
@@ -1173,23 +1173,25 @@ pub const END_TIMESTAMP: pg_sys::TimestampTz = 9_223_371_331_200_000_000;
 /// (the statement then follows the update chain at READ COMMITTED or fails
 /// to serialize above it, as it always did), or the table is not plain
 /// enough for this path (a read-only transaction or parallel mode, where
-/// the statement raises its error; an UPDATE trigger that fires in this session,
-/// row-level security, CHECK constraints or generated columns, no UPDATE
-/// right for the current user, an index that is not one text column).
+/// the statement raises its error; an UPDATE trigger that fires in this
+/// session, a rule, a table inheriting from it, row-level security, CHECK
+/// constraints or generated columns, no UPDATE right for the current user,
+/// a primary key that is not `key_column` alone, plain).
 ///
 /// # Safety
 /// `key` is a valid, non-NULL text datum; the caller runs inside a
 /// transaction, as the role the statement would run as.
 pub unsafe fn update_own_row<R>(
     table: &CStr,
-    index: &CStr,
+    key_column: &CStr,
     key: pg_sys::Datum,
     change: impl FnOnce(&OwnRow) -> Option<(Vec<(&'static CStr, pg_sys::Oid, pg_sys::Datum)>, R)>,
 ) -> Option<R> {
     let relid = lease_relid(table);
-    let indexid = lease_relid(index);
     // SAFETY: the locks are an UPDATE's (RowExclusiveLock on the table, kept
-    // to transaction end; the index for the scan AccessShareLock, and
+    // to transaction end; its primary key index, found through the open
+    // relation and checked to be a plain btree on `key_column` alone, for
+    // the scan AccessShareLock, and
     // RowExclusiveLock on every index when entries are inserted, through
     // ExecOpenIndices); the snapshot is pushed and the command counter
     // advanced as SPI does for a statement, and popped before return (an
@@ -1204,24 +1206,41 @@ pub unsafe fn update_own_row<R>(
     // are none (as for a trigger-only ResultRelInfo).
     unsafe {
         let rel = pg_sys::table_open(relid, pg_sys::RowExclusiveLock as _);
-        let irel = pg_sys::index_open(indexid, pg_sys::AccessShareLock as _);
-        let ind = &*(*irel).rd_index;
+        let class = &*(*rel).rd_rel;
         let constr = (*(*rel).rd_att).constr;
+        let key_attnum = pg_sys::get_attnum(relid, key_column.as_ptr());
+        #[cfg(not(feature = "pg18"))]
+        let indexid = pg_sys::RelationGetPrimaryKeyIndex(rel);
+        #[cfg(feature = "pg18")]
+        let indexid = pg_sys::RelationGetPrimaryKeyIndex(rel, false);
         let plain = !pg_sys::XactReadOnly
             && !pg_sys::IsInParallelMode()
             && !update_triggers_fire(rel)
-            && !(*(*rel).rd_rel).relrowsecurity
+            && !class.relhasrules
+            && !class.relhassubclass
+            && !class.relrowsecurity
             && (constr.is_null() || ((*constr).num_check == 0 && !(*constr).has_generated_stored))
             && pg_sys::pg_class_aclcheck(relid, pg_sys::GetUserId(), pg_sys::ACL_UPDATE as _)
                 == pg_sys::AclResult::ACLCHECK_OK
-            && ind.indrelid == relid
-            && ind.indisunique
-            && ind.indisvalid
-            && ind.indnkeyatts == 1
-            && (*(*irel).rd_rel).relam == pg_sys::BTREE_AM_OID
-            && *(*irel).rd_opcintype == pg_sys::TEXTOID;
-        if !plain {
-            pg_sys::index_close(irel, pg_sys::NoLock as _);
+            && key_attnum > 0
+            && indexid != pg_sys::InvalidOid;
+        let irel = if plain { pg_sys::index_open(indexid, pg_sys::AccessShareLock as _) } else { std::ptr::null_mut() };
+        let usable = !irel.is_null() && {
+            let ind = &*(*irel).rd_index;
+            ind.indisvalid
+                && ind.indimmediate
+                && ind.indnkeyatts == 1
+                && ind.indnatts == 1
+                && *ind.indkey.values.as_ptr() == key_attnum
+                && (*(*irel).rd_rel).relam == pg_sys::BTREE_AM_OID
+                && *(*irel).rd_opcintype == pg_sys::TEXTOID
+                && pg_sys::RelationGetIndexPredicate(irel).is_null()
+                && pg_sys::RelationGetIndexExpressions(irel).is_null()
+        };
+        if !usable {
+            if !irel.is_null() {
+                pg_sys::index_close(irel, pg_sys::NoLock as _);
+            }
             pg_sys::table_close(rel, pg_sys::NoLock as _);
             return None;
         }
@@ -1231,6 +1250,7 @@ pub unsafe fn update_own_row<R>(
         pg_sys::UpdateActiveSnapshotCommandId();
         let snapshot = pg_sys::GetActiveSnapshot();
 
+        let collation = *(*irel).rd_indcollation;
         let mut sk = pg_sys::ScanKeyData::default();
         pg_sys::ScanKeyEntryInitialize(
             &mut sk,
@@ -1238,7 +1258,7 @@ pub unsafe fn update_own_row<R>(
             1,
             pg_sys::BTEqualStrategyNumber as _,
             pg_sys::InvalidOid,
-            *(*irel).rd_indcollation,
+            collation,
             pg_sys::RegProcedure::from(pg_sys::F_TEXTEQ),
             key,
         );
@@ -1251,8 +1271,12 @@ pub unsafe fn update_own_row<R>(
         let visible = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
         pg_sys::index_endscan(scan);
 
+        let same_key = visible
+            && slot_attr(slot, key_attnum).is_some_and(|k| {
+                pg_sys::OidFunctionCall2Coll(pg_sys::Oid::from(pg_sys::F_TEXTEQ), collation, k, key).value() != 0
+            });
         let mut result = None;
-        if let Some((changes, r)) = visible.then(|| change(&OwnRow { relid, slot })).flatten() {
+        if let Some((changes, r)) = same_key.then(|| change(&OwnRow { relid, slot })).flatten() {
             let desc = (*rel).rd_att;
             let natts = (*desc).natts;
             pg_sys::slot_getsomeattrs_int(slot, natts);
@@ -1301,18 +1325,11 @@ pub unsafe fn update_own_row<R>(
                     let rri = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()).cast();
                     pg_sys::InitResultRelInfo(rri, rel, 0, std::ptr::null_mut(), 0);
                     pg_sys::ExecOpenIndices(rri, false);
+                    let (no_conflict, no_arbiters) = (std::ptr::null_mut(), std::ptr::null_mut());
                     #[cfg(not(feature = "pg18"))]
                     let _ = only_summarizing;
                     #[cfg(not(feature = "pg18"))]
-                    pg_sys::ExecInsertIndexTuples(
-                        rri,
-                        new,
-                        estate,
-                        true,
-                        false,
-                        std::ptr::null_mut(),
-                        std::ptr::null_mut(),
-                    );
+                    pg_sys::ExecInsertIndexTuples(rri, new, estate, true, false, no_conflict, no_arbiters);
                     #[cfg(feature = "pg18")]
                     pg_sys::ExecInsertIndexTuples(
                         rri,
@@ -1320,8 +1337,8 @@ pub unsafe fn update_own_row<R>(
                         estate,
                         true,
                         false,
-                        std::ptr::null_mut(),
-                        std::ptr::null_mut(),
+                        no_conflict,
+                        no_arbiters,
                         only_summarizing,
                     );
                     pg_sys::ExecCloseIndices(rri);

@@ -465,6 +465,12 @@ fn renew_in_place_indexes_a_version_that_moves_to_another_page() {
     assert_eq!(renewed, 400);
     c.batch_execute("COMMIT").unwrap();
     assert_ne!(page(&mut c), first, "the row moved: at least one renewal was not HOT");
+    // Counted as updates, as the statement's were (README, Limits).
+    c.batch_execute("SELECT pg_stat_force_next_flush()").unwrap();
+    c.batch_execute("SELECT pg_stat_clear_snapshot()").unwrap();
+    let updates =
+        one_i64(&mut c, "SELECT n_tup_upd FROM pg_stat_user_tables WHERE relid = 'lease.lease_state'::regclass");
+    assert!(updates >= 400, "{updates} updates counted");
     let checked = one_i64(
         &mut c,
         "SELECT count(bt_index_check(i.indexrelid, true)) FROM pg_index i WHERE i.indrelid = 'lease.lease_state'::regclass",
@@ -508,8 +514,8 @@ fn renew_in_place_waits_and_judges_as_the_statement() {
         assert!(waiting.join().unwrap(), "renewed after the other transaction's {end}");
     }
     // A takeover in flight: the lease expires, another owner takes it.
-    c.batch_execute(&format!("SELECT lease.renew('a', 'host-a', {t}, 1)")).unwrap();
-    std::thread::sleep(Duration::from_millis(20));
+    c.batch_execute(&format!("SELECT lease.renew('a', 'host-a', {t}, 100)")).unwrap();
+    std::thread::sleep(Duration::from_millis(150));
     other.batch_execute("BEGIN").unwrap();
     let u = token(&mut other, "a", "host-b");
     let mut w = connect_to(&db.name, "postgres");

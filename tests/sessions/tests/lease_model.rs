@@ -18,6 +18,11 @@
 //! binding it is LF005; an expired one is taken over and its holder hears of
 //! the loss at its next heartbeat. Every bound token is above the row's.
 //!
+//! Renew bursts (120 renewals in one statement) fill the lease row's page,
+//! so renew's in-place write (0.9.1) moves rows and indexes them itself; at
+//! every check amcheck verifies each index of `lease.lease_state` against
+//! its rows.
+//!
 //! Identity: leases 2 and 3 and owners 2 and 3 are the upper-case spellings
 //! of leases and owners 0 and 1, and a step may pass its name and owner with a
 //! case-insensitive nondeterministic collation (`ci`): they must stay
@@ -68,6 +73,13 @@ enum Op {
         stale: bool,
         long: bool,
     },
+    /// 120 renewals with the lease's current token in one statement: the
+    /// page of the lease row fills, so renew's in-place write moves the row
+    /// and indexes it itself (0.9.1); the model sees one renewal.
+    RenewBurst {
+        lease: u8,
+        host: u8,
+    },
     Release {
         lease: u8,
         host: u8,
@@ -102,6 +114,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(lease, host, long, row, spelling)| Op::AcquireBound { lease, host, long, row, spelling }),
         2 => (l.clone(), h.clone(), prop::bool::weighted(0.2), any::<bool>())
             .prop_map(|(lease, host, stale, long)| Op::Renew { lease, host, stale, long }),
+        1 => (l.clone(), h.clone()).prop_map(|(lease, host)| Op::RenewBurst { lease, host }),
         1 => (l, h.clone()).prop_map(|(lease, host)| Op::Release { lease, host }),
         1 => h.clone().prop_map(|host| Op::ReleaseAll { host }),
         4 => (h, any::<bool>(), any::<bool>()).prop_map(|(host, long, list)| Op::Beat { host, long, list }),
@@ -310,6 +323,26 @@ fn step(case: &mut Case, m: &mut Model, op: &Op, ci: bool) -> Result<(), String>
                 (got, ok) => return Err(format!("renew gave {:?}, model expected success: {ok}", got.map(|_| ()))),
             }
         }
+        Op::RenewBurst { lease, host } => {
+            let cur = m.leases.get(&lease).cloned();
+            let token = cur.as_ref().map_or(1, |l| l.token);
+            let got = case.c.query_one(
+                &format!(
+                    "SELECT count(lease.renew({}, {}, $3, $4)) FROM pg_catalog.generate_series(1, 120)",
+                    arg(1, ci),
+                    arg(2, ci)
+                ),
+                &[&case.name(lease), &case.host(host), &token, &ttl(false)],
+            );
+            let ok = cur.as_ref().is_some_and(|l| l.owner == host && l.token == token && m.live(l));
+            match (got, ok) {
+                (Ok(_), true) => m.leases.get_mut(&lease).unwrap().own = m.expiry(false),
+                (Err(e), false) if code(&e) == "LF006" => {}
+                (got, ok) => {
+                    return Err(format!("renew burst gave {:?}, model expected success: {ok}", got.map(|_| ())))
+                }
+            }
+        }
         Op::Release { lease, host } => {
             let cur = m.leases.get(&lease).cloned();
             let token = cur.as_ref().map_or(1, |l| l.token);
@@ -428,6 +461,10 @@ fn check_view(case: &mut Case, m: &Model) -> Result<(), String> {
     if got != expected {
         return Err(format!("lease.leases {got:?}, model {expected:?}"));
     }
+    // Every index of the lease rows holds exactly the rows it should.
+    case.c
+        .batch_execute("SELECT bt_index_check(i.indexrelid, true) FROM pg_index i WHERE i.indrelid = 'lease.lease_state'::regclass")
+        .map_err(|e| format!("amcheck: {e}"))?;
     for row in 0..ROWS {
         let id = case.id as i32 * 10 + i32::from(row);
         let token: i64 = case
@@ -491,7 +528,8 @@ fn leases_and_heartbeat_sessions_follow_the_model() {
     let c = RefCell::new(db.connect());
     c.borrow_mut()
         .batch_execute(
-            "CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+            "CREATE EXTENSION amcheck;
+             CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
              CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint);
              CREATE TABLE payouts (table_id int NOT NULL, fencing_token bigint);
              SELECT lease.protect('payouts', '{table_id}', 'fencing_token', 'tables', '{id}', 'owner_fencing_token');",

@@ -35,12 +35,21 @@ fn live(c: &mut Client, name: &str) -> bool {
     c.query_one("SELECT live FROM lease.leases WHERE name = $1", &[&name]).unwrap().get(0)
 }
 
+/// WAL bytes this backend wrote running `sql` (its commit record aside), as
+/// EXPLAIN ANALYZE counts them: the server's WAL position would also count
+/// what the tests running beside this one write meanwhile.
 fn wal_bytes_of(c: &mut Client, sql: &str) -> i64 {
-    let before: String = c.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).unwrap().get(0);
-    c.batch_execute(sql).unwrap();
-    c.query_one("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::text::pg_lsn)::bigint", &[&before])
+    let plan: Vec<String> = c
+        .query(&format!("EXPLAIN (ANALYZE, WAL, COSTS OFF, TIMING OFF, SUMMARY OFF) {sql}"), &[])
         .unwrap()
-        .get(0)
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    // The top node's line comes first; no line: no WAL.
+    plan.iter().find_map(|l| l.split("WAL:").nth(1)).map_or(0, |w| {
+        let bytes = w.split("bytes=").nth(1).unwrap_or_else(|| panic!("no WAL bytes in {plan:?}"));
+        bytes.split_whitespace().next().unwrap().parse().unwrap()
+    })
 }
 
 #[test]

@@ -591,7 +591,10 @@ transaction) is two commits, so its ratio is to half the floor's tx/s: cycles/s 
 ≥ 0.90. The PL/pgSQL lease functions of `bench/reference.sql` (a table plus a token sequence) and
 Redis from Debian on loopback, driven by `redis-benchmark` with the same concurrency, are context
 with no target: Redis runs acquire + fence `INCR` + release as one Lua `EVAL` (one round trip) and
-renews a random one of 1,000 keys.
+renews a random one of 1,000 keys. Both lease workloads run again with `synchronous_commit = off`
+(CPU-bound; context, no target; no Redis): there the floor's commits do not wait for the disk,
+while every acquire still does (pg_lease forces its commit synchronous: the token must be durable
+before it is used).
 
 **Hot owner.** {HOT_CLIENTS} pgbench clients all insert payouts of the same table (one resource, so
 one owner row that every fenced writer locks `FOR SHARE`), with `synchronous_commit = off` in
@@ -718,6 +721,18 @@ def main():
             "redis": redis(REDIS_CYCLE, "cycle:__rand_int__", 1000000),
         }, floor, ("pg_lease", "≥ 0.90× floor ÷ 2", at(ge, 0.90)), divisor=2,
             baseline_note="baseline ÷ 2 (a cycle is two commits)", runs=COMMIT_RUNS).measure())
+        # The same two workloads CPU-bound (context, no target): commits asynchronous, except
+        # acquire's own, which pg_lease forces synchronous (its token must be durable).
+        psql("ALTER SYSTEM SET synchronous_commit = off", db="postgres")
+        psql("SELECT pg_reload_conf()", db="postgres")
+        workloads.append(Workload("lease renew, synchronous_commit=off", "tps", {
+            floor: floor_update(), "pg_lease": renew_pg(), "plpgsql": renew_plpgsql(),
+        }, floor).measure())
+        workloads.append(Workload("lease acquire + release, synchronous_commit=off", "tps", {
+            floor: floor_update(), "pg_lease": lease_cycle_pg(), "plpgsql": lease_cycle_plpgsql(),
+        }, floor, divisor=2, baseline_note="baseline ÷ 2 (a cycle is two commits)").measure())
+        psql("ALTER SYSTEM RESET synchronous_commit", db="postgres")
+        psql("SELECT pg_reload_conf()", db="postgres")
         hot = Workload(f"{HOT_CLIENTS} sessions, one resource (hot owner), synchronous_commit=off", "tps",
                        {v: hot_owner(t) for v, t in TABLES.items()}, "none",
                        ("pg_lease", "≥ 0.90× none; MultiXact growth below", at(ge, 0.90))).measure()

@@ -1,5 +1,6 @@
 -- pg_lease 0.9.0 -> 0.9.1: issue #13. No change to the installed SQL: the
--- library's lease.renew writes the lease row through the table access method
--- when nothing stands in the way (src/pg.rs, update_own_row), and runs its
--- UPDATE statement as before otherwise. This script exists so that every
+-- library's lease.renew (and lease.release of a live lease) writes the lease
+-- row through the table access method when nothing stands in the way
+-- (src/pg.rs, update_own_row), and runs its UPDATE statement as before
+-- otherwise. This script exists so that every
 -- version has an upgrade path (scripts/check-schema.sh).

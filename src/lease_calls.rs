@@ -15,7 +15,7 @@ use crate::lease::EPOCH_SHIFT;
 use crate::lease_owner::{lock_owner_row, same_owner_row, set_owner_token, visible_to};
 use crate::pg::{
     as_definer, exec_saved, now, prepare_saved, result_datum, result_rows, result_text, row_datum, set_guc,
-    spi_connected, subtransaction, update_own_row, with_pinned_search_path, END_TIMESTAMP,
+    spi_connected, subtransaction, update_own_row, with_pinned_search_path, OwnRow, END_TIMESTAMP,
 };
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
@@ -229,16 +229,12 @@ pub fn renew(definer: pg_sys::Oid, name: Label, owner: Label, token: i64, ttl: i
 /// message), changed concurrently (the plan follows the update chain or
 /// fails to serialize), or the expiry would leave the timestamp range.
 fn renew_in_place(name: Label, owner: Label, token: i64, ttl: i32) -> Option<pg_sys::TimestampTz> {
-    use pg_sys::{INT8OID, TEXTOID, TIMESTAMPTZOID};
+    use pg_sys::TIMESTAMPTZOID;
     // SAFETY: the name is a non-NULL text argument of this call; we run as
     // the function's owner, inside the caller's transaction.
     unsafe {
         update_own_row(c"lease_state", c"name", name.0, |row| {
-            if row.attr(c"released_at", TIMESTAMPTZOID).is_some()
-                || row.attr(c"token", INT8OID).map(|d| d.value() as i64) != Some(token)
-                // SAFETY: owner is a NOT NULL text column.
-                || row.attr(c"owner", TEXTOID).map(|d| text_bytes(d)) != Some(owner.bytes())
-            {
+            if !unreleased_of(row, owner, token) {
                 return None;
             }
             let now_ts = now();
@@ -255,6 +251,43 @@ fn renew_in_place(name: Label, owner: Label, token: i64, ttl: i32) -> Option<pg_
             })
         })
     }
+}
+
+/// Whether `row` (of `lease.lease_state`) is an unreleased lease of `owner`
+/// with `token`: the plans' `(l.owner = $2) IS TRUE AND l.token = $3 AND
+/// l.released_at IS NULL` (owners compare as bytes: the deterministic
+/// default collation).
+fn unreleased_of(row: &OwnRow, owner: Label, token: i64) -> bool {
+    use pg_sys::{INT8OID, TEXTOID, TIMESTAMPTZOID};
+    row.attr(c"released_at", TIMESTAMPTZOID).is_none()
+        && row.attr(c"token", INT8OID).map(|d| d.value() as i64) == Some(token)
+        // SAFETY: owner is a NOT NULL text column.
+        && row.attr(c"owner", TEXTOID).map(|d| unsafe { text_bytes(d) }) == Some(owner.bytes())
+}
+
+/// The common release without a statement: a lease of `owner` with `token`,
+/// unreleased and live on its own expiry at `now_ts` (the plan `release`'s
+/// conditions, and its `l.expires_at = $4` answer true), marked released
+/// at `now_ts` with its expiry cut there ([`update_own_row`]). False
+/// whenever the plan must run instead: no such row, a lease past its own
+/// expiry (whether its owner's session still carried it is the plan's to
+/// judge), or any reason `update_own_row` declines.
+fn release_in_place(name: Label, owner: Label, token: i64, now_ts: pg_sys::TimestampTz) -> bool {
+    use pg_sys::TIMESTAMPTZOID;
+    // SAFETY: as in renew_in_place.
+    unsafe {
+        update_own_row(c"lease_state", c"name", name.0, |row| {
+            let expires_at = row.attr(c"expires_at", TIMESTAMPTZOID)?.value() as i64;
+            (unreleased_of(row, owner, token) && expires_at >= now_ts).then(|| {
+                let changes = vec![
+                    (c"released_at", TIMESTAMPTZOID, now_ts.into()),
+                    (c"expires_at", TIMESTAMPTZOID, now_ts.into()),
+                ];
+                (changes, ())
+            })
+        })
+    }
+    .is_some()
 }
 
 fn renew_connected(name: Label, owner: Label, token: i64, ttl: i32) -> Result<pg_sys::Datum, Refusal> {
@@ -331,6 +364,9 @@ fn renew_connected(name: Label, owner: Label, token: i64, ttl: i32) -> Result<pg
 pub fn release(definer: pg_sys::Oid, name: Label, owner: Label, token: Option<i64>) -> bool {
     let now_ts = now();
     as_definer(definer, || {
+        if token.is_some_and(|t| release_in_place(name, owner, t, now_ts)) {
+            return true;
+        }
         spi_connected(|| {
             let params = [Some(name.0), Some(owner.0), token.map(pg_sys::Datum::from), Some(now_ts.into())];
             // SAFETY: inside spi_connected, parameters of the plan's types;

@@ -541,3 +541,63 @@ fn renew_in_place_waits_and_judges_as_the_statement() {
     assert!(renew_ok(&mut c, "a", "host-b", u));
     expect_error(&mut c, &format!("SELECT lease.renew('a', 'host-a', {t}, 60000)"), "LF006");
 }
+
+/// release writes the lease row without a statement too (issue #13) when
+/// the lease is live on its own expiry, and otherwise runs its statement:
+/// each answer is the statement's. Live: true, and the row leaves the
+/// owner index (amcheck: every index holds exactly its rows); past its own
+/// expiry: false, but released; again, another token or owner: false; in a
+/// read-only transaction the statement's 25006; under a DBA's `DO ALSO`
+/// rule on lease_state every release runs it.
+#[test]
+fn release_in_place_answers_as_the_statement() {
+    let db = TestDb::new("calls_release_in_place");
+    let mut c = db.connect();
+    c.batch_execute("CREATE EXTENSION amcheck").unwrap();
+    let check = |c: &mut Client| {
+        c.batch_execute(
+            "SELECT bt_index_check(i.indexrelid, true) FROM pg_index i WHERE i.indrelid = 'lease.lease_state'::regclass",
+        )
+        .unwrap()
+    };
+    let t = token(&mut c, "a", "host-a");
+    assert!(!release(&mut c, "a", "host-a", &(t - 1).to_string()), "another token");
+    assert!(!release(&mut c, "a", "host-b", &t.to_string()), "another owner");
+    c.batch_execute("BEGIN READ ONLY").unwrap();
+    expect_error(&mut c, &format!("SELECT lease.release('a', 'host-a', {t})"), "25006");
+    c.batch_execute("ROLLBACK").unwrap();
+    assert!(release(&mut c, "a", "host-a", &t.to_string()), "live: released");
+    assert!(!release(&mut c, "a", "host-a", &t.to_string()), "released already");
+    check(&mut c);
+    assert_eq!(
+        one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE name = 'a' AND released_at IS NOT NULL AND NOT live"),
+        1
+    );
+    // Past its own expiry: the statement marks it released and answers false.
+    let u = token(&mut c, "b", "host-a");
+    c.batch_execute(&format!("SELECT lease.renew('b', 'host-a', {u}, 100)")).unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(!release(&mut c, "b", "host-a", &u.to_string()), "expired: not live when released");
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE name = 'b' AND released_at IS NOT NULL"), 1);
+    // A DBA's rule runs for every release, as for the statement (made after
+    // the acquire: acquire's data-modifying WITH refuses DO ALSO rules).
+    let v = token(&mut c, "c", "host-a");
+    c.batch_execute(
+        "CREATE TABLE release_log (name text);
+         CREATE RULE log_release AS ON UPDATE TO lease.lease_state WHERE new.released_at IS NOT NULL
+             DO ALSO INSERT INTO release_log VALUES (new.name);",
+    )
+    .unwrap();
+    assert!(release(&mut c, "c", "host-a", &v.to_string()));
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM release_log WHERE name = 'c'"), 1);
+    c.batch_execute("DROP RULE log_release ON lease.lease_state").unwrap();
+    // Re-acquired after the release: found through every index again.
+    let w = token(&mut c, "a", "host-b");
+    assert!(w > t);
+    check(&mut c);
+    c.batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off").unwrap();
+    assert_eq!(
+        one_i64(&mut c, "SELECT count(*) FROM lease.lease_state WHERE owner = 'host-b' AND released_at IS NULL"),
+        1
+    );
+}

@@ -65,3 +65,9 @@ BEGIN
      WHERE name = p_name AND owner_id = p_owner AND fencing_token = p_token;
     RETURN FOUND;
 END $$;
+
+-- The least any lease store on Postgres writes for a cycle (context for the
+-- acquire + release row, no checks at all): a row per name upserted with a
+-- token from a sequence, then marked released, each its own transaction.
+CREATE TABLE min_leases (name text PRIMARY KEY, owner_id text, fencing_token bigint, released boolean);
+CREATE SEQUENCE min_tokens;

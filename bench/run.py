@@ -245,6 +245,17 @@ SELECT pl_release('cycle:' || :client_id || ':' || :n, 'owner-' || :client_id, :
 """, seconds=SECONDS)
 
 
+def lease_cycle_minimal():
+    """The least a cycle writes in SQL (bench/reference.sql's min_leases): upsert, then release."""
+    return lambda: pgbench("""\\set n random(1, 1000000)
+INSERT INTO min_leases VALUES ('cycle:' || :client_id || ':' || :n, 'owner-' || :client_id, nextval('min_tokens'), false)
+    ON CONFLICT (name) DO UPDATE SET owner_id = excluded.owner_id, fencing_token = excluded.fencing_token,
+                                     released = false
+    RETURNING fencing_token AS tok \\gset
+UPDATE min_leases SET released = true WHERE name = 'cycle:' || :client_id || ':' || :n AND fencing_token = :tok;
+""", seconds=SECONDS)
+
+
 def per_client(tokens):
     """pgbench meta-commands that give each client its own lease's token as :tok (client-side, unmeasured)."""
     lines = [f"\\{'if' if c == 0 else 'elif'} :client_id = {c}\n\\set tok {t}" for c, t in enumerate(tokens)]
@@ -591,7 +602,10 @@ transaction) is two commits, so its ratio is to half the floor's tx/s: cycles/s 
 ≥ 0.90. The PL/pgSQL lease functions of `bench/reference.sql` (a table plus a token sequence) and
 Redis from Debian on loopback, driven by `redis-benchmark` with the same concurrency, are context
 with no target: Redis runs acquire + fence `INCR` + release as one Lua `EVAL` (one round trip) and
-renews a random one of 1,000 keys. Both lease workloads run again with `synchronous_commit = off`
+renews a random one of 1,000 keys. `minimal SQL` (context) is the least a lease store on Postgres
+writes for a cycle, with no checks at all: the acquire an upsert of the name's row with a token
+from a sequence, the release an UPDATE marking it released (`min_leases` in `bench/reference.sql`).
+Both lease workloads run again with `synchronous_commit = off`
 (CPU-bound; context, no target; no Redis): there the floor's commits do not wait for the disk,
 while every acquire still does (pg_lease forces its commit synchronous: the token must be durable
 before it is used).
@@ -718,7 +732,7 @@ def main():
         }, floor, ("pg_lease", "≥ 0.90× floor", at(ge, 0.90)), runs=COMMIT_RUNS).measure())
         workloads.append(Workload("lease acquire + release", "tps", {
             floor: floor_update(), "pg_lease": lease_cycle_pg(), "plpgsql": lease_cycle_plpgsql(),
-            "redis": redis(REDIS_CYCLE, "cycle:__rand_int__", 1000000),
+            "minimal SQL": lease_cycle_minimal(), "redis": redis(REDIS_CYCLE, "cycle:__rand_int__", 1000000),
         }, floor, ("pg_lease", "≥ 0.90× floor ÷ 2", at(ge, 0.90)), divisor=2,
             baseline_note="baseline ÷ 2 (a cycle is two commits)", runs=COMMIT_RUNS).measure())
         # The same two workloads CPU-bound (context, no target): commits asynchronous, except
@@ -730,6 +744,7 @@ def main():
         }, floor).measure())
         workloads.append(Workload("lease acquire + release, synchronous_commit=off", "tps", {
             floor: floor_update(), "pg_lease": lease_cycle_pg(), "plpgsql": lease_cycle_plpgsql(),
+            "minimal SQL": lease_cycle_minimal(),
         }, floor, divisor=2, baseline_note="baseline ÷ 2 (a cycle is two commits)").measure())
         psql("ALTER SYSTEM RESET synchronous_commit", db="postgres")
         psql("SELECT pg_reload_conf()", db="postgres")

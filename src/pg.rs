@@ -1154,6 +1154,17 @@ unsafe fn update_triggers_fire(rel: pg_sys::Relation) -> bool {
     }
 }
 
+/// Whether a table's constraints leave its columns plain: no CHECK
+/// constraint and no generated column (stored, or on PostgreSQL 18
+/// virtual), whose values an UPDATE statement computes or checks.
+fn plain_columns(constr: &pg_sys::TupleConstr) -> bool {
+    #[cfg(feature = "pg18")]
+    let virtual_columns = constr.has_generated_virtual;
+    #[cfg(not(feature = "pg18"))]
+    let virtual_columns = false;
+    constr.num_check == 0 && !constr.has_generated_stored && !virtual_columns
+}
+
 /// The largest timestamp PostgreSQL accepts (END_TIMESTAMP, exclusive).
 pub const END_TIMESTAMP: pg_sys::TimestampTz = 9_223_371_331_200_000_000;
 
@@ -1174,9 +1185,11 @@ pub const END_TIMESTAMP: pg_sys::TimestampTz = 9_223_371_331_200_000_000;
 /// to serialize above it, as it always did), or the table is not plain
 /// enough for this path (a read-only transaction or parallel mode, where
 /// the statement raises its error; an UPDATE trigger that fires in this
-/// session, a rule, a table inheriting from it, row-level security, CHECK
-/// constraints or generated columns, no UPDATE right for the current user,
-/// a primary key that is not `key_column` alone, plain).
+/// session, a rule, a table inheriting from it or a partitioned table it is
+/// a partition of, row-level security, CHECK constraints or generated
+/// columns, no SELECT or no UPDATE right for the current user (the
+/// statement reads and writes), a primary key that is not `key_column`
+/// alone, plain).
 ///
 /// # Safety
 /// `key` is a valid, non-NULL text datum; the caller runs inside a
@@ -1218,10 +1231,12 @@ pub unsafe fn update_own_row<R>(
             && !update_triggers_fire(rel)
             && !class.relhasrules
             && !class.relhassubclass
+            && !class.relispartition
             && !class.relrowsecurity
-            && (constr.is_null() || ((*constr).num_check == 0 && !(*constr).has_generated_stored))
-            && pg_sys::pg_class_aclcheck(relid, pg_sys::GetUserId(), pg_sys::ACL_UPDATE as _)
-                == pg_sys::AclResult::ACLCHECK_OK
+            && (constr.is_null() || plain_columns(&*constr))
+            && [pg_sys::ACL_SELECT, pg_sys::ACL_UPDATE].iter().all(|&right| {
+                pg_sys::pg_class_aclcheck(relid, pg_sys::GetUserId(), right as _) == pg_sys::AclResult::ACLCHECK_OK
+            })
             && key_attnum > 0
             && indexid != pg_sys::InvalidOid;
         let irel = if plain { pg_sys::index_open(indexid, pg_sys::AccessShareLock as _) } else { std::ptr::null_mut() };

@@ -313,3 +313,18 @@ pub fn schema_only_copy(from_port: u16, from: &str, into_port: u16, into: &str) 
     let out = psql.wait_with_output().unwrap();
     assert!(out.status.success(), "restore: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Whether amcheck can be used in `c`'s database, creating it there when it
+/// is available and not yet created. PostgreSQL 15 from Debian ships it; the
+/// PostgreSQL 18 built from source for these tests has no contrib modules,
+/// so callers skip their amcheck steps there (their other checks still run).
+pub fn amcheck(c: &mut Client) -> bool {
+    if one_i64(c, "SELECT count(*) FROM pg_catalog.pg_extension WHERE extname = 'amcheck'") == 1 {
+        return true;
+    }
+    if one_i64(c, "SELECT count(*) FROM pg_catalog.pg_available_extensions WHERE name = 'amcheck'") == 0 {
+        return false;
+    }
+    c.batch_execute("CREATE EXTENSION amcheck").unwrap();
+    true
+}

@@ -292,6 +292,41 @@ pub fn as_table_owner<R>(relid: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
     })
 }
 
+/// The `i`th (0-based) attribute of a tuple descriptor. PostgreSQL 18 moved
+/// the attribute array behind `compact_attrs` (TupleDescAttr is then a function).
+///
+/// # Safety
+/// `desc` is a valid tuple descriptor and `i` < its `natts`.
+pub unsafe fn desc_attribute<'a>(desc: pg_sys::TupleDesc, i: usize) -> &'a pg_sys::FormData_pg_attribute {
+    #[cfg(feature = "pg18")]
+    {
+        // SAFETY: the caller's contract.
+        unsafe { &*pg_sys::TupleDescAttr(desc, i as i32) }
+    }
+    #[cfg(not(feature = "pg18"))]
+    {
+        // SAFETY: the caller's contract: `attrs` holds `natts` attributes.
+        unsafe { &(*desc).attrs.as_slice((*desc).natts as usize)[i] }
+    }
+}
+
+/// The attnum of the live (not dropped) column `name` of tuple descriptor
+/// `desc`, None when it has none of that name or its type is not `typid`.
+///
+/// # Safety
+/// `desc` is a valid tuple descriptor.
+unsafe fn desc_attnum(desc: pg_sys::TupleDesc, name: &CStr, typid: pg_sys::Oid) -> Option<i16> {
+    // SAFETY: the caller's contract; every index is below natts; attname is
+    // a NUL-terminated NameData.
+    unsafe {
+        (0..(*desc).natts as usize).find_map(|i| {
+            let att = desc_attribute(desc, i);
+            (!att.attisdropped && CStr::from_ptr(att.attname.data.as_ptr()) == name && att.atttypid == typid)
+                .then_some(att.attnum)
+        })
+    }
+}
+
 /// (attnum, type) of column `name` of `relid`, if it exists.
 pub fn attribute(relid: pg_sys::Oid, name: &str) -> Option<(i16, pg_sys::Oid)> {
     let cname = std::ffi::CString::new(name).expect("column names have no NUL");
@@ -323,17 +358,6 @@ pub fn key_match<S: AsRef<str>>(columns: &[S]) -> String {
         .map(|(i, name)| format!("o.{} OPERATOR(pg_catalog.=) ${}", quote_ident(name.as_ref()), i + 1))
         .collect::<Vec<_>>()
         .join(" AND ")
-}
-
-/// The OID of one of pg_lease's own relations (`lease.protected`, ...).
-pub fn own_relid(name: &str) -> pg_sys::Oid {
-    pgrx::spi::Spi::get_one_with_args::<pg_sys::Oid>(
-        "SELECT $1::pg_catalog.text::pg_catalog.regclass::pg_catalog.oid",
-        &[name.into()],
-    )
-    .ok()
-    .flatten()
-    .unwrap_or_else(|| panic!("{name} exists"))
 }
 
 /// The largest value of int8 column `attnum` of pg_lease's own table
@@ -1099,22 +1123,18 @@ impl UniqueIndex {
 
 /// The row [`update_own_row`] found, as its `change` sees it.
 pub struct OwnRow {
-    relid: pg_sys::Oid,
+    desc: pg_sys::TupleDesc,
     slot: *mut pg_sys::TupleTableSlot,
 }
 
 impl OwnRow {
-    /// The attnum of column `name`, which must exist with type `typid`.
+    /// The attnum of column `name`, which must exist with type `typid`
+    /// (looked up in the open relation's descriptor, not the syscache).
     fn attnum(&self, name: &CStr, typid: pg_sys::Oid) -> i16 {
-        // SAFETY: syscache lookups accepting any relid and name.
-        let (attnum, found) = unsafe {
-            let attnum = pg_sys::get_attnum(self.relid, name.as_ptr());
-            (attnum, if attnum > 0 { pg_sys::get_atttype(self.relid, attnum) } else { pg_sys::InvalidOid })
-        };
-        if attnum <= 0 || found != typid {
-            pgrx::error!("pg_lease: column {} of its own table is missing or of another type", name.to_string_lossy());
-        }
-        attnum
+        // SAFETY: the descriptor of the relation update_own_row holds open.
+        unsafe { desc_attnum(self.desc, name, typid) }.unwrap_or_else(|| {
+            pgrx::error!("pg_lease: column {} of its own table is missing or of another type", name.to_string_lossy())
+        })
     }
 
     /// Column `name` (of type `typid`, checked) of the row, None when NULL.
@@ -1221,7 +1241,7 @@ pub unsafe fn update_own_row<R>(
         let rel = pg_sys::table_open(relid, pg_sys::RowExclusiveLock as _);
         let class = &*(*rel).rd_rel;
         let constr = (*(*rel).rd_att).constr;
-        let key_attnum = pg_sys::get_attnum(relid, key_column.as_ptr());
+        let key_attnum = desc_attnum((*rel).rd_att, key_column, pg_sys::TEXTOID).unwrap_or(0);
         #[cfg(not(feature = "pg18"))]
         let indexid = pg_sys::RelationGetPrimaryKeyIndex(rel);
         #[cfg(feature = "pg18")]
@@ -1291,7 +1311,8 @@ pub unsafe fn update_own_row<R>(
                 pg_sys::OidFunctionCall2Coll(pg_sys::Oid::from(pg_sys::F_TEXTEQ), collation, k, key).value() != 0
             });
         let mut result = None;
-        if let Some((changes, r)) = same_key.then(|| change(&OwnRow { relid, slot })).flatten() {
+        let row = OwnRow { desc: (*rel).rd_att, slot };
+        if let Some((changes, r)) = same_key.then(|| change(&row)).flatten() {
             let desc = (*rel).rd_att;
             let natts = (*desc).natts;
             pg_sys::slot_getsomeattrs_int(slot, natts);
@@ -1299,7 +1320,6 @@ pub unsafe fn update_own_row<R>(
             pg_sys::ExecClearTuple(new);
             std::ptr::copy_nonoverlapping((*slot).tts_values, (*new).tts_values, natts as usize);
             std::ptr::copy_nonoverlapping((*slot).tts_isnull, (*new).tts_isnull, natts as usize);
-            let row = OwnRow { relid, slot };
             for (name, typid, value) in changes {
                 let i = row.attnum(name, typid) as usize - 1;
                 *(*new).tts_values.add(i) = value;

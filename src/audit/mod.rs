@@ -94,7 +94,7 @@ fn row_size(row: Row) -> usize {
     for i in 0..natts {
         // SAFETY: i < natts.
         let (dropped, attlen) = unsafe {
-            let att = attribute(desc, i);
+            let att = pg::desc_attribute(desc, i);
             (att.attisdropped, att.attlen)
         };
         if dropped {
@@ -113,24 +113,6 @@ fn row_size(row: Row) -> usize {
         };
     }
     size
-}
-
-/// The `i`th (0-based) attribute of a tuple descriptor. PostgreSQL 18 moved
-/// the attribute array behind `compact_attrs` (TupleDescAttr is then a function).
-///
-/// # Safety
-/// `desc` is a valid tuple descriptor and `i` < its `natts`.
-unsafe fn attribute<'a>(desc: pg_sys::TupleDesc, i: usize) -> &'a pg_sys::FormData_pg_attribute {
-    #[cfg(feature = "pg18")]
-    {
-        // SAFETY: the caller's contract.
-        unsafe { &*pg_sys::TupleDescAttr(desc, i as i32) }
-    }
-    #[cfg(not(feature = "pg18"))]
-    {
-        // SAFETY: the caller's contract: `attrs` holds `natts` attributes.
-        unsafe { &(*desc).attrs.as_slice((*desc).natts as usize)[i] }
-    }
 }
 
 struct Session {

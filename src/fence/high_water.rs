@@ -10,7 +10,7 @@ use crate::errors::{LeaseError, Refusal};
 use crate::fence::config::{self, FenceConfig};
 use crate::fence::{key, refusal, verified};
 use crate::pg::{
-    as_role, attribute, own_relid, prepare_saved, rel_owner, run_token_plan, text_array, text_datum, Probe, Row,
+    as_role, attribute, lease_relid, prepare_saved, rel_owner, run_token_plan, text_array, text_datum, Probe, Row,
     TriggerOp, UniqueIndex,
 };
 use pgrx::pg_sys;
@@ -49,7 +49,7 @@ fn index() -> Option<StoreIndex> {
     if let Some(found) = INDEX.with(|i| i.borrow().clone()).filter(|i| i.generation == config::relcache_generation()) {
         return Some(found);
     }
-    let relid = own_relid("lease.high_water");
+    let relid = lease_relid(c"high_water");
     let column = |name| attribute(relid, name).unwrap_or_else(|| pgrx::error!("lease.high_water has no column {name}"));
     let ((target, target_type), (resource, resource_type)) = (column("target"), column("resource"));
     let columns = [(target, target_type, pg_sys::REGCLASSOID), (resource, resource_type, pg_sys::TEXTARRAYOID)];
@@ -93,7 +93,7 @@ fn plans() -> Plans {
             role: pg_sys::InvalidOid,
         }
     });
-    let p = Plans { role: rel_owner(own_relid("lease.high_water")), ..p };
+    let p = Plans { role: rel_owner(lease_relid(c"high_water")), ..p };
     PLANS.with(|c| c.set(Some(p)));
     p
 }

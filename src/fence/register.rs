@@ -5,7 +5,7 @@
 //! point and own every table involved. Nobody else gets DML on
 //! `lease.protected`, so a fence cannot be re-pointed behind pg_lease's back.
 
-use crate::pg::{as_role, own_relid, rel_owner};
+use crate::pg::{as_role, lease_relid, rel_owner};
 use pgrx::prelude::*;
 
 fn require(ok: bool, message: String, detail: &str) {
@@ -69,7 +69,7 @@ pub fn register(
     let mut tables = vec![target];
     tables.extend(owner_table);
     check_caller(entry_point, &tables);
-    as_role(rel_owner(own_relid("lease.protected")), || {
+    as_role(rel_owner(lease_relid(c"protected")), || {
         Spi::run_with_args(
             "INSERT INTO lease.protected (relid, mode, key_columns, token_column, owner_table, owner_key_columns,
                                           owner_token_column, protected_by, key_types, token_type, owner_key_types,
@@ -101,7 +101,7 @@ pub fn register(
 #[pg_extern(name = "_unregister", volatile, parallel_unsafe)]
 pub fn unregister(target: pg_sys::Oid) -> bool {
     check_caller("lease.unprotect(regclass)", &[target]);
-    as_role(rel_owner(own_relid("lease.protected")), || {
+    as_role(rel_owner(lease_relid(c"protected")), || {
         Spi::get_one_with_args::<bool>(
             "WITH d AS (DELETE FROM lease.protected p WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) $1 RETURNING 1)
              SELECT EXISTS (SELECT 1 FROM d)",
@@ -119,7 +119,7 @@ pub fn unregister(target: pg_sys::Oid) -> bool {
 #[pg_extern(name = "_judge_replicated", volatile, parallel_unsafe)]
 pub fn judge_replicated(target: pg_sys::Oid, judge: Option<bool>) -> bool {
     check_caller("lease.judge_replicated(regclass, boolean)", &[target]);
-    let found = as_role(rel_owner(own_relid("lease.protected")), || {
+    let found = as_role(rel_owner(lease_relid(c"protected")), || {
         Spi::get_one_with_args::<bool>(
             "WITH u AS (UPDATE lease.protected p SET judge_replicated = $2
                          WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) $1 RETURNING 1)

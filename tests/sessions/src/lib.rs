@@ -328,3 +328,41 @@ pub fn amcheck(c: &mut Client) -> bool {
     c.batch_execute("CREATE EXTENSION amcheck").unwrap();
     true
 }
+
+/// amcheck (`bt_index_check` with heapallindexed) on every index of
+/// `lease.lease_state` where amcheck is installed in `c`'s database (see
+/// [`amcheck`]): the number of indexes checked (0 without amcheck), or the
+/// first failure.
+pub fn lease_state_amcheck(c: &mut Client) -> Result<i64, String> {
+    c.query_one(
+        "SELECT CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'amcheck')
+                THEN (SELECT count(bt_index_check(i.indexrelid, true)) FROM pg_catalog.pg_index i
+                       WHERE i.indrelid = 'lease.lease_state'::regclass) ELSE 0 END",
+        &[],
+    )
+    .map(|r| r.get(0))
+    .map_err(|e| format!("amcheck of lease.lease_state's indexes: {e}"))
+}
+
+/// [`lease_state_amcheck`] (amcheck created first where available), then
+/// every row of `lease.lease_state` reachable through its primary key and
+/// every live row (no released one) through its owner index, by index
+/// scans; panics naming what failed.
+pub fn check_lease_state_indexes(c: &mut Client) {
+    amcheck(c);
+    lease_state_amcheck(c).unwrap_or_else(|e| panic!("{e}"));
+    let heap = one_i64(c, "SELECT count(*) FROM ONLY lease.lease_state");
+    let live = one_i64(c, "SELECT count(*) FROM ONLY lease.lease_state WHERE released_at IS NULL");
+    c.batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off").unwrap();
+    let by_pkey = one_i64(
+        c,
+        "SELECT count(*) FROM ONLY lease.lease_state l WHERE l.name IN (SELECT name FROM ONLY lease.lease_state)",
+    );
+    let by_owner = one_i64(
+        c,
+        "SELECT count(*) FROM ONLY lease.lease_state WHERE owner IN (SELECT owner FROM ONLY lease.lease_state) AND released_at IS NULL",
+    );
+    c.batch_execute("RESET enable_seqscan; RESET enable_bitmapscan").unwrap();
+    assert_eq!(by_pkey, heap, "rows through lease_state_pkey");
+    assert_eq!(by_owner, live, "live rows through lease_state_owner");
+}

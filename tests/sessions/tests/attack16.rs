@@ -66,39 +66,6 @@ fn expiry(c: &mut Client, name: &str) -> i64 {
     )
 }
 
-/// amcheck with heapallindexed on every index of lease.lease_state, and the
-/// number of rows reachable through each index equal to the heap's.
-fn check_indexes(c: &mut Client) {
-    let rows = c
-        .query(
-            "SELECT c.relname::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-              WHERE i.indrelid = 'lease.lease_state'::regclass ORDER BY 1",
-            &[],
-        )
-        .unwrap();
-    let rows = if amcheck(c) { rows } else { Vec::new() };
-    for r in rows {
-        let idx: String = r.get(0);
-        c.batch_execute(&format!("SELECT bt_index_check('lease.{idx}'::regclass, true)"))
-            .unwrap_or_else(|e| panic!("amcheck of lease.{idx}: {e}"));
-    }
-    // Through the primary key, one row per name, the live version.
-    let heap = one_i64(c, "SELECT count(*) FROM ONLY lease.lease_state");
-    c.batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off").unwrap();
-    let by_pkey = one_i64(
-        c,
-        "SELECT count(*) FROM ONLY lease.lease_state l WHERE l.name IN (SELECT name FROM ONLY lease.lease_state)",
-    );
-    let live_by_owner = one_i64(
-        c,
-        "SELECT count(*) FROM ONLY lease.lease_state WHERE owner IN (SELECT owner FROM ONLY lease.lease_state) AND released_at IS NULL",
-    );
-    c.batch_execute("RESET enable_seqscan; RESET enable_bitmapscan").unwrap();
-    let live = one_i64(c, "SELECT count(*) FROM ONLY lease.lease_state WHERE released_at IS NULL");
-    assert_eq!(by_pkey, heap, "rows through lease_state_pkey");
-    assert_eq!(live_by_owner, live, "live rows through lease_state_owner");
-}
-
 /// Host-a's renew of lease a with token `t` in session `c`, started once
 /// `other` holds the row's lock, which runs `then` and commits once the
 /// renew waits for it; the renew's SQLSTATE ("" when it renewed).
@@ -268,7 +235,7 @@ fn many_non_hot_renews_with_savepoints_keep_every_index_consistent() {
          COMMIT;"
     ))
     .unwrap();
-    check_indexes(&mut c);
+    check_lease_state_indexes(&mut c);
     let kept = one_i64(&mut c, "SELECT count(*) FROM lease.lease_state WHERE dba_note = 'kept'");
     assert_eq!(kept, 2);
     let left = one_i64(
@@ -294,7 +261,7 @@ fn a_release_committed_while_renew_waits_gives_lease_lost() {
     other.batch_execute(&format!("BEGIN; SELECT lease.release('a', 'host-a', {t});")).unwrap();
     assert_eq!(renew_waiting_for(c, &mut other, &mut obs, t, "SELECT 1"), "LF006");
     assert_eq!(one_i64(&mut obs, "SELECT count(*) FROM lease.lease_state WHERE released_at IS NULL"), 0);
-    check_indexes(&mut obs);
+    check_lease_state_indexes(&mut obs);
 }
 
 /// **Defence holds.** Attack: in an open transaction a DBA expires the lease
@@ -323,7 +290,7 @@ fn a_takeover_committed_while_renew_waits_gives_lease_lost() {
     let holder: String = obs.query_one("SELECT owner FROM lease.lease_state WHERE name = 'a'", &[]).unwrap().get(0);
     assert_eq!(holder, "host-b");
     assert!(one_i64(&mut obs, "SELECT token FROM lease.lease_state WHERE name = 'a'") > t);
-    check_indexes(&mut obs);
+    check_lease_state_indexes(&mut obs);
 }
 
 /// **Defence holds.** Attack: REPEATABLE READ and SERIALIZABLE transactions
@@ -343,7 +310,7 @@ fn a_renew_committed_after_the_snapshot_fails_to_serialize() {
         assert_eq!(sqlstate(&r), "40001", "{level}: {r:?}");
         c.batch_execute("ROLLBACK").unwrap();
     }
-    check_indexes(&mut c);
+    check_lease_state_indexes(&mut c);
 }
 
 /// **Defence holds.** Attack: renew in `BEGIN READ ONLY` and under
@@ -421,7 +388,7 @@ fn an_owner_that_only_looks_the_same_is_another_owner() {
     let r = c.query_one(&format!("SELECT lease.renew('{long_name}', '{nfc}', {t}, 600000)"), &[]);
     assert_eq!(sqlstate(&r), "");
     assert!(expiry(&mut c, &long_name) > before);
-    check_indexes(&mut c);
+    check_lease_state_indexes(&mut c);
 }
 
 /// **Defence holds.** Attack: in one session with warm caches, renew, DROP
@@ -448,7 +415,7 @@ fn drop_create_extension_and_a_rolled_back_renew() {
     ))
     .unwrap();
     assert_eq!(expiry(&mut c, "a"), after);
-    check_indexes(&mut c);
+    check_lease_state_indexes(&mut c);
 }
 
 /// **Defence holds.** Attack: two sessions, for two seconds, renew, release
@@ -490,7 +457,7 @@ fn two_sessions_hammering_renew_acquire_release_keep_lease_state_consistent() {
     for w in workers {
         w.join().unwrap();
     }
-    check_indexes(&mut c);
+    check_lease_state_indexes(&mut c);
     assert_eq!(one_i64(&mut c, "SELECT count(DISTINCT name) - count(*) FROM lease.lease_state"), 0);
 }
 
@@ -525,7 +492,7 @@ fn renews_survive_kill9_and_replay_on_a_hot_standby() {
     primary.restart();
     let mut p = primary.connect();
     assert_eq!(expiry(&mut p, "a"), last, "the last renew's expiry after kill -9");
-    check_indexes(&mut p);
+    check_lease_state_indexes(&mut p);
     let mut s = standby.connect();
     let start = std::time::Instant::now();
     while one_i64(&mut s, "SELECT count(*) FROM lease.lease_state WHERE name = 'a' AND expires_at >= to_timestamp(0)")
@@ -535,7 +502,7 @@ fn renews_survive_kill9_and_replay_on_a_hot_standby() {
         assert!(start.elapsed() < Duration::from_secs(30), "the standby never caught up");
         std::thread::sleep(Duration::from_millis(50));
     }
-    check_indexes(&mut s);
+    check_lease_state_indexes(&mut s);
     let r = s.query_one(&format!("SELECT lease.renew('a', 'host-a', {t}, 60000)"), &[]);
     assert_eq!(sqlstate(&r), "25006", "renew on a hot standby: {r:?}");
 }
@@ -601,7 +568,7 @@ fn renew_after_a_dba_alters_lease_state_in_another_session() {
     c.query_one(&format!("SELECT lease.renew('a', 'host-a', {t}, 60000)"), &[]).unwrap();
     assert!(expiry(&mut c, "a") > before);
     assert_eq!(one_i64(&mut dba, "SELECT count(*) FROM lease.lease_state WHERE dba_note = 'kept'"), 1);
-    check_indexes(&mut dba);
+    check_lease_state_indexes(&mut dba);
 }
 
 /// **Hole.** Attack: a DBA makes lease names unique regardless of case with

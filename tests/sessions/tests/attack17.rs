@@ -79,38 +79,6 @@ fn text_rows(c: &mut Client, sql: &str) -> Vec<String> {
         .collect()
 }
 
-/// amcheck with heapallindexed on every index of lease.lease_state; every
-/// row reachable through the primary key; the live rows, and no released
-/// one, through the owner index.
-fn check_indexes(c: &mut Client) {
-    let checked = amcheck(c);
-    for idx in text_rows(
-        c,
-        "SELECT c.relname::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-          WHERE i.indrelid = 'lease.lease_state'::regclass ORDER BY 1",
-    )
-    .into_iter()
-    .filter(|_| checked)
-    {
-        c.batch_execute(&format!("SELECT bt_index_check('lease.{idx}'::regclass, true)"))
-            .unwrap_or_else(|e| panic!("amcheck of lease.{idx}: {e}"));
-    }
-    let heap = one_i64(c, "SELECT count(*) FROM ONLY lease.lease_state");
-    let live = one_i64(c, "SELECT count(*) FROM ONLY lease.lease_state WHERE released_at IS NULL");
-    c.batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off").unwrap();
-    let by_pkey = one_i64(
-        c,
-        "SELECT count(*) FROM ONLY lease.lease_state l WHERE l.name IN (SELECT name FROM ONLY lease.lease_state)",
-    );
-    let by_owner = one_i64(
-        c,
-        "SELECT count(*) FROM ONLY lease.lease_state WHERE owner IN (SELECT owner FROM ONLY lease.lease_state) AND released_at IS NULL",
-    );
-    c.batch_execute("RESET enable_seqscan; RESET enable_bitmapscan").unwrap();
-    assert_eq!(by_pkey, heap, "rows through lease_state_pkey");
-    assert_eq!(by_owner, live, "live rows through lease_state_owner");
-}
-
 /// One scripted history of releases (wrong token, wrong owner, NULL token,
 /// twice, in a rolled-back savepoint, after an expiry, of a lease carried by
 /// its owner's heartbeat, many acquire/release cycles of one name in one
@@ -209,12 +177,12 @@ fn release_in_place_answers_and_writes_as_the_statement_does() {
     let mut s = stmt_db.connect();
     s.batch_execute(FORCE_STATEMENT).unwrap();
     let by_statement = history(&mut s);
-    check_indexes(&mut s);
+    check_lease_state_indexes(&mut s);
 
     let db = TestDb::new("a17_hist");
     let mut c = db.connect();
     let in_place = history(&mut c);
-    check_indexes(&mut c);
+    check_lease_state_indexes(&mut c);
     assert_eq!(in_place, by_statement);
 }
 
@@ -248,7 +216,7 @@ fn serializable_write_skew_between_two_releases_is_refused() {
             k1 == "40001" || k2 == "40001",
             "write skew committed (forced statement: {forced}): {r1}/{k1}, {r2}/{k2}"
         );
-        check_indexes(&mut c1);
+        check_lease_state_indexes(&mut c1);
     }
 }
 
@@ -302,7 +270,7 @@ fn a_release_waiting_for_another_writer_answers_as_the_statement() {
         ),
         vec!["host-b true".to_string()]
     );
-    check_indexes(&mut c1);
+    check_lease_state_indexes(&mut c1);
 }
 
 /// **Defence holds.** Attack: session 1 renews lease a (in place) and holds
@@ -330,7 +298,7 @@ fn a_release_at_repeatable_read_after_a_concurrent_renew_fails_to_serialize() {
     c1.batch_execute("COMMIT").unwrap();
     assert_eq!(h.join().unwrap(), "40001");
     assert_eq!(one_i64(&mut c1, "SELECT count(*) FROM lease.leases WHERE name = 'a' AND live"), 1);
-    check_indexes(&mut c1);
+    check_lease_state_indexes(&mut c1);
 }
 
 /// **Defence holds.** Attack: releases in a read-only transaction (as on a
@@ -369,7 +337,7 @@ fn release_in_place_declines_for_read_only_rules_and_replica_triggers() {
     assert_eq!(release(&mut c, "b", "host-b", &t.to_string()), "true");
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM public.upd_log WHERE name = 'b'"), 1);
     c.batch_execute("RESET session_replication_role").unwrap();
-    check_indexes(&mut c);
+    check_lease_state_indexes(&mut c);
 }
 
 fn bound_setup(label: &str) -> (TestDb, Client) {
@@ -453,7 +421,7 @@ fn a_bound_lease_released_in_place_frees_its_owner_row() {
             )
             .to_string(),
         );
-        check_indexes(&mut c);
+        check_lease_state_indexes(&mut c);
         seen.push(out);
     }
     assert_eq!(seen[1], seen[0], "in place (right) vs the statement (left)");
@@ -611,7 +579,7 @@ fn three_isolation_levels_hammering_release_keep_lease_state_consistent() {
     let bad: Vec<String> = threads.into_iter().flat_map(|h| h.join().unwrap()).collect();
     assert!(bad.is_empty(), "unexpected errors: {bad:?}");
     let mut c = db.connect();
-    check_indexes(&mut c);
+    check_lease_state_indexes(&mut c);
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE live AND released_at IS NOT NULL"), 0);
     assert_eq!(
         one_i64(
@@ -705,7 +673,7 @@ fn release_in_place_keeps_the_publication_s_replica_identity_checks() {
     }
     assert_eq!(seen[0][..3], ["42P10", "true", "55000"]);
     assert_eq!(seen[1], seen[0], "in place (right) vs the statement (left)");
-    check_indexes(&mut c);
+    check_lease_state_indexes(&mut c);
 }
 
 /// **Defence holds.** Attack: a DBA's exclusion constraint that a release
@@ -744,7 +712,7 @@ fn release_in_place_keeps_a_dba_exclusion_constraint() {
     }
     assert_eq!(seen[0], ["true", "23P01", "1"]);
     assert_eq!(seen[1], seen[0], "in place (right) vs the statement (left)");
-    check_indexes(&mut c);
+    check_lease_state_indexes(&mut c);
 }
 
 /// **Defence holds.** Attack: 300 leases released in place (autocommit, in
@@ -785,7 +753,7 @@ fn releases_survive_kill9_and_replay_on_a_hot_standby() {
     primary.restart();
     let mut p = primary.connect();
     assert_eq!(one_i64(&mut p, released), 150, "committed releases after kill -9");
-    check_indexes(&mut p);
+    check_lease_state_indexes(&mut p);
     let t = one_i64(&mut p, "SELECT token FROM lease.lease_state WHERE name = 'r3'");
     let mut s = standby.connect();
     let start = std::time::Instant::now();
@@ -793,7 +761,7 @@ fn releases_survive_kill9_and_replay_on_a_hot_standby() {
         assert!(start.elapsed() < Duration::from_secs(30), "the standby never caught up");
         std::thread::sleep(Duration::from_millis(50));
     }
-    check_indexes(&mut s);
+    check_lease_state_indexes(&mut s);
     let owner = text_rows(&mut s, "SELECT owner FROM lease.lease_state WHERE name = 'r3'").remove(0);
     assert_eq!(release(&mut s, "r3", &owner, &t.to_string()), "25006", "release on a hot standby");
 }

@@ -472,10 +472,7 @@ fn renew_in_place_indexes_a_version_that_moves_to_another_page() {
         one_i64(&mut c, "SELECT n_tup_upd FROM pg_stat_user_tables WHERE relid = 'lease.lease_state'::regclass");
     assert!(updates >= 400, "{updates} updates counted");
     if with_amcheck {
-        let checked = one_i64(
-            &mut c,
-            "SELECT count(bt_index_check(i.indexrelid, true)) FROM pg_index i WHERE i.indrelid = 'lease.lease_state'::regclass",
-        );
+        let checked = lease_state_amcheck(&mut c).unwrap();
         assert!(checked >= 3, "pkey, owner and bound indexes checked ({checked})");
     }
     // Found through each index again.
@@ -555,14 +552,9 @@ fn renew_in_place_waits_and_judges_as_the_statement() {
 fn release_in_place_answers_as_the_statement() {
     let db = TestDb::new("calls_release_in_place");
     let mut c = db.connect();
-    let with_amcheck = amcheck(&mut c);
+    amcheck(&mut c);
     let check = |c: &mut Client| {
-        if with_amcheck {
-            c.batch_execute(
-                "SELECT bt_index_check(i.indexrelid, true) FROM pg_index i WHERE i.indrelid = 'lease.lease_state'::regclass",
-            )
-            .unwrap()
-        }
+        lease_state_amcheck(c).unwrap();
     };
     let t = token(&mut c, "a", "host-a");
     assert!(!release(&mut c, "a", "host-a", &(t - 1).to_string()), "another token");

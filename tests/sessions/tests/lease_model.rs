@@ -33,7 +33,7 @@
 //! (16), `PG_LEASE_MODEL_SEED` (fixed default).
 
 use pg_lease_sessions::postgres::Client;
-use pg_lease_sessions::TestDb;
+use pg_lease_sessions::{lease_state_amcheck, TestDb};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use std::cell::{Cell, RefCell};
@@ -462,13 +462,7 @@ fn check_view(case: &mut Case, m: &Model) -> Result<(), String> {
         return Err(format!("lease.leases {got:?}, model {expected:?}"));
     }
     // Every index of the lease rows holds exactly the rows it should.
-    case.c
-        .batch_execute(
-            "DO $$ BEGIN IF EXISTS (SELECT FROM pg_extension WHERE extname = 'amcheck') THEN
-                 PERFORM bt_index_check(i.indexrelid, true) FROM pg_index i WHERE i.indrelid = 'lease.lease_state'::regclass;
-             END IF; END $$",
-        )
-        .map_err(|e| format!("amcheck: {e}"))?;
+    lease_state_amcheck(case.c)?;
     for row in 0..ROWS {
         let id = case.id as i32 * 10 + i32::from(row);
         let token: i64 = case

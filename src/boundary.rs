@@ -191,32 +191,15 @@ unsafe fn text_arg_cstr(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> Option<*m
     }
 }
 
-/// Argument `i` of a function called with text arguments, None when NULL.
+/// Argument `i` of a function called with text arguments, None when NULL,
+/// as Rust text (converted from the database's encoding: in a LATIN1
+/// database byte 0x85 is U+0085, and is judged as that character).
 ///
 /// # Safety
 /// As for [`text_arg_cstr`].
 unsafe fn text_arg(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> Option<String> {
     // SAFETY: the caller's contract; the C string is read before returning.
     unsafe { text_arg_cstr(fcinfo, i).map(|c| owned(c)) }
-}
-
-/// Argument `i` (text) converted from the database's encoding to UTF-8, so
-/// that characters are judged as the characters they are (in a LATIN1
-/// database byte 0x85 is U+0085). In a SQL_ASCII database bytes are taken
-/// as they are (invalid UTF-8 becoming U+FFFD).
-///
-/// # Safety
-/// As for [`text_arg_cstr`].
-unsafe fn utf8_text_arg(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> Option<String> {
-    // SAFETY: the caller's contract; pg_server_to_any returns a
-    // NUL-terminated string in UTF-8 (the same pointer when no conversion is
-    // needed), read before returning.
-    unsafe {
-        text_arg_cstr(fcinfo, i).map(|server| {
-            let len = std::ffi::CStr::from_ptr(server).to_bytes().len();
-            owned(pg_sys::pg_server_to_any(server, len as i32, pg_sys::pg_enc::PG_UTF8 as i32))
-        })
-    }
 }
 
 /// `lease._fail(sqlstate, message, detail, hint)`: how pg_lease's PL/pgSQL
@@ -329,7 +312,7 @@ pub unsafe extern "C-unwind" fn pg_lease_fenced_boundary_write(fcinfo: pg_sys::F
 /// `fcinfo` is the call's and argument `i` exists and is text.
 unsafe fn label_arg(fcinfo: pg_sys::FunctionCallInfo, i: usize, what: &str) -> Result<Label, Invalid> {
     // SAFETY: the caller's contract.
-    lease::check_label(what, unsafe { utf8_text_arg(fcinfo, i) }.as_deref())?;
+    lease::check_label(what, unsafe { text_arg(fcinfo, i) }.as_deref())?;
     // SAFETY: argument i exists and is not NULL (the rule refuses NULL); its
     // datum stays valid for the call.
     Ok(Label(unsafe { (*(*fcinfo).args.as_ptr().add(i)).value }))

@@ -206,6 +206,8 @@ extern "C-unwind" {
 
 /// Copies a Rust string into the current memory context.
 fn pstrdup(s: &str) -> *mut c_char {
+    // Messages are in the database's encoding, as the server sends them.
+    let s = crate::pg::to_server(s);
     let len = s.len();
     // SAFETY: palloc returns len + 1 writable bytes (or raises); the copy
     // and the terminator stay inside them.

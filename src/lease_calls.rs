@@ -12,10 +12,10 @@
 
 use crate::errors::{Failure, Invalid, LeaseError, Refusal};
 use crate::lease::EPOCH_SHIFT;
-use crate::lease_owner::{lock_owner_row, same_owner_row, set_owner_token, visible_to};
+use crate::lease_owner::{lock_owner_row_of, same_owner_row, set_owner_token_of, texts, visible_to};
 use crate::pg::{
     as_definer, exec_saved, now, prepare_saved, result_datum, result_rows, result_text, row_datum, set_guc,
-    spi_connected, subtransaction, update_own_row, with_pinned_search_path, OwnRow, END_TIMESTAMP,
+    spi_connected, subtransaction, update_own_row, with_pinned_search_path, OwnRow, ServerText, END_TIMESTAMP,
 };
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
@@ -722,7 +722,8 @@ fn acquire_connected(call: &Acquire, caller: pg_sys::Oid) -> Result<Acquired, Fa
             .into());
         }
         // SAFETY: a non-NULL text[] argument of the call.
-        let key_values = unsafe { Vec::<Option<String>>::from_datum(key, false) }.expect("owner_key is not NULL");
+        let key_values =
+            texts(unsafe { Vec::<Option<ServerText>>::from_datum(key, false) }.expect("owner_key is not NULL"));
         match with_pinned_search_path(|| visible_to(caller, table, &key_values)) {
             Some(true) => {}
             Some(false) => return Err(owner_missing(a, &call.name.text(), (table, key, columns)).into()),
@@ -796,7 +797,7 @@ fn acquire_connected(call: &Acquire, caller: pg_sys::Oid) -> Result<Acquired, Fa
             // FOR UPDATE waits for writers still fenced under the old token;
             // read as the owner table's owner (crate::lease_owner), with the
             // search_path the SECURITY DEFINER version ran it with.
-            let row = with_pinned_search_path(|| lock_owner_row(*table, key_values.clone()));
+            let row = with_pinned_search_path(|| lock_owner_row_of(*table, key_values));
             let Some(&token) = row.first() else {
                 return Err(owner_missing(a, &name, (*table, *key, *columns)).into());
             };
@@ -959,7 +960,9 @@ fn rival_on_row(
         exec_saved(a.rivals, &[Some(table.into()), Some(t.into()), Some(name_d)], "lease.acquire");
         (0..result_rows())
             .map(|r| {
-                let key = row_datum(r, 2).and_then(|d| Vec::<Option<String>>::from_datum(d, false)).unwrap_or_default();
+                let key = texts(
+                    row_datum(r, 2).and_then(|d| Vec::<Option<ServerText>>::from_datum(d, false)).unwrap_or_default(),
+                );
                 (row_datum(r, 1).expect("name is NOT NULL"), key)
             })
             .collect()
@@ -1078,7 +1081,7 @@ fn owner_texts(
 fn bump_owner_row(table: pg_sys::Oid, key: &[Option<String>], token: i64) -> Result<Option<i64>, Refusal> {
     const PREFIX: &str = "FencingTokenRegression: ";
     let written = subtransaction(|| {
-        Ok::<_, std::convert::Infallible>(with_pinned_search_path(|| set_owner_token(table, key.to_vec(), token)))
+        Ok::<_, std::convert::Infallible>(with_pinned_search_path(|| set_owner_token_of(table, key, token)))
     });
     match written {
         Ok(Ok(landed)) => Ok(landed),

@@ -5,7 +5,7 @@
 //! constraints and casts on a user's owner table never run with more than that
 //! user's rights.
 
-use crate::pg::{as_table_owner, attribute, display, key_match, quote_ident};
+use crate::pg::{as_table_owner, attribute, display, key_match, quote_ident, server_cstring, to_server, ServerText};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use std::ffi::CString;
@@ -13,13 +13,13 @@ use std::ffi::CString;
 /// The owner key columns (name, type) and token column of `owner`, from
 /// lease.protected (every table fenced against one owner table agrees).
 fn binding(owner: pg_sys::Oid) -> (Vec<(String, pg_sys::Oid)>, String) {
-    let (keys, token) = Spi::get_two_with_args::<Vec<String>, String>(
+    let (keys, token) = Spi::get_two_with_args::<Vec<ServerText>, ServerText>(
         "SELECT p.owner_key_columns, p.owner_token_column::pg_catalog.text FROM lease.protected p
           WHERE p.owner_table::pg_catalog.oid OPERATOR(pg_catalog.=) $1 LIMIT 1",
         &[owner.into()],
     )
     .unwrap_or_else(|e| error!("pg_lease: reading the owner binding: {e}"));
-    let (Some(keys), Some(token)) = (keys, token) else {
+    let (Some(keys), Some(ServerText(token))) = (keys, token) else {
         ereport!(
             ERROR,
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -28,7 +28,7 @@ fn binding(owner: pg_sys::Oid) -> (Vec<(String, pg_sys::Oid)>, String) {
     };
     let keys = keys
         .into_iter()
-        .map(|name| {
+        .map(|ServerText(name)| {
             let (_, typid) = attribute(owner, &name).unwrap_or_else(|| {
                 error!("pg_lease: owner key column \"{name}\" of {} does not exist", display(owner))
             });
@@ -52,7 +52,7 @@ fn key_datums(keys: &[(String, pg_sys::Oid)], key: &[Option<String>]) -> Vec<(pg
         .zip(key)
         .map(|((_, typid), value)| {
             // Text from SQL never holds NUL.
-            let text = CString::new(value.as_deref().unwrap_or_default()).expect("SQL text has no NUL");
+            let text = CString::new(to_server(value.as_deref().unwrap_or_default())).expect("SQL text has no NUL");
             // SAFETY: getTypeInputInfo is a syscache lookup of the key
             // column's type writing into live locals; OidInputFunctionCall
             // runs that type's own input function on `text`, a NUL-terminated
@@ -85,10 +85,20 @@ fn key_columns(keys: &[(String, pg_sys::Oid)]) -> Vec<&str> {
 /// UPDATE` on the owner row (waiting for writers still fenced under the old
 /// token). An empty array: no such row; else its token (maybe NULL).
 #[pg_extern(name = "_lock_owner_row", volatile, parallel_unsafe)]
-pub fn lock_owner_row(owner_table: pg_sys::Oid, owner_key: Vec<Option<String>>) -> Vec<Option<i64>> {
+pub fn lock_owner_row(owner_table: pg_sys::Oid, owner_key: Vec<Option<ServerText>>) -> Vec<Option<i64>> {
+    lock_owner_row_of(owner_table, &texts(owner_key))
+}
+
+/// An owner key (text[]) as Rust text.
+pub fn texts(key: Vec<Option<ServerText>>) -> Vec<Option<String>> {
+    key.into_iter().map(|k| k.map(|k| k.0)).collect()
+}
+
+/// [`lock_owner_row`], for Rust callers.
+pub fn lock_owner_row_of(owner_table: pg_sys::Oid, owner_key: &[Option<String>]) -> Vec<Option<i64>> {
     let (keys, token) = binding(owner_table);
     as_table_owner(owner_table, || {
-        let args = args(&key_datums(&keys, &owner_key));
+        let args = args(&key_datums(&keys, owner_key));
         let sql = format!(
             "SELECT o.{}::pg_catalog.int8 FROM {} o WHERE {} FOR UPDATE OF o",
             quote_ident(&token),
@@ -96,7 +106,7 @@ pub fn lock_owner_row(owner_table: pg_sys::Oid, owner_key: Vec<Option<String>>) 
             key_match(&key_columns(&keys))
         );
         Spi::connect_mut(|client| {
-            let rows = client.update(sql.as_str(), Some(1), &args).unwrap_or_else(|e| error!("pg_lease: {e}"));
+            let rows = client.update(&server_cstring(&sql), Some(1), &args).unwrap_or_else(|e| error!("pg_lease: {e}"));
             if rows.is_empty() {
                 vec![]
             } else {
@@ -146,7 +156,7 @@ pub fn visible_to(caller: pg_sys::Oid, owner_table: pg_sys::Oid, key: &[Option<S
 fn exists(sql: &str, datums: &[(pg_sys::Datum, pg_sys::Oid)]) -> bool {
     Spi::connect(|client| {
         client
-            .select(sql, Some(1), &args(datums))
+            .select(&server_cstring(sql), Some(1), &args(datums))
             .and_then(|rows| rows.first().get_one::<bool>())
             .unwrap_or_else(|e| error!("pg_lease: {e}"))
             == Some(true)
@@ -186,10 +196,15 @@ pub fn same_owner_row(owner_table: pg_sys::Oid, a: &[Option<String>], b: &[Optio
 /// token into the owner row; returns the token the row holds afterwards, or
 /// NULL if no row was written (a trigger or rule swallowed the UPDATE).
 #[pg_extern(name = "_set_owner_token", volatile, parallel_unsafe)]
-pub fn set_owner_token(owner_table: pg_sys::Oid, owner_key: Vec<Option<String>>, token: i64) -> Option<i64> {
+pub fn set_owner_token(owner_table: pg_sys::Oid, owner_key: Vec<Option<ServerText>>, token: i64) -> Option<i64> {
+    set_owner_token_of(owner_table, &texts(owner_key), token)
+}
+
+/// [`set_owner_token`], for Rust callers.
+pub fn set_owner_token_of(owner_table: pg_sys::Oid, owner_key: &[Option<String>], token: i64) -> Option<i64> {
     let (keys, column) = binding(owner_table);
     as_table_owner(owner_table, || {
-        let datums = key_datums(&keys, &owner_key);
+        let datums = key_datums(&keys, owner_key);
         let mut update_args = args(&datums);
         update_args.push(token.into());
         // No RETURNING: Postgres refuses it on a table with a DO INSTEAD rule,
@@ -209,11 +224,12 @@ pub fn set_owner_token(owner_table: pg_sys::Oid, owner_key: Vec<Option<String>>,
         );
         Spi::connect_mut(|client| {
             let written =
-                client.update(update.as_str(), None, &update_args).unwrap_or_else(|e| error!("pg_lease: {e}"));
+                client.update(&server_cstring(&update), None, &update_args).unwrap_or_else(|e| error!("pg_lease: {e}"));
             if written.len() != 1 {
                 return None;
             }
-            let rows = client.update(read.as_str(), None, &args(&datums)).unwrap_or_else(|e| error!("pg_lease: {e}"));
+            let rows =
+                client.update(&server_cstring(&read), None, &args(&datums)).unwrap_or_else(|e| error!("pg_lease: {e}"));
             if rows.is_empty() {
                 None
             } else {

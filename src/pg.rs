@@ -14,7 +14,8 @@
 use pgrx::pg_sys;
 use std::ffi::CStr;
 
-/// A C string owned by Postgres, copied into Rust (NULL becomes empty).
+/// A C string owned by Postgres, in the database's encoding, copied into Rust
+/// as UTF-8 ([`from_server`]; NULL becomes empty).
 ///
 /// # Safety
 /// `p` is null or points to a NUL-terminated string that stays valid and
@@ -26,9 +27,182 @@ pub(crate) unsafe fn owned(p: *const std::ffi::c_char) -> String {
     } else {
         // SAFETY: non-null here, and NUL-terminated and valid for the call by
         // the caller's contract; the bytes are copied before returning.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        from_server(unsafe { CStr::from_ptr(p) }.to_bytes())
     }
 }
+
+// Text and the database's encoding. Rust text is UTF-8; PostgreSQL's text
+// (names, values, SQL, messages) is in the database's encoding. Every text
+// pg_lease reads from PostgreSQL comes through `from_server` (`owned`,
+// `ServerText`; never pgrx's `String`/`&str`, which take the bytes as UTF-8),
+// and every text it hands back through `to_server` (generated SQL through
+// `server_cstring`; values through `ServerText`;
+// messages in `errors`).
+
+/// The database's encoding (fixed for a backend's life).
+fn database_encoding() -> i32 {
+    // SAFETY: reads a backend global set at connection.
+    unsafe { pg_sys::GetDatabaseEncoding() }
+}
+
+/// Whether the database's encoding is UTF-8, in which Rust text is its text.
+pub fn database_is_utf8() -> bool {
+    database_encoding() == pg_sys::pg_enc::PG_UTF8 as i32
+}
+
+/// Text in the database's encoding as Rust text: converted by PostgreSQL
+/// (every character of a server encoding exists in Unicode). In a SQL_ASCII
+/// database, which declares no encoding, bytes are read as UTF-8, and those
+/// that are not UTF-8 become U+FFFD.
+pub fn from_server(bytes: &[u8]) -> String {
+    let encoding = database_encoding();
+    if bytes.is_ascii() || encoding == pg_sys::pg_enc::PG_UTF8 as i32 || encoding == pg_sys::pg_enc::PG_SQL_ASCII as i32
+    {
+        return String::from_utf8_lossy(bytes).into_owned();
+    }
+    // SAFETY: `bytes` is live for the call and pg_server_to_any reads
+    // exactly `len` of them (no NUL needed); the database is neither UTF-8
+    // nor SQL_ASCII and the text has a non-ASCII byte, so a conversion runs and
+    // returns a new palloc'd NUL-terminated UTF-8 string (or raises on a
+    // byte sequence invalid in the database's encoding), copied here.
+    let utf8 = unsafe {
+        let converted =
+            pg_sys::pg_server_to_any(bytes.as_ptr().cast(), bytes.len() as i32, pg_sys::pg_enc::PG_UTF8 as i32);
+        CStr::from_ptr(converted).to_bytes()
+    };
+    String::from_utf8_lossy(utf8).into_owned()
+}
+
+/// Rust text in the database's encoding, for PostgreSQL: a character the
+/// database's encoding cannot hold becomes `?` (text read from the database
+/// always converts back whole; only pg_lease's own words could not, and
+/// they are ASCII).
+pub fn to_server(s: &str) -> std::borrow::Cow<'_, [u8]> {
+    let encoding = database_encoding();
+    if s.is_ascii() || encoding == pg_sys::pg_enc::PG_UTF8 as i32 || encoding == pg_sys::pg_enc::PG_SQL_ASCII as i32 {
+        return std::borrow::Cow::Borrowed(s.as_bytes());
+    }
+    // SAFETY: a catalog lookup of the default conversion; raises when there
+    // is none (PostgreSQL has one from UTF-8 to every server encoding).
+    let proc_ = unsafe { pg_sys::FindDefaultConversionProc(pg_sys::pg_enc::PG_UTF8 as i32, encoding) };
+    if proc_ == pg_sys::InvalidOid {
+        pgrx::error!("pg_lease: no conversion from UTF8 to the database's encoding");
+    }
+    let mut out = Vec::with_capacity(s.len());
+    let mut rest = s;
+    while !rest.is_empty() {
+        let mut src = rest.as_bytes().to_vec();
+        let mut dest = vec![0u8; src.len() * pg_sys::MAX_CONVERSION_GROWTH as usize + 1];
+        // SAFETY: `src` and `dest` are live, writable buffers of the lengths
+        // passed; with noError the conversion stops at the first character
+        // it cannot convert and returns how many source bytes it converted,
+        // writing a NUL-terminated result into `dest` (sized for the worst
+        // growth, so no input is cut short).
+        let done = unsafe {
+            pg_sys::pg_do_encoding_conversion_buf(
+                proc_,
+                pg_sys::pg_enc::PG_UTF8 as i32,
+                encoding,
+                src.as_mut_ptr(),
+                src.len() as i32,
+                dest.as_mut_ptr(),
+                dest.len() as i32,
+                true,
+            )
+        } as usize;
+        let written = dest.iter().position(|&b| b == 0).unwrap_or(0);
+        out.extend_from_slice(&dest[..written]);
+        rest = &rest[done.min(rest.len())..];
+        if let Some(c) = rest.chars().next() {
+            // The conversion stopped at `c`: the database cannot hold it.
+            out.push(b'?');
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// [`to_server`] as a C string (SQL text, messages); a NUL ends it there
+/// (PostgreSQL's text has none).
+pub fn server_cstring(s: &str) -> std::ffi::CString {
+    let bytes = to_server(s);
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    std::ffi::CString::new(&bytes[..end]).expect("cut at the first NUL")
+}
+
+/// A text value crossing between SQL and Rust, converted from and to the
+/// database's encoding ([`from_server`], [`to_server`]): what pg_lease's SQL
+/// functions take and return where pgrx's `String` would require UTF-8.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct ServerText(pub String);
+
+impl pgrx::datum::FromDatum for ServerText {
+    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _typoid: pg_sys::Oid) -> Option<Self> {
+        if is_null {
+            return None;
+        }
+        // SAFETY: the caller's contract: a non-NULL text (or varchar, name
+        // coerced to text) datum; detoasted into a fresh copy, whose bytes
+        // are read before returning.
+        unsafe {
+            let t = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
+            let len = pgrx::varlena::varsize_any_exhdr(t);
+            let data = pgrx::varlena::vardata_any(t) as *const u8;
+            Some(ServerText(from_server(std::slice::from_raw_parts(data, len))))
+        }
+    }
+}
+
+// SAFETY: `unbox` reads a non-NULL text datum (pgrx unboxes array elements
+// and arguments only when they are not NULL), detoasted as in `FromDatum`.
+unsafe impl pgrx::datum::UnboxDatum for ServerText {
+    type As<'src> = ServerText;
+    unsafe fn unbox<'src>(datum: pgrx::datum::Datum<'src>) -> ServerText
+    where
+        Self: 'src,
+    {
+        // SAFETY: the trait's contract: a non-NULL text datum.
+        unsafe { <ServerText as pgrx::datum::FromDatum>::from_datum(datum.sans_lifetime(), false) }.expect("not NULL")
+    }
+}
+
+// SAFETY: a text argument, unboxed through `FromDatum` as pgrx unboxes
+// `String` arguments.
+unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for ServerText {
+    unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
+        let index = arg.index();
+        // SAFETY: the trait's contract: a text argument.
+        unsafe { arg.unbox_arg_using_from_datum() }.unwrap_or_else(|| panic!("argument {index} must not be null"))
+    }
+
+    unsafe fn unbox_nullable_arg(arg: pgrx::callconv::Arg<'_, 'fcx>) -> pgrx::nullable::Nullable<Self> {
+        // SAFETY: as above.
+        unsafe { arg.unbox_arg_using_from_datum() }.into()
+    }
+}
+
+// SAFETY: returns the text datum `into_datum` makes, as pgrx returns `String`.
+unsafe impl pgrx::callconv::BoxRet for ServerText {
+    unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
+        use pgrx::datum::IntoDatum;
+        match self.into_datum() {
+            // SAFETY: a text datum of the function's text result.
+            Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
+            None => fcinfo.return_null(),
+        }
+    }
+}
+
+impl pgrx::datum::IntoDatum for ServerText {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(text_datum(&to_server(&self.0)).0)
+    }
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::TEXTOID
+    }
+}
+
+pgrx::pgrx_sql_entity_graph::impl_sql_translatable!(ServerText, "TEXT");
 
 /// (schema, relation name) of `relid`.
 pub fn relation_names(relid: pg_sys::Oid) -> (String, String) {
@@ -43,13 +217,19 @@ pub fn relation_names(relid: pg_sys::Oid) -> (String, String) {
     }
 }
 
-/// An identifier quoted the way Postgres quotes it (only when needed).
+/// An identifier quoted the way Postgres quotes it (only when needed: an
+/// identifier with a character other than a lower-case ASCII letter, digit
+/// or underscore, or a keyword, is quoted).
 pub fn quote_ident(name: &str) -> String {
+    if !name.is_ascii() {
+        // quote_identifier quotes every identifier with a non-ASCII byte.
+        return format!("\"{}\"", name.replace('"', "\"\""));
+    }
     let cname = std::ffi::CString::new(name).expect("identifiers have no NUL");
     // SAFETY: `cname` is NUL-terminated and lives to the end of this
     // function; quote_identifier only reads it and returns either that same
     // pointer (no quoting needed) or a palloc'd quoted copy, so what `owned`
-    // copies is valid either way.
+    // copies is valid either way (ASCII, read as it is).
     unsafe { owned(pg_sys::quote_identifier(cname.as_ptr())) }
 }
 
@@ -329,7 +509,7 @@ unsafe fn desc_attnum(desc: pg_sys::TupleDesc, name: &CStr, typid: pg_sys::Oid) 
 
 /// (attnum, type) of column `name` of `relid`, if it exists.
 pub fn attribute(relid: pg_sys::Oid, name: &str) -> Option<(i16, pg_sys::Oid)> {
-    let cname = std::ffi::CString::new(name).expect("column names have no NUL");
+    let cname = server_cstring(name);
     // SAFETY: `cname` is NUL-terminated and outlives the call; get_attnum
     // and get_atttype are syscache lookups that accept any relid/attnum
     // (missing ones give InvalidAttrNumber / InvalidOid, no error).

@@ -165,19 +165,23 @@ pub fn on_refusal(refusal: &Refusal) {
     let now = pg::now();
     let who = session();
     if gucs::LOG_REJECTIONS.get() {
+        // The server log is shared by databases of every encoding: outside
+        // UTF-8 ones the line is ASCII, its JSON strings escaped.
+        let ascii = !pg::database_is_utf8();
+        let json_string = |s: &str| sanitize::json_string(s, ascii);
         pgrx::log!(
             "pg_lease rejected write: {{\"sqlstate\": \"{}\", \"error\": \"{}\", \"table\": {}, \"operation\": \"{}\", \"resource\": {}, \"presented_token\": {}, \"current_token\": {}, \"database\": {}, \"role\": {}, \"application_name\": {}, \"client_addr\": {}, \"pid\": {}}}",
             refusal.error.sqlstate(),
             refusal.error.name(),
-            sanitize::json_string(&facts.table),
+            json_string(&facts.table),
             facts.operation,
-            sanitize::json_string(&facts.resource),
+            json_string(&facts.resource),
             json_token(facts.presented),
             json_token(facts.current),
-            sanitize::json_string(&who.database),
-            sanitize::json_string(&who.role),
-            sanitize::json_string(&who.application_name),
-            sanitize::json_string(&who.client_addr),
+            json_string(&who.database),
+            json_string(&who.role),
+            json_string(&who.application_name),
+            json_string(&who.client_addr),
             who.pid
         );
     }

@@ -30,9 +30,25 @@ pub fn without_nul(s: &str) -> Cow<'_, str> {
     }
 }
 
-/// `s` as a JSON string literal, quotes included.
-pub fn json_string(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_owned())
+/// `s` as a JSON string literal, quotes included; with `ascii`, every
+/// character outside ASCII written as a `\u` escape (UTF-16, as JSON
+/// spells it), so the literal reads the same in every encoding.
+pub fn json_string(s: &str, ascii: bool) -> String {
+    let json = serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_owned());
+    if !ascii || json.is_ascii() {
+        return json;
+    }
+    let mut out = String::with_capacity(json.len() + 16);
+    for c in json.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            for unit in c.encode_utf16(&mut [0u16; 2]) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    out
 }
 
 /// The marker stored instead of a row too large to keep.
@@ -139,7 +155,9 @@ mod tests {
     fn long_documents_are_replaced_by_a_marker() {
         let doc = format!(r#"{{"k": "{}"}}"#, "x".repeat(600));
         assert_eq!(row_data(&doc), format!(r#"{{"truncated": true, "bytes": {}}}"#, doc.len()));
-        assert_eq!(json_string("a\"b\n\u{1}"), r#""a\"b\n\u0001""#);
+        assert_eq!(json_string("a\"b\n\u{1}", false), r#""a\"b\n\u0001""#);
+        assert_eq!(json_string("clé 😀", false), "\"clé 😀\"");
+        assert_eq!(json_string("clé 😀", true), r#""cl\u00e9 \ud83d\ude00""#);
     }
 
     #[pg_test]

@@ -3,6 +3,7 @@
 
 use super::shmem::{self, Phase};
 use crate::gucs;
+use crate::pg::ServerText;
 use pgrx::prelude::*;
 use std::sync::atomic::Ordering;
 
@@ -21,7 +22,7 @@ pub fn table_stats() -> TableIterator<
     (
         name!(database_oid, pg_sys::Oid),
         name!(table_oid, pg_sys::Oid),
-        name!(table_name, String),
+        name!(table_name, ServerText),
         name!(accepted, i64),
         name!(refused, i64),
         name!(last_refusal_at, Option<TimestampWithTimeZone>),
@@ -37,7 +38,7 @@ pub fn table_stats() -> TableIterator<
                     (
                         pg_sys::Oid::from(slot.dboid.load(Ordering::Relaxed)),
                         pg_sys::Oid::from(slot.relid.load(Ordering::Relaxed)),
-                        slot.table_name().unwrap_or_default().to_owned(),
+                        ServerText(slot.table_name().unwrap_or_default().to_owned()),
                         slot.accepted.load(Ordering::Relaxed) as i64,
                         slot.refused.load(Ordering::Relaxed) as i64,
                         timestamp(slot.last_refusal.load(Ordering::Relaxed)),
@@ -60,7 +61,7 @@ pub fn stats() -> TableIterator<
     (
         name!(database_oid, pg_sys::Oid),
         name!(table_oid, pg_sys::Oid),
-        name!(table_name, String),
+        name!(table_name, ServerText),
         name!(accepted, i64),
         name!(refused, i64),
         name!(last_refusal_at, Option<TimestampWithTimeZone>),
@@ -82,7 +83,7 @@ pub fn audit_status() -> TableIterator<
     (
         name!(preloaded, bool),
         name!(audit, bool),
-        name!(audit_database, String),
+        name!(audit_database, ServerText),
         name!(worker_pid, Option<i32>),
         name!(queue_size, i64),
         name!(queued, i64),
@@ -90,7 +91,7 @@ pub fn audit_status() -> TableIterator<
         name!(recorded, i64),
         name!(dropped, i64),
         name!(last_flush_at, Option<TimestampWithTimeZone>),
-        name!(status, String),
+        name!(status, ServerText),
     ),
 > {
     let audit = gucs::AUDIT.get();
@@ -109,7 +110,7 @@ pub fn audit_status() -> TableIterator<
             (
                 true,
                 audit,
-                database,
+                ServerText(database),
                 (launcher != 0).then_some(launcher),
                 c.capacity as i64,
                 c.queued as i64,
@@ -117,13 +118,13 @@ pub fn audit_status() -> TableIterator<
                 c.recorded as i64,
                 c.dropped as i64,
                 timestamp(s.last_flush.load(Ordering::Relaxed)),
-                status,
+                ServerText(status),
             )
         }
         _ => (
             false,
             audit,
-            database,
+            ServerText(database),
             None,
             0,
             0,
@@ -131,8 +132,10 @@ pub fn audit_status() -> TableIterator<
             0,
             0,
             None,
-            "not recording: add pg_lease to shared_preload_libraries and restart; refusals are still enforced and logged"
-                .to_owned(),
+            ServerText(
+                "not recording: add pg_lease to shared_preload_libraries and restart; refusals are still enforced and logged"
+                    .to_owned(),
+            ),
         ),
     };
     TableIterator::once(row)
@@ -149,7 +152,7 @@ fn replication_note(dboid: pg_sys::Oid) -> String {
         // Subscriptions dropped since (a new one may have the name) are not
         // news any more; a renamed one is shown under its name now.
         .filter_map(|(oid, _, refused, first, last)| {
-            let name = pgrx::spi::Spi::get_one_with_args::<String>(
+            let crate::pg::ServerText(name) = pgrx::spi::Spi::get_one_with_args::<crate::pg::ServerText>(
                 "SELECT s.subname::pg_catalog.text FROM pg_catalog.pg_subscription s
                   WHERE s.oid OPERATOR(pg_catalog.=) $1 AND s.subdbid OPERATOR(pg_catalog.=) $2",
                 &[oid.into(), dboid.into()],
@@ -177,7 +180,7 @@ fn replication_note(dboid: pg_sys::Oid) -> String {
 pub fn audit_databases() -> TableIterator<
     'static,
     (
-        name!(database, String),
+        name!(database, ServerText),
         name!(database_oid, Option<pg_sys::Oid>),
         name!(central, bool),
         name!(state, String),
@@ -187,9 +190,9 @@ pub fn audit_databases() -> TableIterator<
         name!(recorded, i64),
         name!(dropped, i64),
         name!(last_flush_at, Option<TimestampWithTimeZone>),
-        name!(last_error, Option<String>),
+        name!(last_error, Option<ServerText>),
         name!(last_error_at, Option<TimestampWithTimeZone>),
-        name!(status, String),
+        name!(status, ServerText),
     ),
 > {
     let audit = gucs::AUDIT.get();
@@ -217,7 +220,7 @@ pub fn audit_databases() -> TableIterator<
             };
             let state = state.as_str().to_owned();
             (
-                name.clone(),
+                ServerText(name.clone()),
                 if central { oid } else { Some(pg_sys::Oid::from(d.key)) },
                 central,
                 state,
@@ -227,9 +230,9 @@ pub fn audit_databases() -> TableIterator<
                 d.recorded as i64,
                 d.dropped as i64,
                 timestamp(d.last_flush),
-                d.last_error.as_ref().map(|(e, _)| e.clone()),
+                d.last_error.as_ref().map(|(e, _)| ServerText(e.clone())),
                 d.last_error.as_ref().and_then(|(_, at)| timestamp(*at)),
-                status,
+                ServerText(status),
             )
         })
         .collect();

@@ -25,6 +25,7 @@ use super::sanitize::without_nul;
 use super::shmem::{self, AuditRecord, Phase};
 use crate::errors::LeaseError;
 use crate::gucs;
+use crate::pg::ServerText;
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
@@ -513,8 +514,10 @@ impl Writer {
     }
 }
 
-fn texts(batch: &[AuditRecord], f: impl Fn(&AuditRecord) -> Option<String>) -> Vec<Option<String>> {
-    batch.iter().map(f).collect()
+/// One text column of a batch, in this database's encoding (records hold
+/// UTF-8: the refused session converted from its database's encoding).
+fn texts(batch: &[AuditRecord], f: impl Fn(&AuditRecord) -> Option<String>) -> Vec<Option<ServerText>> {
+    batch.iter().map(|r| f(r).map(ServerText)).collect()
 }
 
 fn insert(batch: &[AuditRecord]) {

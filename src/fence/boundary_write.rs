@@ -201,46 +201,21 @@ fn collect_stale() {
     drop(free);
 }
 
-/// Text from Postgres (server encoding) as UTF-8, for serde_json and Rust
-/// strings; the same bytes in a UTF-8 database.
-///
-/// # Safety
-/// `p` is NULL or a NUL-terminated string valid for the call.
-unsafe fn from_server(p: *const c_char) -> String {
-    if p.is_null() {
-        return String::new();
-    }
-    // SAFETY: the caller's contract; pg_server_to_any returns `p` itself or
-    // a palloc'd NUL-terminated UTF-8 copy, read before returning.
-    unsafe {
-        let len = std::ffi::CStr::from_ptr(p).to_bytes().len();
-        owned(pg_sys::pg_server_to_any(p, len as i32, pg_sys::pg_enc::PG_UTF8 as i32))
-    }
-}
-
 /// A Rust (UTF-8) string in the server encoding, for input functions,
-/// catalog lookups and SQL text. Every character came from the database
-/// (the rows' JSON, its catalogs), so each one converts back.
+/// catalog lookups and SQL text ([`crate::pg::server_cstring`]); a NUL, which
+/// no text holds, is bad input.
 fn to_server(s: &str) -> CString {
-    let c = CString::new(s).unwrap_or_else(|_| pgrx::error!("{FN}: a value contains a NUL character"));
-    // SAFETY: `c` is NUL-terminated and lives across the call;
-    // pg_any_to_server returns it unchanged or a palloc'd converted copy,
-    // copied before `c` is dropped.
-    unsafe {
-        let converted = pg_sys::pg_any_to_server(c.as_ptr(), s.len() as i32, pg_sys::pg_enc::PG_UTF8 as i32);
-        if std::ptr::eq(converted, c.as_ptr()) {
-            c
-        } else {
-            std::ffi::CStr::from_ptr(converted).to_owned()
-        }
+    if s.contains('\0') {
+        pgrx::error!("{FN}: a value contains a NUL character");
     }
+    crate::pg::server_cstring(s)
 }
 
 /// `relid` as regclass prints it (qualified unless visible on the pinned search_path).
 fn regclass_text(relid: pg_sys::Oid) -> String {
     // SAFETY: an OID is a valid regclass datum; regclassout accepts any OID.
     unsafe {
-        from_server(pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_REGCLASSOUT), pg_sys::Datum::from(relid)))
+        owned(pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_REGCLASSOUT), pg_sys::Datum::from(relid)))
     }
 }
 
@@ -258,7 +233,7 @@ fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, Invalid> {
                 &[relid.into()],
             )
             .expect("reading lease.protected");
-        (!rows.is_empty()).then(|| rows.first().get::<String>(1).unwrap())
+        (!rows.is_empty()).then(|| rows.first().get::<crate::pg::ServerText>(1).unwrap().map(|t| t.0))
     });
     let Some(token_column) = row else {
         let invalid = Invalid::new("55000", format!("{FN}: {} is not protected by pg_lease", regclass_text(relid)));
@@ -268,10 +243,7 @@ fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, Invalid> {
     };
     // SAFETY: syscache lookups that accept any OID; names are palloc'd copies.
     let (schema, table) = unsafe {
-        (
-            from_server(pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid))),
-            from_server(pg_sys::get_rel_name(relid)),
-        )
+        (owned(pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid))), owned(pg_sys::get_rel_name(relid)))
     };
     // SAFETY: CacheMemoryContext lives as long as the backend; the new
     // context is deleted by the entry's Drop.
@@ -572,7 +544,7 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
     }
     let parsed: Option<Result<Value, serde_json::Error>> = arg(2).map(|d| {
         // SAFETY: a non-NULL jsonb datum; its output function returns a palloc'd C string.
-        let text = unsafe { from_server(pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_OUT), d)) };
+        let text = unsafe { owned(pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_OUT), d)) };
         serde_json::from_str(&text)
     });
     // jsonb is valid JSON; what serde_json refuses is nesting deeper than it reads (128).
@@ -748,10 +720,7 @@ fn check_schema_usage(relid: pg_sys::Oid) -> Result<(), Invalid> {
         if acl == pg_sys::AclResult::ACLCHECK_OK {
             return Ok(());
         }
-        Err(invalid(
-            "42501",
-            format!("permission denied for schema {}", from_server(pg_sys::get_namespace_name(namespace))),
-        ))
+        Err(invalid("42501", format!("permission denied for schema {}", owned(pg_sys::get_namespace_name(namespace)))))
     }
 }
 

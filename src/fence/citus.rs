@@ -123,13 +123,7 @@ pub fn shell_trigger_args(relid: pg_sys::Oid, name: &str, function: &str) -> Opt
     .ok()
     .flatten()?;
     // tgargs: each argument NUL-terminated.
-    Some(
-        bytes
-            .split(|&b| b == 0)
-            .take(bytes.iter().filter(|&&b| b == 0).count())
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect(),
-    )
+    Some(bytes.split(|&b| b == 0).take(bytes.iter().filter(|&&b| b == 0).count()).map(crate::pg::from_server).collect())
 }
 
 /// `lease._shard_of(rel)`: this node's shell of the distributed table whose

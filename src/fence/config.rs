@@ -12,12 +12,11 @@ use crate::fence::identity::Canon;
 use crate::fence::FastMap;
 use crate::pg::{
     attcollation, attribute, is_token_type, key_match, prepare_saved, qualified_name, quote_ident, rel_owner,
-    relation_names, UniqueIndex,
+    relation_names, ServerText, UniqueIndex,
 };
 use pgrx::prelude::*;
 use pgrx::spi::Spi;
 use std::cell::{Cell, RefCell};
-use std::ffi::CString;
 use std::rc::Rc;
 
 /// A key column as it appears in the relation the trigger fired on (for a
@@ -286,14 +285,18 @@ fn load_row(relid: pg_sys::Oid) -> Option<ProtectedRow> {
         if row.is_empty() {
             return None;
         }
+        // Names in the database's encoding, as Rust text.
+        let text = |i| row.get::<ServerText>(i).unwrap().map(|t| t.0);
+        let texts =
+            |i| row.get::<Vec<ServerText>>(i).unwrap().unwrap_or_default().into_iter().map(|t| t.0).collect::<Vec<_>>();
         Some(ProtectedRow {
             protected_relid: row.get(1).unwrap().unwrap(),
-            mode: row.get(2).unwrap().unwrap(),
-            key_columns: row.get(3).unwrap().unwrap_or_default(),
-            token_column: row.get(4).unwrap(),
+            mode: text(2).unwrap(),
+            key_columns: texts(3),
+            token_column: text(4),
             owner_table: row.get(5).unwrap(),
-            owner_key_columns: row.get(6).unwrap().unwrap_or_default(),
-            owner_token_column: row.get(7).unwrap(),
+            owner_key_columns: texts(6),
+            owner_token_column: text(7),
             judge_replicated: row.get(8).unwrap().unwrap_or(true),
             from_trigger: false,
         })
@@ -324,7 +327,7 @@ fn shard_row(logical: pg_sys::Oid) -> Result<ProtectedRow, String> {
         Some(name) => Some(
             Spi::get_one_with_args::<pg_sys::Oid>(
                 "SELECT pg_catalog.to_regclass($1)::pg_catalog.oid",
-                &[name.as_str().into()],
+                &[crate::pg::ServerText(name.clone()).into()],
             )
             .ok()
             .flatten()
@@ -551,8 +554,8 @@ fn prepare_owner_lookup(
         owner_display,
         conditions
     );
-    let locking = CString::new(format!("{sql} FOR SHARE OF o")).expect("no NUL in generated SQL");
-    let peeking = CString::new(sql).expect("no NUL in generated SQL");
+    let locking = crate::pg::server_cstring(&format!("{sql} FOR SHARE OF o"));
+    let peeking = crate::pg::server_cstring(&sql);
     let mut argtypes: Vec<pg_sys::Oid> = keys.iter().map(|k| k.typid).collect();
     let (plan, peek) = Spi::connect(|_| {
         (

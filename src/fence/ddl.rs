@@ -180,12 +180,12 @@ fn refuse_citus_fenced_drop(drop: &pg_sys::DropStmt) -> Result<(), Refusal> {
         // only Citus drops shards (after a move or split), the rule
         // lease._citus_change_refused holds for every change of one.
         if let Some(shard) = crate::fence::citus::shard_of(relid) {
-            let refused = pgrx::spi::Spi::get_one_with_args::<String>(
+            let refused = pgrx::spi::Spi::get_one_with_args::<crate::pg::ServerText>(
                 "SELECT lease._citus_change_refused($1::pg_catalog.oid::pg_catalog.regclass)",
                 &[relid.into()],
             )
             .unwrap_or_else(|e| pgrx::error!("pg_lease: {e}"));
-            if let Some(hint) = refused {
+            if let Some(crate::pg::ServerText(hint)) = refused {
                 let (name, table) = (crate::pg::display(relid), crate::pg::display(shard.logical));
                 return Err(Refusal::new(
                     crate::errors::LeaseError::FenceTampering,
@@ -218,9 +218,10 @@ fn refuse_citus_fenced_drop(drop: &pg_sys::DropStmt) -> Result<(), Refusal> {
 #[pgrx::pg_extern(name = "_owner_key_index", stable, parallel_safe)]
 pub fn owner_key_index(
     owner: pg_sys::Oid,
-    owner_key_columns: Vec<String>,
+    owner_key_columns: Vec<crate::pg::ServerText>,
     key_types: Vec<Option<pg_sys::Oid>>,
 ) -> Option<pg_sys::Oid> {
+    let owner_key_columns: Vec<String> = owner_key_columns.into_iter().map(|c| c.0).collect();
     if owner_key_columns.len() != key_types.len() {
         return None;
     }

@@ -201,8 +201,8 @@ pub unsafe fn equal(a: pg_sys::Datum, b: pg_sys::Datum, typid: pg_sys::Oid, coll
 /// type and collation can be a high-water key, else why not. The one list of
 /// supported key types, used by `protect_high_water` and the DDL guard.
 #[pg_extern(name = "_key_identity_problem", stable, parallel_safe)]
-pub fn key_identity_problem(typ: pg_sys::Oid, collation: default!(pg_sys::Oid, 0)) -> Option<String> {
-    Canon::of(typ, collation).err()
+pub fn key_identity_problem(typ: pg_sys::Oid, collation: default!(pg_sys::Oid, 0)) -> Option<crate::pg::ServerText> {
+    Canon::of(typ, collation).err().map(crate::pg::ServerText)
 }
 
 /// `lease._is_token_type(typ)`: whether a column of `typ` can hold a fencing

@@ -5,7 +5,7 @@
 //! point and own every table involved. Nobody else gets DML on
 //! `lease.protected`, so a fence cannot be re-pointed behind pg_lease's back.
 
-use crate::pg::{as_role, lease_relid, rel_owner};
+use crate::pg::{as_role, lease_relid, rel_owner, ServerText};
 use pgrx::prelude::*;
 
 fn require(ok: bool, message: String, detail: &str) {
@@ -54,14 +54,14 @@ fn check_caller(entry_point: &str, tables: &[pg_sys::Oid]) {
 #[pg_extern(name = "_register", volatile, parallel_unsafe)]
 pub fn register(
     target: pg_sys::Oid,
-    mode: &str,
-    key_columns: Vec<String>,
-    token_column: Option<&str>,
+    mode: ServerText,
+    key_columns: Vec<ServerText>,
+    token_column: Option<ServerText>,
     owner_table: Option<pg_sys::Oid>,
-    owner_key_columns: Option<Vec<String>>,
-    owner_token_column: Option<&str>,
+    owner_key_columns: Option<Vec<ServerText>>,
+    owner_token_column: Option<ServerText>,
 ) {
-    let entry_point = if mode == "owner" {
+    let entry_point = if mode.0 == "owner" {
         "lease.protect(regclass, text[], name, regclass, text[], name)"
     } else {
         "lease.protect_high_water(regclass, text[], name)"

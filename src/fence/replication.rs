@@ -337,7 +337,7 @@ pub fn subscription() -> Option<Subscription> {
         return None;
     }
     let role = subscription_owner();
-    let (oid, name) = pgrx::spi::Spi::get_two::<pg_sys::Oid, String>(
+    let (oid, name) = pgrx::spi::Spi::get_two::<pg_sys::Oid, crate::pg::ServerText>(
         "SELECT s.oid, s.subname::pg_catalog.text FROM pg_catalog.pg_stat_subscription w
            JOIN pg_catalog.pg_subscription s ON s.oid OPERATOR(pg_catalog.=) w.subid
           WHERE w.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() LIMIT 1",
@@ -346,7 +346,7 @@ pub fn subscription() -> Option<Subscription> {
     .unwrap_or((None, None));
     Some(Subscription {
         oid: oid.unwrap_or(pg_sys::InvalidOid),
-        name: name.unwrap_or_else(|| "(unknown)".to_owned()),
+        name: name.map_or_else(|| "(unknown)".to_owned(), |n| n.0),
         owner: role_name(role),
         trusted: trusted_owner(role),
     })

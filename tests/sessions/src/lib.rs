@@ -200,7 +200,10 @@ impl Cluster {
     /// The server log, for tests that check what reached it.
     pub fn server_log(&self) -> String {
         let root = std::env::var("PG_LEASE_SCRATCH").unwrap_or_else(|_| "/var/tmp/pg_lease".to_owned());
-        std::fs::read_to_string(format!("{root}/{}/server.log", self.name)).unwrap_or_default()
+        // Lines of databases in other encodings than UTF-8 hold their bytes.
+        std::fs::read(format!("{root}/{}/server.log", self.name))
+            .map(|log| String::from_utf8_lossy(&log).into_owned())
+            .unwrap_or_default()
     }
 
     /// A connection that also collects the notices and warnings it receives.

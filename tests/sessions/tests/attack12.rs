@@ -627,7 +627,7 @@ fn citus_copy_through_the_coordinator_relays_lf001() {
     still_fenced(&mut m, &poker, 7);
 }
 
-/// **Hole (low).** The lease functions (ported to Rust) in a LATIN1
+/// **Hole (low), fixed in 0.9.2.** The lease functions (ported to Rust) in a LATIN1
 /// database, with lease names and owner ids holding non-ASCII characters.
 /// Observed: acquire, heartbeat and renew_all work and `lease.leases` shows
 /// the names as given, but `LF005`'s message and DETAIL show `tablï¿½:7`
@@ -637,7 +637,6 @@ fn citus_copy_through_the_coordinator_relays_lf001() {
 /// `{zé}` as `{zï¿½}`). Expected: the names as stored, `tablé:7` and
 /// `hôte-1`.
 #[test]
-#[ignore = "open (low): Rust-built messages show non-UTF-8 names lossily; see the session 7 closing note"]
 fn citus_lease_functions_in_a_latin1_database_keep_non_ascii_names() {
     let db = single_node_db("a12latin", "ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'");
     let mut su = db_as(citus().coordinator.port, &db, "postgres");
@@ -1298,7 +1297,7 @@ fn citus_owner_table_truncated_through_a_parent_or_a_cascade_is_refused() {
     );
 }
 
-/// **Hole (medium): the audit records a different resource.** In a LATIN1
+/// **Hole (medium), fixed in 0.9.2: the audit recorded a different resource.** In a LATIN1
 /// database with a text key, a stale write for resource `clé` is refused
 /// (`LF001`), but its message, its DETAIL and the audit row's
 /// `resource_key` in `lease.rejected_writes` read `(room)=(clï¿½)`: the key's
@@ -1306,7 +1305,6 @@ fn citus_owner_table_truncated_through_a_parent_or_a_cascade_is_refused() {
 /// `clé` and `clè` are then audited under the same wrong key. Expected:
 /// `(room)=(clé)` in the message and the audit.
 #[test]
-#[ignore = "open (medium): LATIN1 keys audited lossily; see the session 7 closing note"]
 fn citus_fence_refusals_in_a_latin1_database_audit_the_resource_key_as_written() {
     let db = single_node_db("a12latinfence", "ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'");
     let mut su = db_as(citus().coordinator.port, &db, "postgres");

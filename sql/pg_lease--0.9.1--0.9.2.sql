@@ -1,0 +1,8 @@
+-- pg_lease 0.9.1 -> 0.9.2: no change to the installed SQL. The library reads
+-- text from, and hands text back to, PostgreSQL in the database's encoding
+-- (src/pg.rs: from_server, to_server, ServerText): in a database whose
+-- encoding is not UTF-8, messages, the audit and lease.stats show names and
+-- keys as they are stored, and non-ASCII table and column names can be fenced.
+-- Only the Rust type names in the generated SQL's comments changed. This
+-- script exists so that every version has an upgrade path
+-- (scripts/check-schema.sh).

@@ -1373,11 +1373,16 @@ BEGIN
     LOOP
         PERFORM lease._trigger_ddl(orphan.rel, format('DROP TRIGGER %I ON %s', orphan.tgname, orphan.rel));
     END LOOP;
-    SELECT p.relid, p.owner_table INTO orphan FROM lease.protected p WHERE p.owner_table::oid = ANY (dropped_tables) LIMIT 1;
+    -- (The owner table is gone from the catalogs by now: its name comes
+    -- from the dropped objects.)
+    SELECT p.relid, d.object_identity AS owner_name INTO orphan
+      FROM lease.protected p
+      JOIN pg_event_trigger_dropped_objects() d ON d.objid = p.owner_table::oid AND d.object_type = 'table'
+     LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',
-            format('%s would drop owner table %s of fenced table %s', tg_tag, orphan.owner_table, orphan.relid),
-            format('Table %s is fenced against the owner rows of %s.', orphan.relid, orphan.owner_table));
+            format('%s would drop owner table %s of fenced table %s', tg_tag, orphan.owner_name, orphan.relid),
+            format('Table %s is fenced against the owner rows of %s.', orphan.relid, orphan.owner_name));
     END IF;
     -- A partition of an owner table dropped without its owner table takes
     -- owner rows and their tokens, whether the command names it or reaches

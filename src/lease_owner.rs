@@ -5,7 +5,9 @@
 //! constraints and casts on a user's owner table never run with more than that
 //! user's rights.
 
-use crate::pg::{as_table_owner, attribute, display, key_match, quote_ident, server_cstring, to_server, ServerText};
+use crate::pg::{
+    as_table_owner, attribute, display, key_match, quote_ident, server_cstring, sql_name, to_server, ServerText,
+};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use std::ffi::CString;
@@ -102,7 +104,7 @@ pub fn lock_owner_row_of(owner_table: pg_sys::Oid, owner_key: &[Option<String>])
         let sql = format!(
             "SELECT o.{}::pg_catalog.int8 FROM {} o WHERE {} FOR UPDATE OF o",
             quote_ident(&token),
-            display(owner_table),
+            sql_name(owner_table),
             key_match(&key_columns(&keys))
         );
         Spi::connect_mut(|client| {
@@ -147,7 +149,7 @@ pub fn visible_to(caller: pg_sys::Oid, owner_table: pg_sys::Oid, key: &[Option<S
     }
     let datums = key_datums(&keys, key);
     let sql =
-        format!("SELECT EXISTS (SELECT FROM {} o WHERE {})", display(owner_table), key_match(&key_columns(&keys)));
+        format!("SELECT EXISTS (SELECT FROM {} o WHERE {})", sql_name(owner_table), key_match(&key_columns(&keys)));
     Some(crate::pg::as_caller(caller, || exists(&sql, &datums)))
 }
 
@@ -184,7 +186,7 @@ pub fn same_owner_row(owner_table: pg_sys::Oid, a: &[Option<String>], b: &[Optio
             .join(" AND ");
         let sql = format!(
             "SELECT EXISTS (SELECT FROM {} o WHERE {} AND {})",
-            display(owner_table),
+            sql_name(owner_table),
             key_match(&key_columns(&keys)),
             second
         );
@@ -211,7 +213,7 @@ pub fn set_owner_token_of(owner_table: pg_sys::Oid, owner_key: &[Option<String>]
         // which must read as "the bump did not land", not as an error.
         let update = format!(
             "UPDATE {} o SET {} = ${} WHERE {}",
-            display(owner_table),
+            sql_name(owner_table),
             quote_ident(&column),
             keys.len() + 1,
             key_match(&key_columns(&keys))
@@ -219,7 +221,7 @@ pub fn set_owner_token_of(owner_table: pg_sys::Oid, owner_key: &[Option<String>]
         let read = format!(
             "SELECT o.{}::pg_catalog.int8 FROM {} o WHERE {}",
             quote_ident(&column),
-            display(owner_table),
+            sql_name(owner_table),
             key_match(&key_columns(&keys))
         );
         Spi::connect_mut(|client| {

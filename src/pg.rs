@@ -31,6 +31,19 @@ pub(crate) unsafe fn owned(p: *const std::ffi::c_char) -> String {
     }
 }
 
+/// [`owned`] for a name that goes back into SQL ([`exact_from_server`]).
+///
+/// # Safety
+/// As for [`owned`].
+pub(crate) unsafe fn owned_exact(p: *const std::ffi::c_char, what: &str) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        // SAFETY: as in `owned`.
+        exact_from_server(unsafe { CStr::from_ptr(p) }.to_bytes(), what)
+    }
+}
+
 // Text and the database's encoding. Rust text is UTF-8; PostgreSQL's text
 // (names, values, SQL, messages) is in the database's encoding. Every text
 // pg_lease reads from PostgreSQL comes through `from_server` (`owned`,
@@ -50,40 +63,179 @@ pub fn database_is_utf8() -> bool {
     database_encoding() == pg_sys::pg_enc::PG_UTF8 as i32
 }
 
-/// Text in the database's encoding as Rust text: converted by PostgreSQL
-/// (every character of a server encoding exists in Unicode). In a SQL_ASCII
-/// database, which declares no encoding, bytes are read as UTF-8, and those
-/// that are not UTF-8 become U+FFFD.
+/// Text in the database's encoding as Rust text, never raising (messages,
+/// the audit, error callbacks): converted by PostgreSQL. A character that
+/// has no exact UTF-8 form (one that would come back as another character
+/// or as none: an EUC_JP NEC duplicate or user-defined character, a byte
+/// sequence invalid in the encoding, in SQL_ASCII a byte that is not UTF-8)
+/// is shown as its bytes, `\xadf5`, so two texts that differ stay
+/// different. Where a text names something ([`exact_from_server`]) such a
+/// character is refused instead.
 pub fn from_server(bytes: &[u8]) -> String {
-    let encoding = database_encoding();
-    if bytes.is_ascii() || encoding == pg_sys::pg_enc::PG_UTF8 as i32 || encoding == pg_sys::pg_enc::PG_SQL_ASCII as i32
-    {
-        return String::from_utf8_lossy(bytes).into_owned();
+    decode(bytes).0
+}
+
+/// [`from_server`] for a text that names something (a table, a column, an
+/// owner key value) and goes back into SQL: raises `22P05` when it has a
+/// character with no exact UTF-8 form, which pg_lease could not tell from
+/// another text's. `what` says which text it is.
+pub fn exact_from_server(bytes: &[u8], what: &str) -> String {
+    let (text, exact) = decode(bytes);
+    if !exact {
+        inexact(what, &text);
     }
-    // SAFETY: `bytes` is live for the call and pg_server_to_any reads
-    // exactly `len` of them (no NUL needed); the database is neither UTF-8
-    // nor SQL_ASCII and the text has a non-ASCII byte, so a conversion runs and
-    // returns a new palloc'd NUL-terminated UTF-8 string (or raises on a
-    // byte sequence invalid in the database's encoding), copied here.
-    let utf8 = unsafe {
-        let converted =
-            pg_sys::pg_server_to_any(bytes.as_ptr().cast(), bytes.len() as i32, pg_sys::pg_enc::PG_UTF8 as i32);
-        CStr::from_ptr(converted).to_bytes()
+    text
+}
+
+/// [`exact_from_server`], an Err (the text as [`from_server`] shows it)
+/// instead of raising.
+pub fn try_exact_from_server(bytes: &[u8]) -> Result<String, String> {
+    match decode(bytes) {
+        (text, true) => Ok(text),
+        (text, false) => Err(text),
+    }
+}
+
+/// What PostgreSQL's reply says of a character with no exact UTF-8 form
+/// (22P05), for callers that raise their own error.
+pub const INEXACT_DETAIL: &str = "pg_lease reads names and key values as UTF-8; the characters shown as \\x.. would come back as other characters or as none (a vendor duplicate such as EUC_JP's NEC row 13, a user-defined character, or in SQL_ASCII bytes that are not UTF-8), so pg_lease could not tell this text from another.";
+
+/// Raises 22P05 for `what` (`text` as [`from_server`] shows it).
+fn inexact(what: &str, text: &str) -> ! {
+    pgrx::pg_sys::panic::ErrorReport::new(
+        pgrx::PgSqlErrorCode::ERRCODE_UNTRANSLATABLE_CHARACTER,
+        format!(
+            "pg_lease: {what} \"{text}\" has a character with no exact UTF-8 form in this {} database",
+            encoding_name()
+        ),
+        "pg_lease",
+    )
+    .set_detail(INEXACT_DETAIL)
+    .set_hint(INEXACT_HINT)
+    .report(pgrx::PgLogLevel::ERROR);
+    unreachable!("an ERROR does not return");
+}
+
+/// The database's encoding's name (`EUC_JP`).
+pub fn encoding_name() -> String {
+    // SAFETY: GetDatabaseEncodingName returns a static ASCII name.
+    unsafe { owned(pg_sys::GetDatabaseEncodingName()) }
+}
+
+/// The hint of [`inexact`].
+pub const INEXACT_HINT: &str =
+    "Use names and key values whose every character has one Unicode form (the standard one).";
+
+/// Text in the database's encoding as Rust text, and whether every character
+/// made the round trip back to the same bytes.
+fn decode(bytes: &[u8]) -> (String, bool) {
+    let encoding = database_encoding();
+    let utf8 = encoding == pg_sys::pg_enc::PG_UTF8 as i32 || encoding == pg_sys::pg_enc::PG_SQL_ASCII as i32;
+    if bytes.is_ascii() || utf8 {
+        return escape_non_utf8(bytes);
+    }
+    // SAFETY: the conversion catalog may be read only inside a transaction
+    // (IsTransactionState reads backend state); a catalog lookup of the
+    // default conversion, InvalidOid when there is none.
+    let proc_ = unsafe {
+        if !pg_sys::IsTransactionState() {
+            return escape_non_utf8(bytes);
+        }
+        pg_sys::FindDefaultConversionProc(encoding, pg_sys::pg_enc::PG_UTF8 as i32)
     };
-    String::from_utf8_lossy(utf8).into_owned()
+    if proc_ == pg_sys::InvalidOid {
+        return escape_non_utf8(bytes);
+    }
+    let (whole, done) = convert(proc_, encoding, pg_sys::pg_enc::PG_UTF8 as i32, bytes);
+    if done == bytes.len() && to_server(&String::from_utf8_lossy(&whole)).as_ref() == bytes {
+        return (String::from_utf8_lossy(&whole).into_owned(), true);
+    }
+    // Character by character: which ones do not come back.
+    let mut out = String::with_capacity(bytes.len() * 2);
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        // SAFETY: `rest` is live for the call; pg_encoding_verifymbchar reads
+        // at most `len` bytes and returns the length of the valid character
+        // there, or -1.
+        let n = unsafe { pg_sys::pg_encoding_verifymbchar(encoding, rest.as_ptr().cast(), rest.len() as i32) };
+        let n = if n > 0 { (n as usize).min(rest.len()) } else { 1 };
+        let ch = &rest[..n];
+        let (c, done) = convert(proc_, encoding, pg_sys::pg_enc::PG_UTF8 as i32, ch);
+        let c = String::from_utf8_lossy(&c);
+        if done == n && to_server(&c).as_ref() == ch {
+            out.push_str(&c);
+        } else {
+            escape_bytes(ch, &mut out);
+        }
+        rest = &rest[n..];
+    }
+    (out, false)
+}
+
+/// UTF-8 bytes as Rust text; any byte that is not UTF-8 shown as `\xNN`.
+fn escape_non_utf8(bytes: &[u8]) -> (String, bool) {
+    if let Ok(s) = std::str::from_utf8(bytes) {
+        return (s.to_owned(), true);
+    }
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        if !chunk.invalid().is_empty() {
+            escape_bytes(chunk.invalid(), &mut out);
+        }
+    }
+    (out, false)
+}
+
+/// `bytes` written as `\x` and their hex digits.
+fn escape_bytes(bytes: &[u8], out: &mut String) {
+    use std::fmt::Write;
+    out.push_str("\\x");
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+}
+
+/// Converts `src` from encoding `from` to `to` with conversion `proc_`,
+/// never raising: the converted bytes and how many bytes of `src` they
+/// cover (fewer than all when a character cannot be converted or is
+/// invalid).
+fn convert(proc_: pg_sys::Oid, from: i32, to: i32, src: &[u8]) -> (Vec<u8>, usize) {
+    let mut src = src.to_vec();
+    let mut dest = vec![0u8; src.len() * pg_sys::MAX_CONVERSION_GROWTH as usize + 1];
+    // SAFETY: `src` and `dest` are live, writable buffers of the lengths
+    // passed; with noError the conversion stops at the first character it
+    // cannot convert (or that is invalid) and returns how many source bytes
+    // it converted, writing a NUL-terminated result into `dest` (sized for
+    // the worst growth, so no input is cut short).
+    let done = unsafe {
+        pg_sys::pg_do_encoding_conversion_buf(
+            proc_,
+            from,
+            to,
+            src.as_mut_ptr(),
+            src.len() as i32,
+            dest.as_mut_ptr(),
+            dest.len() as i32,
+            true,
+        )
+    } as usize;
+    let written = dest.iter().position(|&b| b == 0).unwrap_or(0);
+    dest.truncate(written);
+    (dest, done.min(src.len()))
 }
 
 /// Rust text in the database's encoding, for PostgreSQL: a character the
 /// database's encoding cannot hold becomes `?` (text read from the database
-/// always converts back whole; only pg_lease's own words could not, and
-/// they are ASCII).
+/// converts back whole, or was shown escaped; only pg_lease's own words
+/// could not, and they are ASCII).
 pub fn to_server(s: &str) -> std::borrow::Cow<'_, [u8]> {
     let encoding = database_encoding();
     if s.is_ascii() || encoding == pg_sys::pg_enc::PG_UTF8 as i32 || encoding == pg_sys::pg_enc::PG_SQL_ASCII as i32 {
         return std::borrow::Cow::Borrowed(s.as_bytes());
     }
-    // SAFETY: a catalog lookup of the default conversion; raises when there
-    // is none (PostgreSQL has one from UTF-8 to every server encoding).
+    // SAFETY: a catalog lookup of the default conversion; InvalidOid when
+    // there is none (PostgreSQL has one from UTF-8 to every server encoding).
     let proc_ = unsafe { pg_sys::FindDefaultConversionProc(pg_sys::pg_enc::PG_UTF8 as i32, encoding) };
     if proc_ == pg_sys::InvalidOid {
         pgrx::error!("pg_lease: no conversion from UTF8 to the database's encoding");
@@ -91,27 +243,8 @@ pub fn to_server(s: &str) -> std::borrow::Cow<'_, [u8]> {
     let mut out = Vec::with_capacity(s.len());
     let mut rest = s;
     while !rest.is_empty() {
-        let mut src = rest.as_bytes().to_vec();
-        let mut dest = vec![0u8; src.len() * pg_sys::MAX_CONVERSION_GROWTH as usize + 1];
-        // SAFETY: `src` and `dest` are live, writable buffers of the lengths
-        // passed; with noError the conversion stops at the first character
-        // it cannot convert and returns how many source bytes it converted,
-        // writing a NUL-terminated result into `dest` (sized for the worst
-        // growth, so no input is cut short).
-        let done = unsafe {
-            pg_sys::pg_do_encoding_conversion_buf(
-                proc_,
-                pg_sys::pg_enc::PG_UTF8 as i32,
-                encoding,
-                src.as_mut_ptr(),
-                src.len() as i32,
-                dest.as_mut_ptr(),
-                dest.len() as i32,
-                true,
-            )
-        } as usize;
-        let written = dest.iter().position(|&b| b == 0).unwrap_or(0);
-        out.extend_from_slice(&dest[..written]);
+        let (converted, done) = convert(proc_, pg_sys::pg_enc::PG_UTF8 as i32, encoding, rest.as_bytes());
+        out.extend_from_slice(&converted);
         rest = &rest[done.min(rest.len())..];
         if let Some(c) = rest.chars().next() {
             // The conversion stopped at `c`: the database cannot hold it.
@@ -141,15 +274,47 @@ impl pgrx::datum::FromDatum for ServerText {
         if is_null {
             return None;
         }
-        // SAFETY: the caller's contract: a non-NULL text (or varchar, name
-        // coerced to text) datum; detoasted into a fresh copy, whose bytes
-        // are read before returning.
-        unsafe {
-            let t = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
-            let len = pgrx::varlena::varsize_any_exhdr(t);
-            let data = pgrx::varlena::vardata_any(t) as *const u8;
-            Some(ServerText(from_server(std::slice::from_raw_parts(data, len))))
-        }
+        // SAFETY: the caller's contract: a non-NULL text datum.
+        Some(ServerText(exact_from_server(unsafe { datum_bytes(datum) }, "text")))
+    }
+}
+
+/// The bytes of a non-NULL text datum.
+///
+/// # Safety
+/// `datum` is a non-NULL text (or varchar, or name coerced to text) datum
+/// valid for the call.
+unsafe fn datum_bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
+    // SAFETY: the caller's contract; detoasted (a fresh palloc'd copy when
+    // it was toasted or compressed, in the current memory context, which
+    // outlives the caller's use of the bytes).
+    unsafe {
+        let t = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
+        let len = pgrx::varlena::varsize_any_exhdr(t);
+        let data = pgrx::varlena::vardata_any(t) as *const u8;
+        std::slice::from_raw_parts(data, len)
+    }
+}
+
+/// A text read from SQL only to be shown (a message, a status line): as
+/// [`ServerText`], but a character with no exact UTF-8 form is shown as its
+/// bytes ([`from_server`]) instead of refused.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ShownText(pub String);
+
+impl pgrx::datum::FromDatum for ShownText {
+    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _typoid: pg_sys::Oid) -> Option<Self> {
+        // SAFETY: the caller's contract: a text datum when not NULL.
+        (!is_null).then(|| ShownText(from_server(unsafe { datum_bytes(datum) })))
+    }
+}
+
+impl pgrx::datum::IntoDatum for ShownText {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        ServerText(self.0).into_datum()
+    }
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::TEXTOID
     }
 }
 
@@ -204,15 +369,16 @@ impl pgrx::datum::IntoDatum for ServerText {
 
 pgrx::pgrx_sql_entity_graph::impl_sql_translatable!(ServerText, "TEXT");
 
-/// (schema, relation name) of `relid`.
+/// (schema, relation name) of `relid`, exactly (they go into SQL):
+/// [`exact_from_server`] refuses a name pg_lease could not tell from another.
 pub fn relation_names(relid: pg_sys::Oid) -> (String, String) {
     // SAFETY: get_rel_namespace, get_namespace_name and get_rel_name are
     // syscache lookups that accept any OID (a missing object gives
     // InvalidOid or NULL, not an error); the names they return are palloc'd
-    // NUL-terminated copies (or NULL), which `owned` accepts and copies.
+    // NUL-terminated copies (or NULL), which `owned_exact` accepts and copies.
     unsafe {
-        let schema = owned(pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid)));
-        let table = owned(pg_sys::get_rel_name(relid));
+        let schema = owned_exact(pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid)), "schema name");
+        let table = owned_exact(pg_sys::get_rel_name(relid), "table name");
         (schema, table)
     }
 }
@@ -446,6 +612,16 @@ pub fn type_name(typid: pg_sys::Oid) -> String {
 
 /// `schema.table` of `relid`, quoted as needed.
 pub fn display(relid: pg_sys::Oid) -> String {
+    // SAFETY: as in `relation_names`; `owned` never raises.
+    let (schema, table) = unsafe {
+        (owned(pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid))), owned(pg_sys::get_rel_name(relid)))
+    };
+    qualified_name(&schema, &table)
+}
+
+/// `relid`'s qualified name for SQL text: [`display`], but exact
+/// ([`relation_names`]).
+pub fn sql_name(relid: pg_sys::Oid) -> String {
     let (schema, table) = relation_names(relid);
     qualified_name(&schema, &table)
 }

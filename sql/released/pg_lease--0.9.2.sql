@@ -75,7 +75,7 @@ AS 'MODULE_PATHNAME', 'bound_token_wrapper';
 -- pg_lease::fence::ddl::_exists_as_owner
 CREATE  FUNCTION "_exists_as_owner"(
 	"rel" oid, /* pg_sys :: Oid */
-	"query" TEXT /* & str */
+	"query" TEXT /* crate :: pg :: ServerText */
 ) RETURNS bool /* bool */
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
@@ -94,7 +94,7 @@ AS 'MODULE_PATHNAME', 'is_token_type_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/register.rs:119
+-- src/fence/register.rs:124
 -- pg_lease::fence::register::_judge_replicated
 CREATE  FUNCTION "_judge_replicated"(
 	"target" oid, /* pg_sys :: Oid */
@@ -106,7 +106,7 @@ AS 'MODULE_PATHNAME', 'judge_replicated_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:263
+-- src/fence/ddl.rs:266
 -- pg_lease::fence::ddl::_key_equality
 CREATE  FUNCTION "_key_equality"(
 	"left" oid, /* pg_sys :: Oid */
@@ -130,7 +130,7 @@ AS 'MODULE_PATHNAME', 'key_identity_problem_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lease_owner.rs:87
+-- src/lease_owner.rs:89
 -- pg_lease::lease_owner::_lock_owner_row
 CREATE  FUNCTION "_lock_owner_row"(
 	"owner_table" oid, /* pg_sys :: Oid */
@@ -159,7 +159,7 @@ AS 'MODULE_PATHNAME', 'next_token_sql_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:218
+-- src/fence/ddl.rs:221
 -- pg_lease::fence::ddl::_owner_key_index
 CREATE  FUNCTION "_owner_key_index"(
 	"owner" oid, /* pg_sys :: Oid */
@@ -189,7 +189,7 @@ AS 'MODULE_PATHNAME', 'register_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lease_owner.rs:198
+-- src/lease_owner.rs:200
 -- pg_lease::lease_owner::_set_owner_token
 CREATE  FUNCTION "_set_owner_token"(
 	"owner_table" oid, /* pg_sys :: Oid */
@@ -202,7 +202,7 @@ AS 'MODULE_PATHNAME', 'set_owner_token_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/citus.rs:146
+-- src/fence/citus.rs:140
 -- pg_lease::fence::citus::_shard_id
 CREATE  FUNCTION "_shard_id"(
 	"rel" oid /* pg_sys :: Oid */
@@ -213,7 +213,7 @@ AS 'MODULE_PATHNAME', 'shard_id_sql_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/citus.rs:138
+-- src/fence/citus.rs:132
 -- pg_lease::fence::citus::_shard_of
 CREATE  FUNCTION "_shard_of"(
 	"rel" oid /* pg_sys :: Oid */
@@ -266,7 +266,7 @@ AS 'MODULE_PATHNAME', 'token_floor_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/register.rs:101
+-- src/fence/register.rs:106
 -- pg_lease::fence::register::_unregister
 CREATE  FUNCTION "_unregister"(
 	"target" oid /* pg_sys :: Oid */
@@ -1666,11 +1666,16 @@ BEGIN
     LOOP
         PERFORM lease._trigger_ddl(orphan.rel, format('DROP TRIGGER %I ON %s', orphan.tgname, orphan.rel));
     END LOOP;
-    SELECT p.relid, p.owner_table INTO orphan FROM lease.protected p WHERE p.owner_table::oid = ANY (dropped_tables) LIMIT 1;
+    -- (The owner table is gone from the catalogs by now: its name comes
+    -- from the dropped objects.)
+    SELECT p.relid, d.object_identity AS owner_name INTO orphan
+      FROM lease.protected p
+      JOIN pg_event_trigger_dropped_objects() d ON d.objid = p.owner_table::oid AND d.object_type = 'table'
+     LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',
-            format('%s would drop owner table %s of fenced table %s', tg_tag, orphan.owner_table, orphan.relid),
-            format('Table %s is fenced against the owner rows of %s.', orphan.relid, orphan.owner_table));
+            format('%s would drop owner table %s of fenced table %s', tg_tag, orphan.owner_name, orphan.relid),
+            format('Table %s is fenced against the owner rows of %s.', orphan.relid, orphan.owner_name));
     END IF;
     -- A partition of an owner table dropped without its owner table takes
     -- owner rows and their tokens, whether the command names it or reaches

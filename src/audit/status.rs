@@ -152,7 +152,7 @@ fn replication_note(dboid: pg_sys::Oid) -> String {
         // Subscriptions dropped since (a new one may have the name) are not
         // news any more; a renamed one is shown under its name now.
         .filter_map(|(oid, _, refused, first, last)| {
-            let crate::pg::ServerText(name) = pgrx::spi::Spi::get_one_with_args::<crate::pg::ServerText>(
+            let crate::pg::ShownText(name) = pgrx::spi::Spi::get_one_with_args::<crate::pg::ShownText>(
                 "SELECT s.subname::pg_catalog.text FROM pg_catalog.pg_subscription s
                   WHERE s.oid OPERATOR(pg_catalog.=) $1 AND s.subdbid OPERATOR(pg_catalog.=) $2",
                 &[oid.into(), dboid.into()],

@@ -24,7 +24,7 @@ use pgrx::pg_sys::panic::CaughtError;
 use pgrx::PgTryBuilder;
 use serde_json::{Map, Value};
 use std::cell::{Cell, RefCell, UnsafeCell};
-use std::ffi::{c_char, c_void, CString};
+use std::ffi::{c_char, c_void, CStr, CString};
 use std::rc::Rc;
 
 const FN: &str = "lease.fenced_boundary_write";
@@ -241,10 +241,7 @@ fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, Invalid> {
         invalid.hint = Some("Protect it first with lease.protect() or lease.protect_high_water().".into());
         return Err(invalid);
     };
-    // SAFETY: syscache lookups that accept any OID; names are palloc'd copies.
-    let (schema, table) = unsafe {
-        (owned(pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid))), owned(pg_sys::get_rel_name(relid)))
-    };
+    let (schema, table) = crate::pg::relation_names(relid);
     // SAFETY: CacheMemoryContext lives as long as the backend; the new
     // context is deleted by the entry's Drop.
     let mcxt = unsafe {
@@ -542,13 +539,28 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
     if let Some(t) = token.filter(|t| *t < 0) {
         return Err(invalid("22023", format!("{FN}: token must not be negative (got {t})")));
     }
-    let parsed: Option<Result<Value, serde_json::Error>> = arg(2).map(|d| {
+    let parsed: Option<Result<Result<Value, serde_json::Error>, Invalid>> = arg(2).map(|d| {
         // SAFETY: a non-NULL jsonb datum; its output function returns a palloc'd C string.
-        let text = unsafe { owned(pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_OUT), d)) };
-        serde_json::from_str(&text)
+        let text = unsafe { CStr::from_ptr(pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_OUT), d)) };
+        // Values and column names go back into SQL: they must come back as
+        // they are (in SQL_ASCII, bytes that are not UTF-8 would be U+FFFD).
+        let text = crate::pg::try_exact_from_server(text.to_bytes()).map_err(|_| {
+            let mut e = invalid(
+                "22P05",
+                format!(
+                    "{FN}: rows hold a character with no exact UTF-8 form in this {} database",
+                    crate::pg::encoding_name()
+                ),
+            );
+            e.detail = Some(crate::pg::INEXACT_DETAIL.into());
+            e.hint = Some(crate::pg::INEXACT_HINT.into());
+            e
+        })?;
+        Ok(serde_json::from_str(&text))
     });
     // jsonb is valid JSON; what serde_json refuses is nesting deeper than it reads (128).
-    let parsed = parsed.transpose().map_err(|e| invalid("54001", format!("{FN}: rows cannot be read: {e}")))?;
+    let parsed =
+        parsed.transpose()?.transpose().map_err(|e| invalid("54001", format!("{FN}: rows cannot be read: {e}")))?;
     let elements = match parsed {
         Some(Value::Array(a)) => a,
         other => {

@@ -57,9 +57,12 @@ pub unsafe fn retyped_columns(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
 /// the DDL guard (SECURITY DEFINER) never runs a user's operators or casts
 /// with its own rights. Not executable by PUBLIC.
 #[pgrx::pg_extern(name = "_exists_as_owner", volatile, parallel_unsafe)]
-pub fn exists_as_owner(rel: pg_sys::Oid, query: &str) -> bool {
+pub fn exists_as_owner(rel: pg_sys::Oid, query: crate::pg::ServerText) -> bool {
+    let query = crate::pg::server_cstring(&query.0);
     crate::pg::as_table_owner(rel, || {
-        pgrx::spi::Spi::get_one::<bool>(query).unwrap_or_else(|e| pgrx::error!("pg_lease: {e}")).unwrap_or(false)
+        pgrx::spi::Spi::connect_mut(|client| client.update(&query, Some(1), &[])?.first().get_one::<bool>())
+            .unwrap_or_else(|e| pgrx::error!("pg_lease: {e}"))
+            .unwrap_or(false)
     })
 }
 
@@ -180,12 +183,12 @@ fn refuse_citus_fenced_drop(drop: &pg_sys::DropStmt) -> Result<(), Refusal> {
         // only Citus drops shards (after a move or split), the rule
         // lease._citus_change_refused holds for every change of one.
         if let Some(shard) = crate::fence::citus::shard_of(relid) {
-            let refused = pgrx::spi::Spi::get_one_with_args::<crate::pg::ServerText>(
+            let refused = pgrx::spi::Spi::get_one_with_args::<crate::pg::ShownText>(
                 "SELECT lease._citus_change_refused($1::pg_catalog.oid::pg_catalog.regclass)",
                 &[relid.into()],
             )
             .unwrap_or_else(|e| pgrx::error!("pg_lease: {e}"));
-            if let Some(crate::pg::ServerText(hint)) = refused {
+            if let Some(crate::pg::ShownText(hint)) = refused {
                 let (name, table) = (crate::pg::display(relid), crate::pg::display(shard.logical));
                 return Err(Refusal::new(
                     crate::errors::LeaseError::FenceTampering,

@@ -69,6 +69,11 @@ pub fn register(
     let mut tables = vec![target];
     tables.extend(owner_table);
     check_caller(entry_point, &tables);
+    for &relid in &tables {
+        // The fence and `acquire` name these tables in SQL: a name pg_lease
+        // could not tell from another's is refused now (22P05), not met later.
+        crate::pg::relation_names(relid);
+    }
     as_role(rel_owner(lease_relid(c"protected")), || {
         Spi::run_with_args(
             "INSERT INTO lease.protected (relid, mode, key_columns, token_column, owner_table, owner_key_columns,

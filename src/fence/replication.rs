@@ -337,7 +337,7 @@ pub fn subscription() -> Option<Subscription> {
         return None;
     }
     let role = subscription_owner();
-    let (oid, name) = pgrx::spi::Spi::get_two::<pg_sys::Oid, crate::pg::ServerText>(
+    let (oid, name) = pgrx::spi::Spi::get_two::<pg_sys::Oid, crate::pg::ShownText>(
         "SELECT s.oid, s.subname::pg_catalog.text FROM pg_catalog.pg_stat_subscription w
            JOIN pg_catalog.pg_subscription s ON s.oid OPERATOR(pg_catalog.=) w.subid
           WHERE w.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() LIMIT 1",

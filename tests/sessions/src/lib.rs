@@ -337,10 +337,13 @@ pub fn amcheck(c: &mut Client) -> bool {
 /// [`amcheck`]): the number of indexes checked (0 without amcheck), or the
 /// first failure.
 pub fn lease_state_amcheck(c: &mut Client) -> Result<i64, String> {
+    // (Asked first: without amcheck the check's query does not even parse.)
+    if one_i64(c, "SELECT count(*) FROM pg_catalog.pg_extension WHERE extname = 'amcheck'") == 0 {
+        return Ok(0);
+    }
     c.query_one(
-        "SELECT CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'amcheck')
-                THEN (SELECT count(bt_index_check(i.indexrelid, true)) FROM pg_catalog.pg_index i
-                       WHERE i.indrelid = 'lease.lease_state'::regclass) ELSE 0 END",
+        "SELECT count(bt_index_check(i.indexrelid, true)) FROM pg_catalog.pg_index i
+          WHERE i.indrelid = 'lease.lease_state'::regclass",
         &[],
     )
     .map(|r| r.get(0))

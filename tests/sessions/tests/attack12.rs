@@ -834,14 +834,13 @@ fn citus_alter_table_set_access_method_of_a_local_fenced_table_keeps_the_fence()
     );
 }
 
-/// **Hole (low, unclear error; the defence holds).** The same with the owner table:
+/// **Hole (low, unclear error; the defence holds), fixed in 0.9.2.** The same with the owner table:
 /// `alter_table_set_access_method` of the local owner table is refused
 /// (`LF008`), and the guard and fence stay. But the refusal reads "DROP
 /// TABLE would drop owner table 17515 of fenced table ...": an OID, not the
 /// table's name, and a DROP the caller never wrote. Expected: the owner
 /// table named.
 #[test]
-#[ignore = "open (low): refused, but the message names an OID; see the session 7 closing note"]
 fn citus_alter_table_set_access_method_of_a_local_owner_table_is_refused_naming_the_table() {
     second_heap();
     let n = SEQ.fetch_add(1, Ordering::SeqCst);

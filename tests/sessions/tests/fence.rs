@@ -514,3 +514,27 @@ fn config_changes_reach_long_lived_sessions() {
     let mut fresh2 = db.connect();
     fresh2.batch_execute("BEGIN; SET LOCAL pg_lease.token = '5'; INSERT INTO t3 VALUES (1); COMMIT").unwrap();
 }
+
+/// Dropping an owner table, by name, with its schema or by cascade, is
+/// refused naming it (it is gone from the catalogs when the guard runs:
+/// its OID alone would say nothing).
+#[test]
+fn dropping_an_owner_table_is_refused_naming_it() {
+    let db = TestDb::new("fence_drop_owner_name");
+    let mut c = db.connect();
+    c.batch_execute(
+        r#"CREATE SCHEMA "jeu été";
+           CREATE TABLE "jeu été"."Tables" (id int PRIMARY KEY, owner_fencing_token bigint);
+           CREATE TABLE payouts (table_id int NOT NULL, fencing_token bigint);
+           SELECT lease.protect('payouts', '{table_id}', 'fencing_token', '"jeu été"."Tables"', '{id}');"#,
+    )
+    .unwrap();
+    for drop in [r#"DROP TABLE "jeu été"."Tables""#, r#"DROP SCHEMA "jeu été" CASCADE"#] {
+        let refused = expect_error(&mut c, drop, "LF008");
+        assert!(
+            refused.contains(r#"would drop owner table "jeu été"."Tables" of fenced table public.payouts"#)
+                && refused.contains(r#"fenced against the owner rows of "jeu été"."Tables"."#),
+            "{drop}: {refused}"
+        );
+    }
+}

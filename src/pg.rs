@@ -72,15 +72,27 @@ pub fn database_is_utf8() -> bool {
 /// different. Where a text names something ([`exact_from_server`]) such a
 /// character is refused instead.
 pub fn from_server(bytes: &[u8]) -> String {
-    decode(bytes).0
+    decode(bytes, TEXT_ESCAPE).0
 }
+
+/// [`from_server`] for JSON text (`row_to_json`'s): a character with no
+/// exact UTF-8 form can only stand inside a JSON string, and is written
+/// `\\xadf5` there, so the JSON stays valid and the string reads `\xadf5`.
+pub fn from_server_json(bytes: &[u8]) -> String {
+    decode(bytes, JSON_ESCAPE).0
+}
+
+/// How a character with no exact UTF-8 form is written: its bytes after
+/// this prefix, in hex.
+const TEXT_ESCAPE: &str = "\\x";
+const JSON_ESCAPE: &str = "\\\\x";
 
 /// [`from_server`] for a text that names something (a table, a column, an
 /// owner key value) and goes back into SQL: raises `22P05` when it has a
 /// character with no exact UTF-8 form, which pg_lease could not tell from
 /// another text's. `what` says which text it is.
 pub fn exact_from_server(bytes: &[u8], what: &str) -> String {
-    let (text, exact) = decode(bytes);
+    let (text, exact) = decode(bytes, TEXT_ESCAPE);
     if !exact {
         inexact(what, &text);
     }
@@ -90,7 +102,7 @@ pub fn exact_from_server(bytes: &[u8], what: &str) -> String {
 /// [`exact_from_server`], an Err (the text as [`from_server`] shows it)
 /// instead of raising.
 pub fn try_exact_from_server(bytes: &[u8]) -> Result<String, String> {
-    match decode(bytes) {
+    match decode(bytes, TEXT_ESCAPE) {
         (text, true) => Ok(text),
         (text, false) => Err(text),
     }
@@ -128,23 +140,23 @@ pub const INEXACT_HINT: &str =
 
 /// Text in the database's encoding as Rust text, and whether every character
 /// made the round trip back to the same bytes.
-fn decode(bytes: &[u8]) -> (String, bool) {
+fn decode(bytes: &[u8], escape: &str) -> (String, bool) {
     let encoding = database_encoding();
     let utf8 = encoding == pg_sys::pg_enc::PG_UTF8 as i32 || encoding == pg_sys::pg_enc::PG_SQL_ASCII as i32;
     if bytes.is_ascii() || utf8 {
-        return escape_non_utf8(bytes);
+        return escape_non_utf8(bytes, escape);
     }
     // SAFETY: the conversion catalog may be read only inside a transaction
     // (IsTransactionState reads backend state); a catalog lookup of the
     // default conversion, InvalidOid when there is none.
     let proc_ = unsafe {
         if !pg_sys::IsTransactionState() {
-            return escape_non_utf8(bytes);
+            return escape_non_utf8(bytes, escape);
         }
         pg_sys::FindDefaultConversionProc(encoding, pg_sys::pg_enc::PG_UTF8 as i32)
     };
     if proc_ == pg_sys::InvalidOid {
-        return escape_non_utf8(bytes);
+        return escape_non_utf8(bytes, escape);
     }
     let (whole, done) = convert(proc_, encoding, pg_sys::pg_enc::PG_UTF8 as i32, bytes);
     if done == bytes.len() && to_server(&String::from_utf8_lossy(&whole)).as_ref() == bytes {
@@ -165,7 +177,7 @@ fn decode(bytes: &[u8]) -> (String, bool) {
         if done == n && to_server(&c).as_ref() == ch {
             out.push_str(&c);
         } else {
-            escape_bytes(ch, &mut out);
+            escape_bytes(ch, escape, &mut out);
         }
         rest = &rest[n..];
     }
@@ -173,7 +185,7 @@ fn decode(bytes: &[u8]) -> (String, bool) {
 }
 
 /// UTF-8 bytes as Rust text; any byte that is not UTF-8 shown as `\xNN`.
-fn escape_non_utf8(bytes: &[u8]) -> (String, bool) {
+fn escape_non_utf8(bytes: &[u8], escape: &str) -> (String, bool) {
     if let Ok(s) = std::str::from_utf8(bytes) {
         return (s.to_owned(), true);
     }
@@ -181,16 +193,16 @@ fn escape_non_utf8(bytes: &[u8]) -> (String, bool) {
     for chunk in bytes.utf8_chunks() {
         out.push_str(chunk.valid());
         if !chunk.invalid().is_empty() {
-            escape_bytes(chunk.invalid(), &mut out);
+            escape_bytes(chunk.invalid(), escape, &mut out);
         }
     }
     (out, false)
 }
 
-/// `bytes` written as `\x` and their hex digits.
-fn escape_bytes(bytes: &[u8], out: &mut String) {
+/// `bytes` written as `escape` and their hex digits.
+fn escape_bytes(bytes: &[u8], escape: &str, out: &mut String) {
     use std::fmt::Write;
-    out.push_str("\\x");
+    out.push_str(escape);
     for b in bytes {
         let _ = write!(out, "{b:02x}");
     }

@@ -80,7 +80,8 @@ pub fn row_json(row: Row) -> Option<String> {
         let record = pg_sys::heap_copy_tuple_as_datum(row.tuple(), row.desc());
         let json =
             pg_sys::OidFunctionCall1Coll(pg_sys::Oid::from(pg_sys::F_ROW_TO_JSON_RECORD), pg_sys::InvalidOid, record);
-        Some(sanitize::row_data(&owned(pg_sys::text_to_cstring(json.cast_mut_ptr()))))
+        let text = std::ffi::CStr::from_ptr(pg_sys::text_to_cstring(json.cast_mut_ptr()));
+        Some(sanitize::row_data(&crate::pg::from_server_json(text.to_bytes())))
     }
 }
 

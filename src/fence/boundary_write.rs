@@ -543,7 +543,7 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
         // SAFETY: a non-NULL jsonb datum; its output function returns a palloc'd C string.
         let text = unsafe { CStr::from_ptr(pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_OUT), d)) };
         // Values and column names go back into SQL: they must come back as
-        // they are (in SQL_ASCII, bytes that are not UTF-8 would be U+FFFD).
+        // they are, so a text with no exact UTF-8 form is refused (22P05).
         let text = crate::pg::try_exact_from_server(text.to_bytes()).map_err(|_| {
             let mut e = invalid(
                 "22P05",

@@ -312,7 +312,12 @@ pub unsafe extern "C-unwind" fn pg_lease_fenced_boundary_write(fcinfo: pg_sys::F
 /// `fcinfo` is the call's and argument `i` exists and is text.
 unsafe fn label_arg(fcinfo: pg_sys::FunctionCallInfo, i: usize, what: &str) -> Result<Label, Invalid> {
     // SAFETY: the caller's contract.
-    lease::check_label(what, unsafe { text_arg(fcinfo, i) }.as_deref())?;
+    // Each character with no exact UTF-8 form counts as one (U+FFFD).
+    // SAFETY: the caller's contract; the C string is read before returning.
+    let text = unsafe {
+        text_arg_cstr(fcinfo, i).map(|c| crate::pg::from_server_replacing(std::ffi::CStr::from_ptr(c).to_bytes()))
+    };
+    lease::check_label(what, text.as_deref())?;
     // SAFETY: argument i exists and is not NULL (the rule refuses NULL); its
     // datum stays valid for the call.
     Ok(Label(unsafe { (*(*fcinfo).args.as_ptr().add(i)).value }))

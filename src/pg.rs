@@ -72,27 +72,40 @@ pub fn database_is_utf8() -> bool {
 /// different. Where a text names something ([`exact_from_server`]) such a
 /// character is refused instead.
 pub fn from_server(bytes: &[u8]) -> String {
-    decode(bytes, TEXT_ESCAPE).0
+    decode(bytes, Escape::Text).0
+}
+
+/// [`from_server`] with each character that has no exact UTF-8 form read as
+/// one U+FFFD: for rules that count or classify characters (a lease name's
+/// length), never for text that is shown or compared.
+pub fn from_server_replacing(bytes: &[u8]) -> String {
+    decode(bytes, Escape::Replace).0
 }
 
 /// [`from_server`] for JSON text (`row_to_json`'s): a character with no
 /// exact UTF-8 form can only stand inside a JSON string, and is written
 /// `\\xadf5` there, so the JSON stays valid and the string reads `\xadf5`.
 pub fn from_server_json(bytes: &[u8]) -> String {
-    decode(bytes, JSON_ESCAPE).0
+    decode(bytes, Escape::Json).0
 }
 
-/// How a character with no exact UTF-8 form is written: its bytes after
-/// this prefix, in hex.
-const TEXT_ESCAPE: &str = "\\x";
-const JSON_ESCAPE: &str = "\\\\x";
+/// How a character with no exact UTF-8 form is written.
+#[derive(Clone, Copy)]
+enum Escape {
+    /// Its bytes in hex after `\x`.
+    Text,
+    /// Its bytes in hex after `\\x` (inside a JSON string).
+    Json,
+    /// U+FFFD.
+    Replace,
+}
 
 /// [`from_server`] for a text that names something (a table, a column, an
 /// owner key value) and goes back into SQL: raises `22P05` when it has a
 /// character with no exact UTF-8 form, which pg_lease could not tell from
 /// another text's. `what` says which text it is.
 pub fn exact_from_server(bytes: &[u8], what: &str) -> String {
-    let (text, exact) = decode(bytes, TEXT_ESCAPE);
+    let (text, exact) = decode(bytes, Escape::Text);
     if !exact {
         inexact(what, &text);
     }
@@ -102,7 +115,7 @@ pub fn exact_from_server(bytes: &[u8], what: &str) -> String {
 /// [`exact_from_server`], an Err (the text as [`from_server`] shows it)
 /// instead of raising.
 pub fn try_exact_from_server(bytes: &[u8]) -> Result<String, String> {
-    match decode(bytes, TEXT_ESCAPE) {
+    match decode(bytes, Escape::Text) {
         (text, true) => Ok(text),
         (text, false) => Err(text),
     }
@@ -140,7 +153,7 @@ pub const INEXACT_HINT: &str =
 
 /// Text in the database's encoding as Rust text, and whether every character
 /// made the round trip back to the same bytes.
-fn decode(bytes: &[u8], escape: &str) -> (String, bool) {
+fn decode(bytes: &[u8], escape: Escape) -> (String, bool) {
     let encoding = database_encoding();
     let utf8 = encoding == pg_sys::pg_enc::PG_UTF8 as i32 || encoding == pg_sys::pg_enc::PG_SQL_ASCII as i32;
     if bytes.is_ascii() || utf8 {
@@ -151,20 +164,24 @@ fn decode(bytes: &[u8], escape: &str) -> (String, bool) {
     // default conversion, InvalidOid when there is none.
     let proc_ = unsafe {
         if !pg_sys::IsTransactionState() {
-            return escape_non_utf8(bytes, escape);
+            return escape_non_ascii(bytes, escape);
         }
         pg_sys::FindDefaultConversionProc(encoding, pg_sys::pg_enc::PG_UTF8 as i32)
     };
     if proc_ == pg_sys::InvalidOid {
-        return escape_non_utf8(bytes, escape);
+        // MULE_INTERNAL: PostgreSQL has no conversion to UTF-8.
+        return escape_non_ascii(bytes, escape);
     }
     let (whole, done) = convert(proc_, encoding, pg_sys::pg_enc::PG_UTF8 as i32, bytes);
     if done == bytes.len() && to_server(&String::from_utf8_lossy(&whole)).as_ref() == bytes {
         return (String::from_utf8_lossy(&whole).into_owned(), true);
     }
-    // Character by character: which ones do not come back.
+    // Character by character: which ones do not come back, alone or after
+    // the character before (EUC_JIS_2004 has characters that convert to two
+    // code points, which another pair of characters also converts to).
     let mut out = String::with_capacity(bytes.len() * 2);
     let mut rest = bytes;
+    let mut prev: Option<(&[u8], String)> = None;
     while !rest.is_empty() {
         // SAFETY: `rest` is live for the call; pg_encoding_verifymbchar reads
         // at most `len` bytes and returns the length of the valid character
@@ -173,19 +190,38 @@ fn decode(bytes: &[u8], escape: &str) -> (String, bool) {
         let n = if n > 0 { (n as usize).min(rest.len()) } else { 1 };
         let ch = &rest[..n];
         let (c, done) = convert(proc_, encoding, pg_sys::pg_enc::PG_UTF8 as i32, ch);
-        let c = String::from_utf8_lossy(&c);
-        if done == n && to_server(&c).as_ref() == ch {
+        let c = String::from_utf8_lossy(&c).into_owned();
+        let alone = done == n && to_server(&c).as_ref() == ch;
+        let after_prev =
+            |(p, text): &(&[u8], String)| to_server(&format!("{text}{c}")).as_ref() == [*p, ch].concat().as_slice();
+        if alone && prev.as_ref().is_none_or(after_prev) {
             out.push_str(&c);
+            prev = Some((ch, c));
         } else {
             escape_bytes(ch, escape, &mut out);
+            prev = None;
         }
         rest = &rest[n..];
     }
     (out, false)
 }
 
+/// Text in an encoding with no conversion to UTF-8: ASCII as it is, every
+/// other byte written as `escape` says (a run of them as one).
+fn escape_non_ascii(bytes: &[u8], escape: Escape) -> (String, bool) {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for (ascii, run) in bytes.chunk_by(|a, b| a.is_ascii() == b.is_ascii()).map(|r| (r[0].is_ascii(), r)) {
+        if ascii {
+            out.push_str(std::str::from_utf8(run).expect("ASCII"));
+        } else {
+            escape_bytes(run, escape, &mut out);
+        }
+    }
+    (out, bytes.is_ascii())
+}
+
 /// UTF-8 bytes as Rust text; any byte that is not UTF-8 shown as `\xNN`.
-fn escape_non_utf8(bytes: &[u8], escape: &str) -> (String, bool) {
+fn escape_non_utf8(bytes: &[u8], escape: Escape) -> (String, bool) {
     if let Ok(s) = std::str::from_utf8(bytes) {
         return (s.to_owned(), true);
     }
@@ -199,10 +235,17 @@ fn escape_non_utf8(bytes: &[u8], escape: &str) -> (String, bool) {
     (out, false)
 }
 
-/// `bytes` written as `escape` and their hex digits.
-fn escape_bytes(bytes: &[u8], escape: &str, out: &mut String) {
+/// The character of `bytes` written as `escape` says.
+fn escape_bytes(bytes: &[u8], escape: Escape, out: &mut String) {
     use std::fmt::Write;
-    out.push_str(escape);
+    out.push_str(match escape {
+        Escape::Text => "\\x",
+        Escape::Json => "\\\\x",
+        Escape::Replace => {
+            out.push(char::REPLACEMENT_CHARACTER);
+            return;
+        }
+    });
     for b in bytes {
         let _ = write!(out, "{b:02x}");
     }
@@ -246,11 +289,19 @@ pub fn to_server(s: &str) -> std::borrow::Cow<'_, [u8]> {
     if s.is_ascii() || encoding == pg_sys::pg_enc::PG_UTF8 as i32 || encoding == pg_sys::pg_enc::PG_SQL_ASCII as i32 {
         return std::borrow::Cow::Borrowed(s.as_bytes());
     }
-    // SAFETY: a catalog lookup of the default conversion; InvalidOid when
-    // there is none (PostgreSQL has one from UTF-8 to every server encoding).
-    let proc_ = unsafe { pg_sys::FindDefaultConversionProc(pg_sys::pg_enc::PG_UTF8 as i32, encoding) };
+    // SAFETY: a catalog lookup of the default conversion, only inside a
+    // transaction; InvalidOid when there is none.
+    let proc_ = unsafe {
+        if pg_sys::IsTransactionState() {
+            pg_sys::FindDefaultConversionProc(pg_sys::pg_enc::PG_UTF8 as i32, encoding)
+        } else {
+            pg_sys::InvalidOid
+        }
+    };
     if proc_ == pg_sys::InvalidOid {
-        pgrx::error!("pg_lease: no conversion from UTF8 to the database's encoding");
+        // Outside a transaction (no catalog), or MULE_INTERNAL: no conversion from UTF-8; its own text read from
+        // the database came as ASCII (escape_non_ascii).
+        return std::borrow::Cow::Owned(s.chars().map(|c| if c.is_ascii() { c as u8 } else { b'?' }).collect());
     }
     let mut out = Vec::with_capacity(s.len());
     let mut rest = s;
@@ -624,11 +675,15 @@ pub fn type_name(typid: pg_sys::Oid) -> String {
 
 /// `schema.table` of `relid`, quoted as needed.
 pub fn display(relid: pg_sys::Oid) -> String {
-    // SAFETY: as in `relation_names`; `owned` never raises.
-    let (schema, table) = unsafe {
-        (owned(pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid))), owned(pg_sys::get_rel_name(relid)))
-    };
+    let (schema, table) = shown_relation_names(relid);
     qualified_name(&schema, &table)
+}
+
+/// (schema, relation name) of `relid` to be shown ([`from_server`]: never
+/// raises), not put into SQL.
+pub fn shown_relation_names(relid: pg_sys::Oid) -> (String, String) {
+    // SAFETY: as in `relation_names`; `owned` never raises.
+    unsafe { (owned(pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid))), owned(pg_sys::get_rel_name(relid))) }
 }
 
 /// `relid`'s qualified name for SQL text: [`display`], but exact

@@ -17,7 +17,7 @@
 //! distributed table's shell (its trigger) and the owner shard.
 
 use crate::errors::{LeaseError, Refusal};
-use crate::pg::{display, relation_names};
+use crate::pg::{display, shown_relation_names};
 use pgrx::prelude::*;
 use pgrx::spi::Spi;
 
@@ -53,7 +53,7 @@ pub fn shard_of(relid: pg_sys::Oid) -> Option<Shard> {
     if !present() {
         return None;
     }
-    let (_, name) = relation_names(relid);
+    let (_, name) = shown_relation_names(relid);
     let id: i64 = name.rsplit_once('_')?.1.parse().ok()?;
     Spi::connect(|client| {
         let rows = client

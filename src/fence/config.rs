@@ -12,7 +12,7 @@ use crate::fence::identity::Canon;
 use crate::fence::FastMap;
 use crate::pg::{
     attcollation, attribute, is_token_type, key_match, prepare_saved, qualified_name, quote_ident, rel_owner,
-    relation_names, ServerText, UniqueIndex,
+    relation_names, shown_relation_names, ServerText, UniqueIndex,
 };
 use pgrx::prelude::*;
 use pgrx::spi::Spi;
@@ -360,7 +360,8 @@ pub fn column(relid: pg_sys::Oid, display: &str, name: &str) -> Result<(i16, pg_
 }
 
 fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
-    let (mut schema, mut table) = relation_names(relid);
+    // Shown only (messages, the audit): a fenced table is not named in SQL.
+    let (mut schema, mut table) = shown_relation_names(relid);
     let mut display = qualified_name(&schema, &table);
     let (row, shard) = match load_row(relid) {
         Some(row) => (row, None),
@@ -369,7 +370,7 @@ fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
                 // A Citus shard: its distributed table's config, as this node
                 // has it (a coordinator that also holds shards) or as its
                 // fence trigger carries it (fence::citus).
-                (schema, table) = relation_names(shard.logical);
+                (schema, table) = shown_relation_names(shard.logical);
                 let logical = qualified_name(&schema, &table);
                 let row = match load_row(shard.logical) {
                     Some(row) => row,
@@ -485,7 +486,7 @@ fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
         Mode::Owner(owner)
     };
 
-    let (protected_schema, protected_table) = relation_names(row.protected_relid);
+    let (protected_schema, protected_table) = shown_relation_names(row.protected_relid);
     let stats = crate::audit::stat_slot(row.protected_relid, &qualified_name(&protected_schema, &protected_table));
     Ok(FenceConfig {
         relid,

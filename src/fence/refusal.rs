@@ -5,7 +5,7 @@ use crate::audit;
 use crate::errors::{Facts, LeaseError, Refusal};
 use crate::fence::config::{FenceConfig, Mode, TokenSource};
 use crate::fence::{key, replication};
-use crate::pg::{display, owned, quote_ident, relation_names, Row, TriggerOp};
+use crate::pg::{display, owned, quote_ident, shown_relation_names, Row, TriggerOp};
 use pgrx::pg_sys;
 
 /// A token as messages print it.
@@ -37,7 +37,7 @@ pub fn facts(
 
 /// A refusal on relation `relid` with the audit's facts.
 pub fn on_relation(error: LeaseError, relid: pg_sys::Oid, summary: String, detail: String, facts: Facts) -> Refusal {
-    let (schema, table) = relation_names(relid);
+    let (schema, table) = shown_relation_names(relid);
     Refusal::new(error, summary, detail).on_table(&schema, &table).audited(facts)
 }
 

@@ -67,6 +67,38 @@ pub fn sqlstate<T>(r: &Result<T, postgres::Error>) -> String {
     }
 }
 
+/// What running `sql` failed with, None when it ran: [SQLSTATE, message]
+/// (a failure without one: ["no sqlstate: ...", ""]).
+pub fn failure(c: &mut Client, sql: &str) -> Option<[String; 2]> {
+    c.batch_execute(sql).err().map(|e| match e.as_db_error() {
+        Some(db) => [db.code().code().to_owned(), db.message().to_owned()],
+        None => [format!("no sqlstate: {e}"), String::new()],
+    })
+}
+
+/// Runs `sql`, which must succeed.
+#[track_caller]
+pub fn must_run(c: &mut Client, sql: &str) {
+    if let Some(r) = failure(c, sql) {
+        panic!("{sql}\nfailed: {r:?}");
+    }
+}
+
+/// Runs `sql`, which must fail: [SQLSTATE, message].
+#[track_caller]
+pub fn must_fail(c: &mut Client, sql: &str) -> [String; 2] {
+    failure(c, sql).unwrap_or_else(|| panic!("expected an error from: {sql}"))
+}
+
+/// A database of its own made with `options` (`ENCODING ...`), then `setup` run in it.
+#[track_caller]
+pub fn db_with(label: &str, options: &str, setup: &str) -> (TestDb, Client) {
+    let db = TestDb::with_options(label, options);
+    let mut c = db.connect();
+    must_run(&mut c, setup);
+    (db, c)
+}
+
 /// Runs `sql` and returns its SQLSTATE ("" on success).
 pub fn try_sql(c: &mut Client, sql: &str) -> String {
     sqlstate(&c.batch_execute(sql))

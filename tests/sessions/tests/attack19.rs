@@ -108,33 +108,7 @@ const UDC: &str = r"convert_from('\xf5a1'::bytea, 'EUC_JP')";
 const LATIN1_E: &str = "chr(233)";
 const FFFD: &str = r"convert_from('\xefbfbd'::bytea, 'SQL_ASCII')";
 
-/// What a failed statement reported: SQLSTATE and message.
-fn run(c: &mut Client, sql: &str) -> Option<[String; 2]> {
-    c.batch_execute(sql).err().map(|e| match e.as_db_error() {
-        Some(db) => [db.code().code().to_owned(), db.message().to_owned()],
-        None => [format!("no sqlstate: {e}"), String::new()],
-    })
-}
-
-#[track_caller]
-fn ok(c: &mut Client, sql: &str) {
-    if let Some(r) = run(c, sql) {
-        panic!("{sql}\nfailed: {r:?}");
-    }
-}
-
-/// Runs `sql`, which must fail: its SQLSTATE and message.
-#[track_caller]
-fn refusal(c: &mut Client, sql: &str) -> [String; 2] {
-    run(c, sql).unwrap_or_else(|| panic!("expected an error from: {sql}"))
-}
-
-fn db_with(label: &str, options: &str, setup: &str) -> (TestDb, Client) {
-    let db = TestDb::with_options(label, options);
-    let mut c = db.connect();
-    ok(&mut c, setup);
-    (db, c)
-}
+use pg_lease_sessions::{failure as run, must_fail as refusal, must_run as ok};
 
 /// [`db_with`] `PAY`, resource `a` at token 5, then `extra`.
 fn pay_db(label: &str, options: &str, extra: &str) -> (TestDb, Client) {

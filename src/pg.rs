@@ -107,7 +107,7 @@ enum Escape {
 pub fn exact_from_server(bytes: &[u8], what: &str) -> String {
     let (text, exact) = decode(bytes, Escape::Text);
     if !exact {
-        inexact(what, &text);
+        inexact(what, bytes);
     }
     text
 }
@@ -125,12 +125,15 @@ pub fn try_exact_from_server(bytes: &[u8]) -> Result<String, String> {
 /// (22P05), for callers that raise their own error.
 pub const INEXACT_DETAIL: &str = "pg_lease reads names and key values as UTF-8; the characters shown as \\x.. would come back as other characters or as none (a vendor duplicate such as EUC_JP's NEC row 13, a user-defined character, or in SQL_ASCII bytes that are not UTF-8), so pg_lease could not tell this text from another.";
 
-/// Raises 22P05 for `what` (`text` as [`from_server`] shows it).
-fn inexact(what: &str, text: &str) -> ! {
+/// Raises 22P05 for `what` (its `bytes`). The message is ASCII, every other
+/// byte written out: pgrx hands its bytes on as they are, and this database
+/// is not UTF-8.
+fn inexact(what: &str, bytes: &[u8]) -> ! {
+    let (text, _) = escape_non_ascii(bytes, Escape::Text);
     pgrx::pg_sys::panic::ErrorReport::new(
         pgrx::PgSqlErrorCode::ERRCODE_UNTRANSLATABLE_CHARACTER,
         format!(
-            "pg_lease: {what} \"{text}\" has a character with no exact UTF-8 form in this {} database",
+            "pg_lease: {what} \"{text}\" (bytes past ASCII written out) has a character with no exact UTF-8 form in this {} database",
             encoding_name()
         ),
         "pg_lease",

@@ -400,6 +400,9 @@ fn a_record_that_cannot_be_written_is_dropped_alone() {
     wait_for("the refusal after the poison", Duration::from_secs(10), || {
         one_i64(&mut c, "SELECT count(*) FROM lease.rejected_writes WHERE application_name = 'after-1'") == 1
     });
+    // The worker counts a batch once it has committed it: the row can be
+    // seen a moment before the counters move.
+    wait_for("the queue to drain", Duration::from_secs(10), || accounting(&mut c).queued == 0);
     let a = accounting(&mut c);
     assert_eq!((a.refused, a.recorded, a.dropped, a.queued), (2, 1, 1, 0), "{a:?}");
     // One LOG line says which record was dropped and why.

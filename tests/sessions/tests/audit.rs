@@ -891,7 +891,17 @@ fn database_settings_cannot_stall_the_audit_and_a_dropped_database_says_so() {
     ))
     .unwrap();
     let mut fresh = db.connect();
-    fresh.batch_execute("SET default_transaction_read_only = off; SET statement_timeout = 0").unwrap();
+    // The database's 1 ms statement_timeout applies to these SETs too: on a
+    // busy machine one of them can be cancelled (57014); try again.
+    for attempt in 1.. {
+        match fresh.batch_execute("SET default_transaction_read_only = off; SET statement_timeout = 0") {
+            Ok(()) => break,
+            Err(e)
+                if attempt < 100 && e.code() == Some(&pg_lease_sessions::postgres::error::SqlState::QUERY_CANCELED) => {
+            }
+            Err(e) => panic!("SET in a session of {}: {e}", db.name),
+        }
+    }
     refuse_n(&mut fresh, 3, 4);
     wait_for("refusals recorded despite the database's settings", Duration::from_secs(20), || {
         one_i64(&mut fresh, "SELECT count(*) FROM lease.rejected_writes") == 3

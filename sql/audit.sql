@@ -34,7 +34,7 @@ SELECT pg_catalog.pg_extension_config_dump('lease.rejected_writes_id_seq', '');
 
 -- Live counters from shared memory, per protected table (of every database).
 CREATE VIEW lease.stats AS
-SELECT coalesce(d.datname::text, '(dropped)') AS database,
+SELECT coalesce(lease._shown(d.datname::text), '(dropped)') AS database,
        s.table_name,
        s.accepted,
        s.refused,

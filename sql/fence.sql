@@ -807,7 +807,8 @@ COMMENT ON FUNCTION lease.judge_replicated(regclass, boolean) IS
 -- generated, or of a type or collation that cannot identify a resource),
 -- 'constraint' (no unique constraint on the owner key), 'inherits' (an
 -- inheritance child of a fenced or owner table, unguarded), 'relation' (a
--- fenced or owner table is no longer a table).
+-- fenced or owner table is no longer a table), 'name' (an owner table's name
+-- has no exact UTF-8 form: lease._name_problem).
 -- PL/pgSQL, not SQL: its query is planned once per session (a SQL function
 -- would be planned at every call, which costs more than running it).
 -- The triggers pg_lease keeps on the tables protected (or owning protected
@@ -1002,6 +1003,12 @@ BEGIN
       JOIN pg_class c ON c.oid = i.inhrelid
      WHERE NOT c.relispartition
     UNION ALL
+    -- The fence and lease.acquire name the owner table in SQL (protect
+    -- refuses a name they could not write; this is a rename or move since).
+    SELECT p.relid, p.owner_table, 'name', n.problem
+      FROM p CROSS JOIN LATERAL (SELECT lease._name_problem(p.owner_table) AS problem) n
+     WHERE p.owner_table IS NOT NULL AND n.problem IS NOT NULL
+    UNION ALL
     SELECT p.relid, c.oid::regclass, 'relation', format('%s is no longer a table', c.oid::regclass)
       FROM p JOIN pg_class c ON c.oid IN (p.relid::oid, p.owner_table::oid)
      WHERE c.relkind NOT IN ('r', 'p')
@@ -1189,6 +1196,15 @@ BEGIN
       INTO touched
       FROM pg_event_trigger_ddl_commands() c
      WHERE c.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass, 'pg_rewrite'::regclass);
+    -- ALTER SCHEMA ... RENAME renames every table in the schema without
+    -- naming them: it touches the owner tables there, whose new names must
+    -- still be ones pg_lease can write in SQL (lease._name_problem).
+    IF tg_tag = 'ALTER SCHEMA' THEN
+        touched := ARRAY(SELECT p.owner_table::oid FROM lease.protected p
+                           JOIN pg_class k ON k.oid = p.owner_table::oid
+                           JOIN pg_event_trigger_ddl_commands() d
+                             ON d.classid = 'pg_namespace'::regclass AND d.objid = k.relnamespace);
+    END IF;
     IF touched IS NULL THEN
         RETURN;
     END IF;

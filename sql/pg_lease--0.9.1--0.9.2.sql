@@ -113,3 +113,395 @@ BEGIN
         END IF;
     END IF;
 END $$;
+
+-- An owner table renamed, or moved (ALTER TABLE ... SET SCHEMA, ALTER SCHEMA
+-- ... RENAME), to a name with no exact UTF-8 form is a fence problem ('name'),
+-- which the DDL guard refuses (LF008): the fence names owner tables in SQL.
+CREATE FUNCTION lease."_name_problem"(
+	"rel" oid /* pg_sys :: Oid */
+) RETURNS TEXT /* Option < crate :: pg :: ShownText > */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'name_problem_wrapper';
+
+CREATE OR REPLACE FUNCTION lease._fence_problems(among oid[] DEFAULT NULL)
+RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH p AS (
+        SELECT * FROM lease.protected p
+         WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid OFFSET 0)
+           AND (among IS NULL OR p.relid::oid = ANY (among) OR p.owner_table::oid = ANY (among))
+    ),
+    -- A table and, when partitioned, every partition (pg_partition_tree
+    -- returns nothing for a table that is not in a partition tree).
+    roots (r) AS (SELECT relid::oid FROM p UNION SELECT owner_table::oid FROM p WHERE owner_table IS NOT NULL),
+    tree (root, rel) AS (
+        SELECT r, r FROM roots
+        UNION
+        SELECT roots.r, t.relid FROM roots, pg_partition_tree(roots.r) t
+    ),
+    -- The triggers pg_lease keeps on these tables (lease._expected_triggers).
+    expected_triggers AS (SELECT * FROM lease._expected_triggers(among)),
+    expected_columns (relid, rel, col, is_token, typ, high_water) AS (
+        SELECT p.relid, p.relid, k.col, false, p.key_types[k.n], p.mode = 'high_water'
+          FROM p, unnest(p.key_columns) WITH ORDINALITY k(col, n)
+        UNION ALL
+        SELECT p.relid, p.relid, p.token_column, true, p.token_type, false FROM p WHERE p.token_column IS NOT NULL
+        UNION ALL
+        SELECT p.relid, p.owner_table, k.col, false, p.owner_key_types[k.n], false
+          FROM p, unnest(p.owner_key_columns) WITH ORDINALITY k(col, n) WHERE p.owner_table IS NOT NULL
+        UNION ALL
+        SELECT p.relid, p.owner_table, p.owner_token_column, true, p.owner_token_type, false FROM p WHERE p.owner_table IS NOT NULL
+    ),
+    -- (LATERAL lookups by key: the plan is generic, and must stay cheap
+    -- however few tables `among` names.)
+    actual_columns AS (
+        SELECT e.*, a.cur, a.attgenerated, a.attcollation
+          FROM expected_columns e
+          LEFT JOIN LATERAL (SELECT x.atttypid::regtype AS cur, x.attgenerated, x.attcollation FROM pg_attribute x
+                              WHERE x.attrelid = e.rel AND x.attname = e.col AND x.attnum > 0 AND NOT x.attisdropped
+                             OFFSET 0) a ON true
+    )
+    SELECT e.relid::regclass, e.rel::regclass,
+           CASE WHEN t.oid IS NULL THEN 'missing' WHEN t.tgfoid <> e.func THEN 'replaced' ELSE 'disabled' END,
+           format('trigger %s on %s %s', e.tgname, e.rel::regclass,
+                  CASE WHEN t.oid IS NULL THEN 'is missing'
+                       WHEN t.tgfoid <> e.func THEN format('runs %s instead of %s', t.tgfoid::regproc, e.func)
+                       ELSE 'is not ENABLE ALWAYS' END)
+      FROM expected_triggers e
+      LEFT JOIN LATERAL (SELECT x.oid, x.tgenabled, x.tgfoid FROM pg_trigger x
+                          WHERE x.tgrelid = e.rel AND x.tgname = e.tgname OFFSET 0) t ON true
+     WHERE t.oid IS NULL OR t.tgenabled <> 'A' OR t.tgfoid <> e.func
+    UNION ALL
+    SELECT e.relid::regclass, e.rel::regclass, 'altered',
+           CASE WHEN e.tgname = 'pg_lease_fence' AND cardinality(e.args) = 1 AND t.tgtype = e.tgtype
+                     AND t.tgqual IS NULL AND cardinality(t.tgattr::int2[]) = 0
+                THEN format('the config its Citus shards read from trigger %s names its owner table and key columns as they were when it was protected (%s), not as they are now (%s): unprotect it before you rename its owner table or a fenced column or move the owner table to another schema, and protect it again after',
+                            e.tgname, (lease._trigger_args(t.tgargs))[1], e.args[1])
+                ELSE format('trigger %s on %s no longer fires on every %s', e.tgname, e.rel::regclass,
+                            CASE WHEN e.tgtype = 31 THEN 'INSERT, UPDATE and DELETE of every row' ELSE 'TRUNCATE' END) END
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.* FROM pg_trigger x
+                           WHERE x.tgrelid = e.rel AND x.tgname = e.tgname AND x.tgfoid = e.func OFFSET 0) t
+     WHERE t.tgtype <> e.tgtype OR t.tgqual IS NOT NULL OR cardinality(t.tgattr::int2[]) > 0
+        OR CASE WHEN e.tgname = 'pg_lease_owner_guard' THEN
+                -- The token column, and at least every key column expected
+                -- (more while a protect extends the guard).
+                NOT coalesce((lease._trigger_args(t.tgargs))[1] = e.args[1]
+                    AND (lease._trigger_args(t.tgargs))[2:] @> e.args[2:], false)
+           ELSE lease._trigger_args(t.tgargs) IS DISTINCT FROM e.args END
+    UNION ALL
+    -- Row triggers fire in name order: a BEFORE INSERT/UPDATE row trigger
+    -- named after ours runs after the fence or owner guard has judged the
+    -- row, and could change the row it judged.
+    SELECT DISTINCT ON (e.rel, t.tgname) e.relid::regclass, e.rel::regclass, 'order',
+           format('trigger %s on %s runs after %s and could change the row it checked (name it to sort before %s)',
+                  quote_ident(t.tgname), e.rel::regclass, e.tgname, e.tgname)
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.tgname FROM pg_trigger x
+                           WHERE x.tgrelid = e.rel AND x.tgtype & 3 = 3 AND x.tgtype & 20 <> 0
+                             AND x.tgenabled <> 'D' AND NOT x.tgisinternal
+                             AND x.tgname COLLATE "C" > e.tgname COLLATE "C"
+                             AND x.tgfoid NOT IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+                          OFFSET 0) t
+     WHERE e.tgtype = 31
+    UNION ALL
+    -- In a logical replication worker only ENABLE ALWAYS and ENABLE REPLICA
+    -- triggers fire; one that runs before ours there could change or skip
+    -- (RETURN NULL) a replicated row before pg_lease judges or trusts it.
+    SELECT DISTINCT ON (e.rel, t.tgname) e.relid::regclass, e.rel::regclass, 'replica',
+           format('trigger %s on %s fires in logical replication workers (ENABLE %s) before %s and could change or skip a replicated row there (let it fire on the origin only: ALTER TABLE %s ENABLE TRIGGER %s)',
+                  quote_ident(t.tgname), e.rel::regclass, CASE t.tgenabled WHEN 'A' THEN 'ALWAYS' ELSE 'REPLICA' END,
+                  e.tgname, e.rel::regclass, quote_ident(t.tgname))
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.tgname, x.tgenabled FROM pg_trigger x
+                           WHERE x.tgrelid = e.rel AND x.tgtype & 3 = 3 AND x.tgtype & 28 <> 0
+                             AND x.tgenabled IN ('A', 'R') AND NOT x.tgisinternal
+                             AND x.tgname COLLATE "C" < e.tgname COLLATE "C"
+                             AND x.tgfoid NOT IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+                          OFFSET 0) t
+     WHERE e.tgtype = 31
+    UNION ALL
+    SELECT DISTINCT e.relid::regclass, t.tgrelid::regclass, 'renamed',
+           format('trigger %s on %s runs %s under another name', t.tgname, t.tgrelid::regclass, t.tgfoid::regproc)
+      FROM expected_triggers e
+      CROSS JOIN LATERAL (SELECT x.* FROM pg_trigger x WHERE x.tgrelid = e.rel AND x.tgfoid = e.func OFFSET 0) t
+     WHERE NOT EXISTS (SELECT 1 FROM expected_triggers x WHERE x.rel = t.tgrelid AND x.tgname = t.tgname)
+    UNION ALL
+    SELECT e.relid, e.rel, 'column',
+           format('%s column "%s" of %s is %s', CASE WHEN e.is_token THEN 'token' ELSE 'key' END, e.col, e.rel,
+                  CASE WHEN e.cur IS NULL THEN 'missing'
+                       WHEN e.attgenerated <> '' THEN 'a generated column'
+                       WHEN e.typ IS NOT NULL AND e.cur <> e.typ THEN format('of type %s, was %s', e.cur, e.typ)
+                       WHEN e.high_water THEN lease._key_identity_problem(e.cur, e.attcollation)
+                       ELSE 'of type ' || e.cur::text END)
+      FROM actual_columns e
+     WHERE e.cur IS NULL
+        OR e.attgenerated <> ''
+        OR (e.typ IS NOT NULL AND e.cur <> e.typ)
+        OR (e.typ IS NULL AND e.is_token AND NOT lease._is_token_type(e.cur))
+        OR (e.high_water AND lease._key_identity_problem(e.cur, e.attcollation) IS NOT NULL)
+    UNION ALL
+    SELECT p.relid, p.owner_table, 'constraint',
+           format('owner table %s has no unique constraint on %s under the equality the fence compares %s keys with', p.owner_table, p.owner_key_columns, p.relid)
+      FROM p
+     CROSS JOIN LATERAL (SELECT lease._owner_key_index(p.owner_table, p.owner_key_columns,
+                                ARRAY(SELECT lease._column_type(p.relid, k.c)::oid
+                                        FROM unnest(p.key_columns) WITH ORDINALITY k(c, n) ORDER BY k.n)) IS NOT NULL AS ok) u
+     WHERE p.owner_table IS NOT NULL AND NOT u.ok
+    UNION ALL
+    SELECT DISTINCT ON (x.relid, i.inhrelid) x.relid, i.inhrelid::regclass, 'inherits',
+           format('table %s inherits from %s, so writes through it bypass the fence', i.inhrelid::regclass, i.inhparent::regclass)
+      FROM (SELECT p.relid, t.rel FROM p JOIN tree t ON t.root IN (p.relid::oid, p.owner_table::oid)) x
+      JOIN pg_inherits i ON i.inhparent = x.rel
+      JOIN pg_class c ON c.oid = i.inhrelid
+     WHERE NOT c.relispartition
+    UNION ALL
+    -- The fence and lease.acquire name the owner table in SQL (protect
+    -- refuses a name they could not write; this is a rename or move since).
+    SELECT p.relid, p.owner_table, 'name', n.problem
+      FROM p CROSS JOIN LATERAL (SELECT lease._name_problem(p.owner_table) AS problem) n
+     WHERE p.owner_table IS NOT NULL AND n.problem IS NOT NULL
+    UNION ALL
+    SELECT p.relid, c.oid::regclass, 'relation', format('%s is no longer a table', c.oid::regclass)
+      FROM p JOIN pg_class c ON c.oid IN (p.relid::oid, p.owner_table::oid)
+     WHERE c.relkind NOT IN ('r', 'p')
+    UNION ALL
+    -- Owner rows hold the current tokens: a crash (or a promoted standby)
+    -- empties an UNLOGGED table, and tokens would start over.
+    SELECT DISTINCT x.relid, c.oid::regclass, 'relation',
+           format('owner table %s is %s: a crash or failover empties it, and its fencing tokens with it',
+                  c.oid::regclass, CASE c.relpersistence WHEN 'u' THEN 'UNLOGGED' ELSE 'TEMPORARY' END)
+      FROM (SELECT p.relid, t.rel FROM p JOIN tree t ON t.root = p.owner_table::oid) x
+      JOIN pg_class c ON c.oid = x.rel
+     WHERE c.relpersistence <> 'p';
+END $$;
+
+CREATE OR REPLACE FUNCTION lease._guard_ddl() RETURNS event_trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    touched oid[];
+    concerned oid[];
+    broken record;
+    part record;
+    stray record;
+    bad boolean;
+    match text;
+    citus_pending oid[] := '{}';
+BEGIN
+    -- Fencing tokens are drawn from lease.token_counter, which only ever
+    -- rises on its own: ALTER SEQUENCE (RESTART, MAXVALUE, ...) could make
+    -- it issue a token again.
+    IF tg_tag = 'ALTER SEQUENCE' THEN
+        IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands() c
+                    WHERE c.classid = 'pg_class'::regclass AND c.objid = pg_catalog.to_regclass('lease.token_counter')) THEN
+            PERFORM lease._raise('FenceTampering', 'ALTER SEQUENCE of lease.token_counter is refused',
+                'Fencing tokens are drawn from lease.token_counter: changing it could issue a token again. To make every later token higher than a given one, use lease.issue_tokens_above.');
+        END IF;
+    END IF;
+    -- Citus: DDL that reached a shard on this node (lease._guard_shards).
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
+        PERFORM lease._guard_shards(tg_tag);
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
+        RETURN;
+    END IF;
+    -- CREATE [OR REPLACE] TRIGGER of one of our triggers leaves it enabled
+    -- for origin sessions only, as pg_restore creates it before it enables
+    -- it ALWAYS: enable it ALWAYS at once (pg_restore's own ALTER is then a
+    -- no-op, and OR REPLACE cannot quietly narrow where the fence fires).
+    IF tg_tag = 'CREATE TRIGGER' THEN
+        FOR broken IN
+            SELECT t.tgrelid::regclass AS rel, t.tgname
+              FROM pg_event_trigger_ddl_commands() c JOIN pg_trigger t ON t.oid = c.objid
+             WHERE c.classid = 'pg_trigger'::regclass AND t.tgenabled <> 'A' AND t.tgparentid = 0
+               AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+        LOOP
+            IF (lease._citus_table(broken.rel)).kind IS NULL THEN
+                EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname);
+            ELSE
+                -- Citus sends the CREATE to the other nodes after this
+                -- command, so an ALTER from here would reach them first:
+                -- the trigger must be ENABLE ALWAYS by commit instead
+                -- (lease._create_trigger enables it next).
+                citus_pending := citus_pending || broken.rel::oid;
+                INSERT INTO lease.deferred_checks (rel, root) VALUES (broken.rel, broken.rel);
+            END IF;
+        END LOOP;
+    END IF;
+    SELECT array_agg(DISTINCT CASE c.classid
+                                  WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = c.objid)
+                                  WHEN 'pg_rewrite'::regclass THEN (SELECT w.ev_class FROM pg_rewrite w WHERE w.oid = c.objid)
+                                  ELSE coalesce((SELECT x.indrelid FROM pg_index x WHERE x.indexrelid = c.objid), c.objid) END)
+      INTO touched
+      FROM pg_event_trigger_ddl_commands() c
+     WHERE c.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass, 'pg_rewrite'::regclass);
+    -- ALTER SCHEMA ... RENAME renames every table in the schema without
+    -- naming them: it touches the owner tables there, whose new names must
+    -- still be ones pg_lease can write in SQL (lease._name_problem).
+    IF tg_tag = 'ALTER SCHEMA' THEN
+        touched := ARRAY(SELECT p.owner_table::oid FROM lease.protected p
+                           JOIN pg_class k ON k.oid = p.owner_table::oid
+                           JOIN pg_event_trigger_ddl_commands() d
+                             ON d.classid = 'pg_namespace'::regclass AND d.objid = k.relnamespace);
+    END IF;
+    IF touched IS NULL THEN
+        RETURN;
+    END IF;
+    concerned := lease._concerned(touched);
+    IF concerned IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- ALTER COLUMN ... TYPE of a fenced column, even to its own type: with
+    -- USING it rewrites every row, and no row trigger sees it.
+    SELECT c.objid::regclass AS rel, x.col, p.relid INTO broken
+      FROM pg_event_trigger_ddl_commands() c
+     CROSS JOIN LATERAL unnest(lease._retyped_columns(c.command)) x(col)
+      JOIN lease.protected p ON p.relid::oid = ANY (concerned)
+     WHERE c.command_tag = 'ALTER TABLE'
+       AND ((coalesce(pg_partition_root(c.objid), c.objid) = p.relid::oid
+             AND (x.col = ANY (p.key_columns) OR x.col = p.token_column))
+         OR (coalesce(pg_partition_root(c.objid), c.objid) = p.owner_table::oid
+             AND (x.col = ANY (p.owner_key_columns) OR x.col = p.owner_token_column)))
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('ALTER COLUMN %s TYPE on %s would rewrite a fenced column', quote_ident(broken.col), broken.rel),
+            format('Table %s: column "%s" is fenced; ALTER COLUMN ... TYPE rewrites its values without passing the fence.',
+                   broken.relid, broken.col));
+    END IF;
+
+    -- Partitions joined in this transaction (created, or attached). Not while
+    -- the root's fence is itself being created in this transaction, as in a
+    -- single-transaction pg_restore that will create the guards from the dump.
+    -- (A partitioned table attached brings its whole subtree: every member.)
+    FOR part IN
+        SELECT DISTINCT p.relid, p.mode, p.token_column, p.key_columns, p.owner_table, p.owner_key_columns,
+               p.owner_token_column, m.relid AS child, (r.root = p.owner_table::oid) AS is_owner
+          FROM lease.protected p
+          CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
+          CROSS JOIN LATERAL pg_partition_tree(r.root) t
+          JOIN pg_inherits i ON i.inhrelid = t.relid AND i.xmin = xid(pg_current_xact_id())
+          CROSS JOIN LATERAL pg_partition_tree(t.relid) m
+         WHERE p.relid::oid = ANY (concerned)
+           AND t.relid <> r.root
+    LOOP
+        IF part.is_owner THEN
+            IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_owner_truncate') THEN
+                IF EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.owner_table AND g.tgname = 'pg_lease_owner_guard'
+                              AND g.xmin <> xid(pg_current_xact_id())) THEN
+                    PERFORM lease._install_owner_truncate_guard(part.child);
+                ELSE
+                    INSERT INTO lease.deferred_checks VALUES (part.child, part.relid);
+                END IF;
+            END IF;
+            -- Owner rows brought in passed no owner guard: no token above
+            -- what a non-superuser may write (lease.acquire must stay able to
+            -- go higher).
+            IF lease._exists_as_owner(part.child, format('SELECT EXISTS (SELECT 1 FROM ONLY %s WHERE %I > 4611686018427387903)',
+                                                          part.child::regclass, part.owner_token_column)) THEN
+                PERFORM lease._fail('22003', format('pg_lease: %s would bring owner rows with fencing tokens above 4611686018427387903 into %s', tg_tag, part.owner_table), format('Table %s holds such tokens; lease.acquire could issue no higher one.', part.child::regclass));
+            END IF;
+            CONTINUE;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_truncate') THEN
+            IF EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.relid AND g.tgname = 'pg_lease_fence'
+                          AND g.xmin <> xid(pg_current_xact_id())) THEN
+                PERFORM lease._install_truncate_guard(part.child);
+            ELSE
+                INSERT INTO lease.deferred_checks VALUES (part.child, part.relid);
+            END IF;
+        END IF;
+        -- Rows brought in by ATTACH PARTITION passed no fence: each must carry
+        -- its owner row's current token (without a token column, or in
+        -- high-water mode, no row can be checked: the table must be empty).
+        -- Keys are compared as the fence compares them (lease._key_match),
+        -- and the owner rows are locked FOR SHARE as the fence locks them: a
+        -- token bump then waits for this transaction, or (at REPEATABLE READ
+        -- and above) this one fails if a bump already committed.
+        match := CASE WHEN part.mode = 'owner' AND part.token_column IS NOT NULL
+                      THEN lease._key_match(part.owner_table, part.owner_key_columns, part.child, part.key_columns) END;
+        IF match IS NOT NULL THEN
+            EXECUTE format(
+                'SELECT (SELECT count(*) FROM ONLY %s) <> (SELECT count(*) FROM (SELECT 1 FROM ONLY %s t JOIN %s o ON %s AND o.%I = t.%I FOR SHARE OF o) s)',
+                part.child::regclass, part.child::regclass, part.owner_table, match,
+                part.owner_token_column, part.token_column)
+               INTO bad;
+        ELSE
+            bad := lease._exists_as_owner(part.child, format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', part.child::regclass));
+        END IF;
+        IF bad THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would bring rows into fenced table %s that the fence would refuse', tg_tag, part.relid),
+                format('Table %s holds rows %s. Attach it empty and insert its rows through the fence.', part.child::regclass,
+                       CASE WHEN match IS NOT NULL
+                            THEN format('whose token is not their owner row''s current token in %s', part.owner_table)
+                            WHEN part.mode = 'owner' AND part.token_column IS NOT NULL
+                            THEN 'that cannot be checked (their keys compare through a type''s own operator, which pg_lease does not run with its rights)'
+                            ELSE 'that cannot be checked (no token column, or high-water mode)' END));
+        END IF;
+    END LOOP;
+
+    -- Guards left behind on tables that left a fenced or owner tree (DETACH
+    -- PARTITION): owner rows may not leave; a detached fenced partition is no
+    -- longer fenced, so its TRUNCATE guard goes.
+    FOR stray IN
+        SELECT g.tgrelid, g.tgname FROM pg_trigger g
+         WHERE tg_tag = 'ALTER TABLE'
+           AND g.tgname IN ('pg_lease_truncate', 'pg_lease_owner_truncate')
+           AND g.tgfoid = 'lease.truncate_guard'::regproc
+           AND NOT (coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (ARRAY(
+                   SELECT p.relid::oid FROM lease.protected p UNION ALL
+                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
+    LOOP
+        -- (Whatever rows it holds, by any snapshot: a partition of an owner
+        -- table never leaves it while a fence uses it.)
+        IF stray.tgname = 'pg_lease_owner_truncate' THEN
+            PERFORM lease._raise('FencingTokenRegression',
+                format('%s would take a partition out of an owner table (%s)', tg_tag, stray.tgrelid::regclass),
+                format('Table %s holds owner rows whose fencing tokens would leave the fence; tokens could then start over. Unprotect the tables fenced against it first.',
+                       stray.tgrelid::regclass));
+        END IF;
+        PERFORM lease._trigger_ddl(stray.tgrelid::regclass, format('DROP TRIGGER %I ON %s', stray.tgname, stray.tgrelid::regclass));
+    END LOOP;
+
+    SELECT f.* INTO broken
+      FROM lease._fence_problems(concerned) f
+     WHERE f.kind NOT IN ('missing', 'constraint')
+       AND NOT (f.kind = 'disabled' AND f.rel::oid = ANY (citus_pending))
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            format('%s would leave the fence on %s incomplete', tg_tag, broken.relid),
+            format('Table %s: %s.', broken.relid, broken.problem));
+    END IF;
+END $$;
+
+-- lease.stats shows each database's name as pg_lease shows text (a name made
+-- in another encoding written out), so the view reads in every database.
+CREATE FUNCTION lease."_shown"(
+	"t" TEXT /* crate :: pg :: ShownText */
+) RETURNS TEXT /* crate :: pg :: ShownText */
+STABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'shown_wrapper';
+
+CREATE OR REPLACE VIEW lease.stats AS
+SELECT coalesce(lease._shown(d.datname::text), '(dropped)') AS database,
+       s.table_name,
+       s.accepted,
+       s.refused,
+       s.last_refusal_at,
+       a.queued AS queue_depth,
+       a.dropped,
+       a.last_flush_at,
+       s.replicated
+  FROM lease._table_stats() s
+  LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.database_oid
+ CROSS JOIN lease.audit_status() a;

@@ -384,45 +384,90 @@ impl pgrx::datum::IntoDatum for ShownText {
     }
 }
 
-// SAFETY: `unbox` reads a non-NULL text datum (pgrx unboxes array elements
-// and arguments only when they are not NULL), detoasted as in `FromDatum`.
-unsafe impl pgrx::datum::UnboxDatum for ServerText {
-    type As<'src> = ServerText;
-    unsafe fn unbox<'src>(datum: pgrx::datum::Datum<'src>) -> ServerText
-    where
-        Self: 'src,
-    {
-        // SAFETY: the trait's contract: a non-NULL text datum.
-        unsafe { <ServerText as pgrx::datum::FromDatum>::from_datum(datum.sans_lifetime(), false) }.expect("not NULL")
+/// A text taken from SQL as the database's bytes, never converted: SQL text
+/// that pg_lease's own SQL built (quoting names with `%s`/`%I` as they are
+/// stored) and that goes back to SPI as it came ([`ServerBytes::sql`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerBytes(pub Vec<u8>);
+
+impl ServerBytes {
+    /// The bytes as a C string for SPI (text holds no NUL).
+    pub fn sql(&self) -> std::ffi::CString {
+        let end = self.0.iter().position(|&b| b == 0).unwrap_or(self.0.len());
+        std::ffi::CString::new(&self.0[..end]).expect("cut at the first NUL")
     }
 }
 
-// SAFETY: a text argument, unboxed through `FromDatum` as pgrx unboxes
-// `String` arguments.
-unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for ServerText {
-    unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
-        let index = arg.index();
-        // SAFETY: the trait's contract: a text argument.
-        unsafe { arg.unbox_arg_using_from_datum() }.unwrap_or_else(|| panic!("argument {index} must not be null"))
-    }
-
-    unsafe fn unbox_nullable_arg(arg: pgrx::callconv::Arg<'_, 'fcx>) -> pgrx::nullable::Nullable<Self> {
-        // SAFETY: as above.
-        unsafe { arg.unbox_arg_using_from_datum() }.into()
+impl pgrx::datum::FromDatum for ServerBytes {
+    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _typoid: pg_sys::Oid) -> Option<Self> {
+        // SAFETY: the caller's contract: a text datum when not NULL.
+        (!is_null).then(|| ServerBytes(unsafe { datum_bytes(datum) }.to_vec()))
     }
 }
 
-// SAFETY: returns the text datum `into_datum` makes, as pgrx returns `String`.
-unsafe impl pgrx::callconv::BoxRet for ServerText {
-    unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
-        use pgrx::datum::IntoDatum;
-        match self.into_datum() {
-            // SAFETY: a text datum of the function's text result.
-            Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
-            None => fcinfo.return_null(),
+impl pgrx::datum::IntoDatum for ServerBytes {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(text_datum(&self.0).0)
+    }
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::TEXTOID
+    }
+}
+
+/// The impls a text type needs to be a pg_extern argument, array element and
+/// result, beyond its own `FromDatum` and `IntoDatum`: as pgrx's `String`.
+macro_rules! text_abi {
+    ($t:ident) => {
+        // SAFETY: `unbox` reads a non-NULL text datum (pgrx unboxes array
+        // elements and arguments only when they are not NULL), detoasted as
+        // in `FromDatum`.
+        unsafe impl pgrx::datum::UnboxDatum for $t {
+            type As<'src> = $t;
+            unsafe fn unbox<'src>(datum: pgrx::datum::Datum<'src>) -> $t
+            where
+                Self: 'src,
+            {
+                // SAFETY: the trait's contract: a non-NULL text datum.
+                unsafe { <$t as pgrx::datum::FromDatum>::from_datum(datum.sans_lifetime(), false) }.expect("not NULL")
+            }
         }
-    }
+
+        // SAFETY: a text argument, unboxed through `FromDatum` as pgrx
+        // unboxes `String` arguments.
+        unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for $t {
+            unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
+                let index = arg.index();
+                // SAFETY: the trait's contract: a text argument.
+                unsafe { arg.unbox_arg_using_from_datum() }
+                    .unwrap_or_else(|| panic!("argument {index} must not be null"))
+            }
+
+            unsafe fn unbox_nullable_arg(arg: pgrx::callconv::Arg<'_, 'fcx>) -> pgrx::nullable::Nullable<Self> {
+                // SAFETY: as above.
+                unsafe { arg.unbox_arg_using_from_datum() }.into()
+            }
+        }
+
+        // SAFETY: returns the text datum `into_datum` makes, as pgrx returns
+        // `String`.
+        unsafe impl pgrx::callconv::BoxRet for $t {
+            unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
+                use pgrx::datum::IntoDatum;
+                match self.into_datum() {
+                    // SAFETY: a text datum of the function's text result.
+                    Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
+                    None => fcinfo.return_null(),
+                }
+            }
+        }
+
+        pgrx::pgrx_sql_entity_graph::impl_sql_translatable!($t, "TEXT");
+    };
 }
+
+text_abi!(ServerText);
+text_abi!(ShownText);
+text_abi!(ServerBytes);
 
 impl pgrx::datum::IntoDatum for ServerText {
     fn into_datum(self) -> Option<pg_sys::Datum> {
@@ -432,8 +477,6 @@ impl pgrx::datum::IntoDatum for ServerText {
         pg_sys::TEXTOID
     }
 }
-
-pgrx::pgrx_sql_entity_graph::impl_sql_translatable!(ServerText, "TEXT");
 
 /// (schema, relation name) of `relid`, exactly (they go into SQL):
 /// [`exact_from_server`] refuses a name pg_lease could not tell from another.
@@ -446,6 +489,18 @@ pub fn relation_names(relid: pg_sys::Oid) -> (String, String) {
         let schema = owned_exact(pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid)), "schema name");
         let table = owned_exact(pg_sys::get_rel_name(relid), "table name");
         (schema, table)
+    }
+}
+
+/// Whether [`relation_names`] would take `relid`'s names without raising:
+/// both have exact UTF-8 forms (or `relid` is gone).
+pub fn relation_names_exact(relid: pg_sys::Oid) -> bool {
+    // SAFETY: syscache lookups accepting any OID, as in `relation_names`;
+    // each name is NULL or a palloc'd NUL-terminated copy, read here only.
+    unsafe {
+        [pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid)), pg_sys::get_rel_name(relid)]
+            .iter()
+            .all(|&p| p.is_null() || try_exact_from_server(std::ffi::CStr::from_ptr(p).to_bytes()).is_ok())
     }
 }
 

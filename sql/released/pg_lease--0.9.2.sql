@@ -75,7 +75,7 @@ AS 'MODULE_PATHNAME', 'bound_token_wrapper';
 -- pg_lease::fence::ddl::_exists_as_owner
 CREATE  FUNCTION "_exists_as_owner"(
 	"rel" oid, /* pg_sys :: Oid */
-	"query" TEXT /* crate :: pg :: ServerText */
+	"query" TEXT /* crate :: pg :: ServerBytes */
 ) RETURNS bool /* bool */
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
@@ -106,7 +106,7 @@ AS 'MODULE_PATHNAME', 'judge_replicated_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:266
+-- src/fence/ddl.rs:285
 -- pg_lease::fence::ddl::_key_equality
 CREATE  FUNCTION "_key_equality"(
 	"left" oid, /* pg_sys :: Oid */
@@ -142,6 +142,17 @@ AS 'MODULE_PATHNAME', 'lock_owner_row_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
+-- src/fence/ddl.rs:77
+-- pg_lease::fence::ddl::_name_problem
+CREATE  FUNCTION "_name_problem"(
+	"rel" oid /* pg_sys :: Oid */
+) RETURNS TEXT /* Option < crate :: pg :: ShownText > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'name_problem_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
 -- src/lease.rs:141
 -- pg_lease::lease::_next_token
 CREATE  FUNCTION "_next_token"(
@@ -159,7 +170,7 @@ AS 'MODULE_PATHNAME', 'next_token_sql_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:221
+-- src/fence/ddl.rs:240
 -- pg_lease::fence::ddl::_owner_key_index
 CREATE  FUNCTION "_owner_key_index"(
 	"owner" oid, /* pg_sys :: Oid */
@@ -224,7 +235,18 @@ AS 'MODULE_PATHNAME', 'shard_of_sql_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:58
+-- src/audit/status.rs:20
+-- pg_lease::audit::status::_shown
+CREATE  FUNCTION "_shown"(
+	"t" TEXT /* crate :: pg :: ShownText */
+) RETURNS TEXT /* crate :: pg :: ShownText */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'shown_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/audit/status.rs:68
 -- pg_lease::audit::status::_stats
 CREATE  FUNCTION "_stats"() RETURNS TABLE (
 	"database_oid" oid,  /* pg_sys :: Oid */
@@ -240,7 +262,7 @@ AS 'MODULE_PATHNAME', 'stats_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:19
+-- src/audit/status.rs:29
 -- pg_lease::audit::status::_table_stats
 CREATE  FUNCTION "_table_stats"() RETURNS TABLE (
 	"database_oid" oid,  /* pg_sys :: Oid */
@@ -285,6 +307,7 @@ AS 'MODULE_PATHNAME', 'unregister_wrapper';
 --   fence::register::register
 --   fence::register::unregister
 --   fence::ddl::exists_as_owner
+--   fence::ddl::name_problem
 --   fence::ddl::owner_key_index
 --   fence::ddl::key_equality
 --   fence::citus::shard_of_sql
@@ -1100,7 +1123,8 @@ COMMENT ON FUNCTION lease.judge_replicated(regclass, boolean) IS
 -- generated, or of a type or collation that cannot identify a resource),
 -- 'constraint' (no unique constraint on the owner key), 'inherits' (an
 -- inheritance child of a fenced or owner table, unguarded), 'relation' (a
--- fenced or owner table is no longer a table).
+-- fenced or owner table is no longer a table), 'name' (an owner table's name
+-- has no exact UTF-8 form: lease._name_problem).
 -- PL/pgSQL, not SQL: its query is planned once per session (a SQL function
 -- would be planned at every call, which costs more than running it).
 -- The triggers pg_lease keeps on the tables protected (or owning protected
@@ -1295,6 +1319,12 @@ BEGIN
       JOIN pg_class c ON c.oid = i.inhrelid
      WHERE NOT c.relispartition
     UNION ALL
+    -- The fence and lease.acquire name the owner table in SQL (protect
+    -- refuses a name they could not write; this is a rename or move since).
+    SELECT p.relid, p.owner_table, 'name', n.problem
+      FROM p CROSS JOIN LATERAL (SELECT lease._name_problem(p.owner_table) AS problem) n
+     WHERE p.owner_table IS NOT NULL AND n.problem IS NOT NULL
+    UNION ALL
     SELECT p.relid, c.oid::regclass, 'relation', format('%s is no longer a table', c.oid::regclass)
       FROM p JOIN pg_class c ON c.oid IN (p.relid::oid, p.owner_table::oid)
      WHERE c.relkind NOT IN ('r', 'p')
@@ -1482,6 +1512,15 @@ BEGIN
       INTO touched
       FROM pg_event_trigger_ddl_commands() c
      WHERE c.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass, 'pg_rewrite'::regclass);
+    -- ALTER SCHEMA ... RENAME renames every table in the schema without
+    -- naming them: it touches the owner tables there, whose new names must
+    -- still be ones pg_lease can write in SQL (lease._name_problem).
+    IF tg_tag = 'ALTER SCHEMA' THEN
+        touched := ARRAY(SELECT p.owner_table::oid FROM lease.protected p
+                           JOIN pg_class k ON k.oid = p.owner_table::oid
+                           JOIN pg_event_trigger_ddl_commands() d
+                             ON d.classid = 'pg_namespace'::regclass AND d.objid = k.relnamespace);
+    END IF;
     IF touched IS NULL THEN
         RETURN;
     END IF;
@@ -1760,7 +1799,7 @@ REVOKE EXECUTE ON FUNCTION lease.protect(regclass, text[], name, regclass, text[
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:54
+-- src/lib.rs:56
 -- requires:
 --   fence
 --   lease::token_floor
@@ -2135,7 +2174,7 @@ REVOKE EXECUTE ON FUNCTION lease.token_ceiling(), lease.issue_tokens_above(bigin
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:179
+-- src/audit/status.rs:189
 -- pg_lease::audit::status::audit_databases
 CREATE  FUNCTION "audit_databases"() RETURNS TABLE (
 	"database" TEXT,  /* ServerText */
@@ -2158,7 +2197,7 @@ AS 'MODULE_PATHNAME', 'audit_databases_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:80
+-- src/audit/status.rs:90
 -- pg_lease::audit::status::audit_status
 CREATE  FUNCTION "audit_status"() RETURNS TABLE (
 	"preloaded" bool,  /* bool */
@@ -2179,7 +2218,7 @@ AS 'MODULE_PATHNAME', 'audit_status_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:454
+-- src/audit/status.rs:464
 -- pg_lease::audit::status::stats_reset
 CREATE  FUNCTION "stats_reset"() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE
@@ -2188,11 +2227,12 @@ AS 'MODULE_PATHNAME', 'stats_reset_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:41
+-- src/lib.rs:42
 -- requires:
 --   schema
 --   lease
 --   audit::status::table_stats
+--   audit::status::shown
 --   audit::status::stats
 --   audit::status::audit_status
 --   audit::status::audit_databases
@@ -2234,7 +2274,7 @@ SELECT pg_catalog.pg_extension_config_dump('lease.rejected_writes_id_seq', '');
 
 -- Live counters from shared memory, per protected table (of every database).
 CREATE VIEW lease.stats AS
-SELECT coalesce(d.datname::text, '(dropped)') AS database,
+SELECT coalesce(lease._shown(d.datname::text), '(dropped)') AS database,
        s.table_name,
        s.accepted,
        s.refused,
@@ -2394,7 +2434,7 @@ END $$;
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:60
+-- src/lib.rs:62
 -- requires:
 --   schema
 --   fence

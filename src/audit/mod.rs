@@ -213,15 +213,31 @@ pub fn on_refusal(refusal: &Refusal) {
     record.target_table.set(&facts.table);
     record.resource_key.set(&facts.resource);
     if gucs::AUDIT_STATEMENT.get() {
-        // SAFETY: debug_query_string is NULL or the statement being run (a
-        // process global, valid while it runs).
-        record.statement.set(&unsafe { owned(pg_sys::debug_query_string) });
+        record.statement.set(&statement_head());
     }
     if let Some(json) = &facts.row_json {
         // Already at most ROW_DATA_MAX bytes: never stored cut.
         record.row_data.set(json);
     }
     shmem::enqueue(&record, true);
+}
+
+/// The start of the statement being run, as the record keeps it: only its
+/// first `4 × N` bytes are converted (a server character of k bytes is at
+/// least k × 3/4 bytes of UTF-8), so a refusal costs the same whatever the
+/// statement's length; what the cut spoils lies past the N bytes kept.
+fn statement_head() -> String {
+    const READ: usize = 4 * shmem::STATEMENT_BYTES;
+    // SAFETY: debug_query_string is NULL or the statement being run (a
+    // process global, NUL-terminated, valid while it runs); its bytes are
+    // copied by from_server before this returns.
+    unsafe {
+        if pg_sys::debug_query_string.is_null() {
+            return String::new();
+        }
+        let bytes = std::ffi::CStr::from_ptr(pg_sys::debug_query_string).to_bytes();
+        pg::from_server(&bytes[..bytes.len().min(READ)])
+    }
 }
 
 /// A change applied by logical replication subscription `subid` (`name`)

@@ -49,6 +49,9 @@ impl<const N: usize> FixedStr<N> {
     }
 }
 
+/// How many bytes of UTF-8 a record keeps of the refused statement.
+pub const STATEMENT_BYTES: usize = 512;
+
 /// One refusal, as a writer will insert it into `lease.rejected_writes`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -70,7 +73,7 @@ pub struct AuditRecord {
     pub operation: FixedStr<16>,
     pub target_table: FixedStr<160>,
     pub resource_key: FixedStr<256>,
-    pub statement: FixedStr<512>,
+    pub statement: FixedStr<STATEMENT_BYTES>,
     pub row_data: FixedStr<512>,
 }
 
@@ -110,8 +113,11 @@ pub struct StatSlot {
     pub last_refusal: AtomicI64,
     /// Written once, under the lock, when the slot is claimed (before
     /// `relid` is published with Release ordering); read through
-    /// [`StatSlot::table_name`].
-    table_name: UnsafeCell<FixedStr<160>>,
+    /// [`StatSlot::table_name`]. Room for any qualified name as shown: two
+    /// names of at most 63 bytes, each byte written out as `\xNN` at worst,
+    /// quoted, and a dot (a record's `target_table` may be cut; it has the
+    /// relid beside it).
+    table_name: UnsafeCell<FixedStr<512>>,
 }
 
 impl StatSlot {

@@ -12,6 +12,16 @@ fn timestamp(t: i64) -> Option<TimestampWithTimeZone> {
     (t != 0).then(|| unsafe { TimestampWithTimeZone::from_datum(pg_sys::Datum::from(t), false) }).flatten()
 }
 
+/// `lease._shown(t)`: `t` (a name read from a catalog shared by every
+/// database, such as `pg_database.datname`, whose bytes need not be valid in
+/// this database's encoding) as pg_lease shows text: every byte that is not
+/// a character of this encoding with an exact UTF-8 form written out as
+/// `\xNN` (`pg::from_server`), so the result can reach any client.
+#[pg_extern(name = "_shown", stable, parallel_safe, strict)]
+pub fn shown(t: crate::pg::ShownText) -> crate::pg::ShownText {
+    t
+}
+
 /// Per protected table counters of every database (for the `lease.stats`
 /// view; `lease._stats()` until 0.4.0, without `replicated`).
 // pgrx reads the column names from `name!` in the signature itself.

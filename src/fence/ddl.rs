@@ -57,12 +57,31 @@ pub unsafe fn retyped_columns(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
 /// the DDL guard (SECURITY DEFINER) never runs a user's operators or casts
 /// with its own rights. Not executable by PUBLIC.
 #[pgrx::pg_extern(name = "_exists_as_owner", volatile, parallel_unsafe)]
-pub fn exists_as_owner(rel: pg_sys::Oid, query: crate::pg::ServerText) -> bool {
-    let query = crate::pg::server_cstring(&query.0);
+pub fn exists_as_owner(rel: pg_sys::Oid, query: crate::pg::ServerBytes) -> bool {
+    // (As the guard built it: the table's name as stored, whatever it is in
+    // UTF-8.)
+    let query = query.sql();
     crate::pg::as_table_owner(rel, || {
         pgrx::spi::Spi::connect_mut(|client| client.update(&query, Some(1), &[])?.first().get_one::<bool>())
             .unwrap_or_else(|e| pgrx::error!("pg_lease: {e}"))
             .unwrap_or(false)
+    })
+}
+
+/// `lease._name_problem(rel)`: NULL when pg_lease can name owner table `rel`
+/// in SQL (its schema and table names have exact UTF-8 forms, which
+/// `protect` requires); otherwise why not, for `lease._fence_problems`: the
+/// fence and `lease.acquire` read owner rows through SQL that names the
+/// table, and would refuse every write (22P05) after a rename or a move to
+/// such a name.
+#[pgrx::pg_extern(name = "_name_problem", stable, parallel_safe)]
+pub fn name_problem(rel: pg_sys::Oid) -> Option<crate::pg::ShownText> {
+    (!crate::pg::relation_names_exact(rel)).then(|| {
+        crate::pg::ShownText(format!(
+            "owner table {} has a name with a character that has no exact UTF-8 form in this {} database (shown as \\x..), which pg_lease cannot name in SQL: rename it",
+            crate::pg::display(rel),
+            crate::pg::encoding_name()
+        ))
     })
 }
 

@@ -404,3 +404,21 @@ pub fn check_lease_state_indexes(c: &mut Client) {
     assert_eq!(by_pkey, heap, "rows through lease_state_pkey");
     assert_eq!(by_owner, live, "live rows through lease_state_owner");
 }
+
+/// Runs `script` with psql in database `db` as `user`, client encoding
+/// `encoding` (a MULE_INTERNAL database takes no UTF-8 client: PostgreSQL
+/// has no conversion between them); (stdout, stderr).
+pub fn psql(db: &str, user: &str, encoding: &str, script: impl AsRef<[u8]>) -> (String, String) {
+    use std::io::Write;
+    let mut child = std::process::Command::new(pg_bin("psql"))
+        .args(["-X", "-q", "-A", "-t", "-h", "127.0.0.1", "-p", &port().to_string(), "-U", user, "-d", db])
+        .env("PGCLIENTENCODING", encoding)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("psql");
+    child.stdin.take().expect("stdin").write_all(script.as_ref()).expect("script");
+    let out = child.wait_with_output().expect("psql");
+    (String::from_utf8_lossy(&out.stdout).trim().to_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}

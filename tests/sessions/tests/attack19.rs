@@ -316,8 +316,9 @@ fn euc_jp_acquire_bound_to_an_nec_owner_table_fences_the_stale_writer() {
 /// "public.po鐃緒申" does not exist` (mojibake of U+FFFD in the message too;
 /// a JIS name such as `"所有"` works, and so does LATIN1 `"pé"`).
 /// Fixed in 0.9.2 by refusing such an owner table in `protect` (`22P05`,
-/// README Limits), before any write depends on it; a table fenced first and
-/// renamed so afterwards fails closed: every write `22P05`, none committed.
+/// README Limits), before any write depends on it; renaming a table fenced
+/// first to such a name is refused by the DDL guard (`LF008`, since session
+/// 12: it failed closed before, every write `22P05`).
 #[test]
 fn writes_fenced_against_a_partitioned_owner_table_whose_name_converts_alike_are_judged() {
     for (label, encoding, char) in [("a19_sa_parted", SQL_ASCII, LATIN1_E), ("a19_ej_parted", EUC_JP, NEC_ROOT)] {
@@ -339,19 +340,24 @@ fn writes_fenced_against_a_partitioned_owner_table_whose_name_converts_alike_are
         // Fenced under an ASCII name, then renamed to one with no exact UTF-8 form.
         ok(
             &mut c,
-            &format!(
-                "CREATE TABLE po2 (id text PRIMARY KEY, owner_fencing_token bigint) PARTITION BY LIST (id);
-                 CREATE TABLE po2_a PARTITION OF po2 FOR VALUES IN ('a');
-                 INSERT INTO po2 VALUES ('a', 5);
-                 SELECT lease.protect('pp', '{{k}}', 'tok', 'po2');
-                 INSERT INTO pp VALUES ('a', 5);
-                 DO $$ BEGIN EXECUTE format('ALTER TABLE po2 RENAME TO %I', 'po' || {char} || '2'); END $$;"
-            ),
+            "CREATE TABLE po2 (id text PRIMARY KEY, owner_fencing_token bigint) PARTITION BY LIST (id);
+             CREATE TABLE po2_a PARTITION OF po2 FOR VALUES IN ('a');
+             INSERT INTO po2 VALUES ('a', 5);
+             SELECT lease.protect('pp', '{k}', 'tok', 'po2');
+             INSERT INTO pp VALUES ('a', 5);",
+        );
+        let rename = run(
+            &mut c,
+            &format!("DO $$ BEGIN EXECUTE format('ALTER TABLE po2 RENAME TO %I', 'po' || {char} || '2'); END $$"),
         );
         let current = run(&mut c, "INSERT INTO pp VALUES ('a', 5)").map(|r| r[0].clone());
         let stale = run(&mut c, "INSERT INTO pp VALUES ('a', 4)").map(|r| r[0].clone());
-        assert_eq!((current.as_deref(), stale.as_deref()), (Some("22P05"), Some("22P05")), "{label}");
-        assert_eq!(one_i64(&mut c, "SELECT count(*) FROM pp"), 1, "{label}");
+        assert_eq!(
+            (rename.map(|r| r[0].clone()).as_deref(), current.as_deref(), stale.as_deref()),
+            (Some("LF008"), None, Some("LF001")),
+            "{label}"
+        );
+        assert_eq!(one_i64(&mut c, "SELECT count(*) FROM pp"), 2, "{label}");
     }
 }
 

@@ -161,24 +161,6 @@ impl Drop for RawRole {
     }
 }
 
-/// Runs `script` with psql in database `db` as `user`, client encoding
-/// `encoding` (a MULE_INTERNAL database takes no UTF-8 client: PostgreSQL
-/// has no conversion between them); (stdout, stderr).
-fn psql(db: &str, user: &str, encoding: &str, script: impl AsRef<[u8]>) -> (String, String) {
-    use std::io::Write;
-    let mut child = std::process::Command::new(pg_bin("psql"))
-        .args(["-X", "-q", "-A", "-t", "-h", "127.0.0.1", "-p", &port().to_string(), "-U", user, "-d", db])
-        .env("PGCLIENTENCODING", encoding)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("psql");
-    child.stdin.take().expect("stdin").write_all(script.as_ref()).expect("script");
-    let out = child.wait_with_output().expect("psql");
-    (String::from_utf8_lossy(&out.stdout).trim().to_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
 /// **Hole (medium): stale writers escape the audit.** A MULE_INTERNAL
 /// database (a server encoding PostgreSQL converts to and from no UTF-8),
 /// `pay (k, tok, note)` fenced against `tables`, row `a` at token 5,

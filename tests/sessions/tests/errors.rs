@@ -220,6 +220,8 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         "lease._install_truncate_guard(regclass)",
         "lease._key_equality(oid,oid)",
         "lease._key_identity_problem(oid,oid)",
+        // Whether an owner table's name can be written in SQL (a message or NULL).
+        "lease._name_problem(oid)",
         "lease._owner_key_index(oid,text[],oid[])",
         // Check that the caller holds EXECUTE on protect/unprotect/judge_replicated and owns the tables.
         "lease._judge_replicated(oid,boolean)",
@@ -242,6 +244,8 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         "lease._shard_id(oid)",
         "lease._shard_of(oid)",
         "lease._shard_problems(regclass,regclass[],boolean,boolean)",
+        // A text as pg_lease shows it (lease.stats' database names).
+        "lease._shown(text)",
         "lease._trigger_args(bytea)",
         "lease._trigger_ddl(regclass,text)",
         "lease.bind_token(bigint)",

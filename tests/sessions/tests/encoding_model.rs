@@ -10,12 +10,18 @@
 //! convert to two code points beside the pairs that make the same points;
 //! LATIN1; MULE_INTERNAL, which a UTF-8 client cannot reach, is attack20's),
 //! and up to ten
-//! steps: `lease.acquire` bound to a key's owner row, or a write with the
-//! current, an older or a newer token. A small model predicts each outcome:
+//! steps: `lease.acquire` bound to a key's owner row, a write with the
+//! current, an older or a newer token, or DDL that renames the owner table,
+//! moves it to another schema or renames its schema, to a name spelled like
+//! a key (attack21: an owner table renamed to a name with no exact UTF-8
+//! form silenced the fence). A small model predicts each outcome:
 //! `acquire` bumps exactly that row when the key has an exact UTF-8 form
 //! (it converts back to the same bytes; the model knows which characters do)
 //! and is refused with `22P05` otherwise, touching no row; a write is
-//! accepted with the current token and refused `LF001`/`LF002` otherwise.
+//! accepted with the current token and refused `LF001`/`LF002` otherwise;
+//! the DDL is accepted when the new name has an exact UTF-8 form and refused
+//! with `LF008` otherwise, leaving the name as it was. `lease.stats` must
+//! read at every step.
 //! After every step each owner row's token must equal the model's, and at the
 //! end every refusal must be in the audit, distinct keys under distinct
 //! `resource_key`s.
@@ -121,6 +127,10 @@ enum Step {
     Acquire(usize),
     /// A write for key `.0` with the current token plus `.1` (-1, 0, 1).
     Write(usize, i64),
+    /// The owner table's qualified name changed to one holding key `.0`'s
+    /// spelling: `.1` 0 renames the table, 1 moves it to a new schema, 2
+    /// renames its schema.
+    Rename(usize, u8),
 }
 
 #[derive(Clone, Debug)]
@@ -133,7 +143,7 @@ fn case(enc: Encoding) -> impl Strategy<Value = Case> {
     let n = enc.alphabet().len();
     (
         prop::collection::vec(prop::collection::vec(0..n, 1..=3), 1..=4),
-        prop::collection::vec((0..4usize, 0..4u8), 1..=10),
+        prop::collection::vec((0..4usize, 0..5u8, 0..3u8), 1..=10),
     )
         .prop_map(move |(keys, steps)| {
             // Keys are rows: one per distinct spelling.
@@ -145,10 +155,11 @@ fn case(enc: Encoding) -> impl Strategy<Value = Case> {
             }
             let steps = steps
                 .into_iter()
-                .map(|(k, what)| {
+                .map(|(k, what, kind)| {
                     let k = k % distinct.len();
                     match what {
                         0 => Step::Acquire(k),
+                        4 => Step::Rename(k, kind),
                         w => Step::Write(k, i64::from(w) - 2),
                     }
                 })
@@ -157,17 +168,26 @@ fn case(enc: Encoding) -> impl Strategy<Value = Case> {
         })
 }
 
-/// Runs one case on fresh tables `t{n}` (owner rows) and `p{n}` (fenced).
+/// The owner table's qualified name now, as SQL (only names with an exact
+/// UTF-8 form are ever given to it, so the client's UTF-8 text names it).
+fn owner_name(c: &mut Client, oid: u32) -> String {
+    c.query_one(&format!("SELECT {oid}::pg_catalog.regclass::text"), &[]).unwrap().get(0)
+}
+
+/// Runs one case on fresh tables `s{n}.t{n}` (owner rows) and `p{n}` (fenced).
 fn run_case(c: &mut Client, enc: Encoding, n: u32, case: &Case) -> Result<(), TestCaseError> {
-    let (t, p) = (format!("t{n}"), format!("p{n}"));
+    let p = format!("p{n}");
     must_run(
         c,
         &format!(
-            "CREATE TABLE {t} (id text PRIMARY KEY, owner_fencing_token bigint);
+            "CREATE SCHEMA s{n};
+             CREATE TABLE s{n}.t{n} (id text PRIMARY KEY, owner_fencing_token bigint);
              CREATE TABLE {p} (k text NOT NULL, tok bigint);
-             SELECT lease.protect('{p}', '{{k}}', 'tok', '{t}');"
+             SELECT lease.protect('{p}', '{{k}}', 'tok', 's{n}.t{n}');"
         ),
     );
+    let oid = one_i64(c, &format!("SELECT 's{n}.t{n}'::regclass::oid::bigint")) as u32;
+    let mut t = owner_name(c, oid);
     let mut model: Vec<i64> = vec![5; case.keys.len()];
     for k in &case.keys {
         must_run(c, &format!("INSERT INTO {t} VALUES ({}, 5)", key_sql(enc, k)));
@@ -195,6 +215,28 @@ fn run_case(c: &mut Client, enc: Encoding, n: u32, case: &Case) -> Result<(), Te
                     prop_assert_eq!(code.as_deref(), Some("22P05"), "step {}: acquire {:?}", i, step);
                 }
             }
+            Step::Rename(k, kind) => {
+                let name = format!("'r{n}_{i}_' || {}", key_sql(enc, &case.keys[k]));
+                let ddl = match kind {
+                    0 => format!("EXECUTE format('ALTER TABLE %s RENAME TO %I', {oid}::regclass, {name})"),
+                    1 => format!(
+                        "EXECUTE format('CREATE SCHEMA %I', {name});
+                         EXECUTE format('ALTER TABLE %s SET SCHEMA %I', {oid}::regclass, {name})"
+                    ),
+                    _ => format!(
+                        "EXECUTE format('ALTER SCHEMA %I RENAME TO %I',
+                                        (SELECT n.nspname FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace
+                                          WHERE r.oid = {oid}), {name})"
+                    ),
+                };
+                let sql = format!("DO $$ BEGIN {ddl}; END $$");
+                let code = failure(c, &sql).map(|[code, _]| code);
+                let expected = (!enc.exact(&case.keys[k])).then_some("LF008");
+                prop_assert_eq!(code.as_deref(), expected, "step {}: {}", i, sql);
+                let now = owner_name(c, oid);
+                prop_assert!((now != t) == expected.is_none(), "step {i}: owner table {t} is now {now}");
+                t = now;
+            }
             Step::Write(k, delta) => {
                 let token = model[k] + delta;
                 let sql = format!("INSERT INTO {p} VALUES ({}, {token})", key_sql(enc, &case.keys[k]));
@@ -220,6 +262,8 @@ fn run_case(c: &mut Client, enc: Encoding, n: u32, case: &Case) -> Result<(), Te
             )
             .unwrap();
         let got: BTreeMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        // lease.stats reads whatever names the owner table had.
+        prop_assert!(failure(c, "SELECT count(*) FROM lease.stats").is_none(), "step {}: lease.stats", i);
         let want: BTreeMap<String, i64> =
             case.keys.iter().zip(&model).map(|(k, &tok)| (hex(&bytes(enc, k)), tok)).collect();
         prop_assert_eq!(&got, &want, "after step {}", i);

@@ -324,7 +324,12 @@ pub fn to_server(s: &str) -> std::borrow::Cow<'_, [u8]> {
 /// [`to_server`] as a C string (SQL text, messages); a NUL ends it there
 /// (PostgreSQL's text has none).
 pub fn server_cstring(s: &str) -> std::ffi::CString {
-    let bytes = to_server(s);
+    cstring_to_nul(&to_server(s))
+}
+
+/// `bytes` up to their first NUL (all of them when there is none) as a C
+/// string.
+fn cstring_to_nul(bytes: &[u8]) -> std::ffi::CString {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
     std::ffi::CString::new(&bytes[..end]).expect("cut at the first NUL")
 }
@@ -393,8 +398,7 @@ pub struct ServerBytes(pub Vec<u8>);
 impl ServerBytes {
     /// The bytes as a C string for SPI (text holds no NUL).
     pub fn sql(&self) -> std::ffi::CString {
-        let end = self.0.iter().position(|&b| b == 0).unwrap_or(self.0.len());
-        std::ffi::CString::new(&self.0[..end]).expect("cut at the first NUL")
+        cstring_to_nul(&self.0)
     }
 }
 

@@ -44,9 +44,9 @@ BEGIN
         SELECT g.tgrelid::regclass AS rel, g.tgname FROM pg_trigger g
          WHERE g.tgname IN ('pg_lease_owner_guard', 'pg_lease_owner_truncate') AND g.tgparentid = 0
            AND g.tgfoid IN ('lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
-           AND coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (owner_roots)
-           AND NOT (coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (ARRAY(
-                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
+           AND lease._under(g.tgrelid, owner_roots)
+           AND NOT lease._under(g.tgrelid, ARRAY(
+                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL))
            AND NOT (g.tgrelid = ANY (dropped_tables))
     LOOP
         PERFORM lease._trigger_ddl(orphan.rel, format('DROP TRIGGER %I ON %s', orphan.tgname, orphan.rel));
@@ -267,6 +267,19 @@ BEGIN
       FROM p CROSS JOIN LATERAL (SELECT lease._name_problem(p.owner_table) AS problem) n
      WHERE p.owner_table IS NOT NULL AND n.problem IS NOT NULL
     UNION ALL
+    -- A table carrying an owner table's TRUNCATE guard outside every owner
+    -- table: a partition detached while the DDL guard was disabled (the
+    -- guard refuses that), its owner rows and their tokens out of the fence.
+    -- (Which owner table it left cannot be told: every fence against one
+    -- reports it.)
+    SELECT p.relid, g.tgrelid::regclass, 'detached',
+           format('table %s carries pg_lease''s owner TRUNCATE guard but is in no owner table: an owner partition detached unseen (its owner rows and their fencing tokens are outside the fence); attach it again, or drop the trigger if its rows hold no current tokens',
+                  g.tgrelid::regclass)
+      FROM p
+      JOIN pg_trigger g ON g.tgname = 'pg_lease_owner_truncate' AND g.tgfoid = 'lease.truncate_guard'::regproc
+     WHERE p.owner_table IS NOT NULL
+       AND NOT lease._under(g.tgrelid, ARRAY(SELECT q.owner_table::oid FROM lease.protected q WHERE q.owner_table IS NOT NULL))
+    UNION ALL
     SELECT p.relid, c.oid::regclass, 'relation', format('%s is no longer a table', c.oid::regclass)
       FROM p JOIN pg_class c ON c.oid IN (p.relid::oid, p.owner_table::oid)
      WHERE c.relkind NOT IN ('r', 'p')
@@ -337,10 +350,20 @@ BEGIN
     SELECT array_agg(DISTINCT CASE c.classid
                                   WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = c.objid)
                                   WHEN 'pg_rewrite'::regclass THEN (SELECT w.ev_class FROM pg_rewrite w WHERE w.oid = c.objid)
+                                  -- (a composite type: lease._reached finds its typed tables)
+                                  WHEN 'pg_type'::regclass THEN (SELECT y.typrelid FROM pg_type y WHERE y.oid = c.objid AND y.typrelid <> 0)
                                   ELSE coalesce((SELECT x.indrelid FROM pg_index x WHERE x.indexrelid = c.objid), c.objid) END)
       INTO touched
       FROM pg_event_trigger_ddl_commands() c
-     WHERE c.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass, 'pg_rewrite'::regclass);
+     WHERE c.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass, 'pg_rewrite'::regclass, 'pg_type'::regclass);
+    -- ALTER EXTENSION (SET SCHEMA moves every member without naming it)
+    -- touches the tables that are members of the extension.
+    IF tg_tag = 'ALTER EXTENSION' THEN
+        touched := touched || ARRAY(SELECT d.objid FROM pg_event_trigger_ddl_commands() c
+                                      JOIN pg_depend d ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = c.objid
+                                                      AND d.classid = 'pg_class'::regclass AND d.deptype = 'e'
+                                     WHERE c.classid = 'pg_extension'::regclass);
+    END IF;
     -- ALTER SCHEMA ... RENAME renames every table in the schema without
     -- naming them: it touches the owner tables there, whose new names must
     -- still be ones pg_lease can write in SQL (lease._name_problem).
@@ -359,16 +382,18 @@ BEGIN
     END IF;
 
     -- ALTER COLUMN ... TYPE of a fenced column, even to its own type: with
-    -- USING it rewrites every row, and no row trigger sees it.
+    -- USING it rewrites every row, and no row trigger sees it. The command
+    -- changes the table it names, what it recurses into (children, typed
+    -- tables: lease._reached) and, on a partition, a column its root has.
     SELECT c.objid::regclass AS rel, x.col, p.relid INTO broken
       FROM pg_event_trigger_ddl_commands() c
      CROSS JOIN LATERAL unnest(lease._retyped_columns(c.command)) x(col)
+     CROSS JOIN LATERAL (SELECT lease._reached(ARRAY[c.objid])
+                                || ARRAY(SELECT a.relid::oid FROM pg_partition_ancestors(c.objid) a) AS rels) r
       JOIN lease.protected p ON p.relid::oid = ANY (concerned)
-     WHERE c.command_tag = 'ALTER TABLE'
-       AND ((coalesce(pg_partition_root(c.objid), c.objid) = p.relid::oid
-             AND (x.col = ANY (p.key_columns) OR x.col = p.token_column))
-         OR (coalesce(pg_partition_root(c.objid), c.objid) = p.owner_table::oid
-             AND (x.col = ANY (p.owner_key_columns) OR x.col = p.owner_token_column)))
+     WHERE c.command_tag IN ('ALTER TABLE', 'ALTER TYPE')
+       AND ((p.relid::oid = ANY (r.rels) AND (x.col = ANY (p.key_columns) OR x.col = p.token_column))
+         OR (p.owner_table::oid = ANY (r.rels) AND (x.col = ANY (p.owner_key_columns) OR x.col = p.owner_token_column)))
      LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',
@@ -387,15 +412,26 @@ BEGIN
           FROM lease.protected p
           CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
           CROSS JOIN LATERAL pg_partition_tree(r.root) t
-          JOIN pg_inherits i ON i.inhrelid = t.relid AND i.xmin = xid(pg_current_xact_id())
+          JOIN pg_inherits i ON i.inhrelid = t.relid AND lease._this_transaction(i.xmin)
           CROSS JOIN LATERAL pg_partition_tree(t.relid) m
          WHERE p.relid::oid = ANY (concerned)
            AND t.relid <> r.root
     LOOP
+        -- A foreign table's rows are written on another server, past the
+        -- fence and the owner guard, and it can have no TRUNCATE guard.
+        IF EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = part.child AND c.relkind = 'f') THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would make foreign table %s a partition of %s %s', tg_tag, part.child::regclass,
+                       CASE WHEN part.is_owner THEN 'owner table' ELSE 'fenced table' END,
+                       CASE WHEN part.is_owner THEN part.owner_table ELSE part.relid END),
+                format('Rows of a foreign table are written on another server, where pg_lease''s %s cannot see them. Keep foreign tables out of %s.',
+                       CASE WHEN part.is_owner THEN 'owner guard' ELSE 'fence' END,
+                       CASE WHEN part.is_owner THEN part.owner_table ELSE part.relid END));
+        END IF;
         IF part.is_owner THEN
             IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_owner_truncate') THEN
                 IF EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.owner_table AND g.tgname = 'pg_lease_owner_guard'
-                              AND g.xmin <> xid(pg_current_xact_id())) THEN
+                              AND NOT lease._this_transaction(g.xmin)) THEN
                     PERFORM lease._install_owner_truncate_guard(part.child);
                 ELSE
                     INSERT INTO lease.deferred_checks VALUES (part.child, part.relid);
@@ -412,7 +448,7 @@ BEGIN
         END IF;
         IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_truncate') THEN
             IF EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.relid AND g.tgname = 'pg_lease_fence'
-                          AND g.xmin <> xid(pg_current_xact_id())) THEN
+                          AND NOT lease._this_transaction(g.xmin)) THEN
                 PERFORM lease._install_truncate_guard(part.child);
             ELSE
                 INSERT INTO lease.deferred_checks VALUES (part.child, part.relid);
@@ -456,9 +492,9 @@ BEGIN
          WHERE tg_tag = 'ALTER TABLE'
            AND g.tgname IN ('pg_lease_truncate', 'pg_lease_owner_truncate')
            AND g.tgfoid = 'lease.truncate_guard'::regproc
-           AND NOT (coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (ARRAY(
+           AND NOT lease._under(g.tgrelid, ARRAY(
                    SELECT p.relid::oid FROM lease.protected p UNION ALL
-                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
+                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL))
     LOOP
         -- (Whatever rows it holds, by any snapshot: a partition of an owner
         -- table never leaves it while a fence uses it.)
@@ -505,3 +541,132 @@ SELECT coalesce(lease._shown(d.datname::text), '(dropped)') AS database,
   FROM lease._table_stats() s
   LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.database_oid
  CROSS JOIN lease.audit_status() a;
+-- The DDL guard (attack review 22) follows a command down to every table it
+-- changes (inheritance children, partitions, typed tables of a composite
+-- type, members of an extension), treats a protected table that is itself a
+-- partition of an unprotected one as the root of its fence, recognises
+-- partitions joined inside a subtransaction, refuses foreign partitions
+-- clearly, reports an owner partition detached unseen, and guards a
+-- partition created after lease.protect in the same transaction.
+CREATE FUNCTION lease._this_transaction(xmin xid) RETURNS boolean
+    LANGUAGE C STRICT STABLE AS 'MODULE_PATHNAME', 'pg_lease_this_transaction';
+REVOKE EXECUTE ON FUNCTION lease._this_transaction(xid) FROM PUBLIC;
+CREATE FUNCTION lease._reached(rels oid[]) RETURNS oid[]
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    WITH RECURSIVE down (r) AS (
+        SELECT unnest(rels)
+        UNION
+        SELECT t.oid FROM pg_class c JOIN pg_class t ON t.reloftype = c.reltype
+         WHERE c.oid = ANY (rels) AND c.relkind = 'c'
+        UNION
+        SELECT i.inhrelid FROM pg_inherits i JOIN down ON i.inhparent = down.r
+    )
+    SELECT array_agg(r) FROM down
+$$;
+REVOKE EXECUTE ON FUNCTION lease._reached(oid[]) FROM PUBLIC;
+
+-- Whether `rel` is one of `roots` or a partition (at any depth) of one: a
+-- protected table may itself be a partition of a table pg_lease does not
+-- protect, so "under a root" is not "pg_partition_root is a root".
+CREATE FUNCTION lease._under(rel oid, roots oid[]) RETURNS boolean
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    SELECT rel = ANY (roots) OR EXISTS (SELECT 1 FROM pg_partition_ancestors(rel) a WHERE a.relid::oid = ANY (roots))
+$$;
+REVOKE EXECUTE ON FUNCTION lease._under(oid, oid[]) FROM PUBLIC;
+CREATE OR REPLACE FUNCTION lease._concerned(rels oid[]) RETURNS oid[]
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    WITH RECURSIVE up (r) AS (
+        SELECT unnest(rels)
+        UNION
+        SELECT i.inhparent FROM pg_inherits i JOIN up ON i.inhrelid = up.r
+    ),
+    related (r) AS (SELECT r FROM up UNION SELECT unnest(lease._reached(rels)))
+    SELECT array_agg(p.relid::oid) FROM lease.protected p
+     WHERE p.relid::oid IN (SELECT r FROM related) OR p.owner_table::oid IN (SELECT r FROM related)
+$$;
+CREATE OR REPLACE FUNCTION lease._shard_problems(shell regclass, shards regclass[] DEFAULT NULL, complete boolean DEFAULT false,
+                                      created_now boolean DEFAULT false)
+RETURNS TABLE (rel regclass, problem text)
+    LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    shard regclass;
+    suffix text;
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NULL THEN
+        RETURN;
+    END IF;
+    IF shards IS NULL THEN
+        -- Dynamic: pg_lease does not depend on Citus.
+        EXECUTE $q$SELECT array_agg(pg_catalog.to_regclass(pg_catalog.shard_name(s.logicalrelid, s.shardid, false)))
+                     FROM pg_catalog.pg_dist_shard s
+                     JOIN pg_catalog.pg_dist_placement p ON p.shardid = s.shardid
+                     JOIN pg_catalog.pg_dist_local_group g ON g.groupid = p.groupid
+                    WHERE s.logicalrelid = $1$q$ INTO shards USING shell;
+    END IF;
+    FOREACH shard IN ARRAY coalesce(shards, '{}') LOOP
+        CONTINUE WHEN shard IS NULL OR lease._shard_of(shard) IS DISTINCT FROM shell::oid;
+        suffix := '_' || lease._shard_id(shard);
+        RETURN QUERY
+            SELECT shard, format('its copy %I of pg_lease''s trigger is %s', c.tgname,
+                                 CASE WHEN c.tgenabled <> 'A' THEN 'not enabled ALWAYS'
+                                      ELSE 'changed (it no longer fires on every row and event)' END)
+              FROM pg_trigger c
+             WHERE c.tgrelid = shard AND NOT c.tgisinternal
+               AND c.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
+               AND ((c.tgenabled <> 'A'
+                     AND NOT (created_now AND c.tgenabled = 'O' AND lease._this_transaction(c.xmin)))
+                    OR c.tgqual IS NOT NULL OR cardinality(c.tgattr::int2[]) > 0
+                    OR c.tgtype <> CASE WHEN c.tgfoid = 'lease.truncate_guard'::regproc THEN 34 ELSE 31 END);
+        IF complete THEN
+            RETURN QUERY
+                SELECT shard, format('it has no copy %I of pg_lease''s trigger %I on %s', t.tgname || suffix, t.tgname, shell)
+                  FROM pg_trigger t
+                 WHERE t.tgrelid = shell AND NOT t.tgisinternal
+                   AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc)
+                   AND NOT EXISTS (SELECT 1 FROM pg_trigger c
+                                    WHERE c.tgrelid = shard AND c.tgname = t.tgname || suffix AND c.tgfoid = t.tgfoid);
+        END IF;
+    END LOOP;
+END $$;
+CREATE OR REPLACE FUNCTION lease._check_at_commit() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+DECLARE
+    gap record;
+BEGIN
+    DELETE FROM lease.deferred_checks d WHERE d.rel = NEW.rel AND d.root = NEW.root;
+    -- A Citus shard (see lease._guard_ddl; NULL when dropped since).
+    IF lease._shard_of(NEW.rel) IS NOT DISTINCT FROM NEW.root::oid THEN
+        SELECT s.rel, s.problem INTO gap FROM lease._shard_problems(NEW.root, ARRAY[NEW.rel]) s LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('the transaction would commit shard %s of %s without pg_lease''s fence', NEW.rel, NEW.root),
+                format('Shard %s: %s. Change a distributed table''s fence on the Citus coordinator, with lease.protect and lease.unprotect.', gap.rel, gap.problem));
+        END IF;
+        RETURN NULL;
+    END IF;
+    -- A partition that joined after lease.protect in the same transaction
+    -- (no dump brings its TRUNCATE guard): when everything else of the
+    -- fence is in place, it gets the guard now.
+    IF NEW.rel <> NEW.root AND NOT EXISTS (
+           SELECT 1 FROM lease._fence_problems(ARRAY[NEW.root::oid]) f
+            WHERE f.kind IN ('missing', 'disabled') AND f.rel <> NEW.rel) THEN
+        PERFORM CASE e.tgname WHEN 'pg_lease_truncate' THEN lease._install_truncate_guard(NEW.rel)
+                              ELSE lease._install_owner_truncate_guard(NEW.rel) END
+           FROM lease._expected_triggers(ARRAY[NEW.root::oid]) e
+          WHERE e.rel = NEW.rel::oid AND e.tgname IN ('pg_lease_truncate', 'pg_lease_owner_truncate')
+            AND NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = NEW.rel AND g.tgname = e.tgname);
+    END IF;
+    SELECT f.relid, f.problem INTO gap
+      FROM lease._fence_problems(ARRAY[NEW.root::oid]) f
+     WHERE f.rel = NEW.rel AND f.kind IN ('missing', 'disabled')
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._raise('FenceTampering',
+            CASE WHEN NEW.rel = NEW.root
+                 THEN format('the transaction would commit %s without its pg_lease guards', NEW.rel)
+                 ELSE format('the transaction would commit partition %s of %s without its pg_lease guards', NEW.rel, NEW.root) END,
+            format('Table %s: %s.', gap.relid, gap.problem));
+    END IF;
+    RETURN NULL;
+END $$;
+

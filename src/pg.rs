@@ -741,6 +741,15 @@ pub fn display(relid: pg_sys::Oid) -> String {
     qualified_name(&schema, &table)
 }
 
+/// [`display`] of `relid` as it is named now, None when no relation has
+/// that OID in this database.
+pub fn display_if_exists(relid: pg_sys::Oid) -> Option<String> {
+    // SAFETY: a syscache lookup accepting any OID (NULL when missing); the
+    // palloc'd copy it returns is only tested for NULL here.
+    let exists = unsafe { !pg_sys::get_rel_name(relid).is_null() };
+    exists.then(|| display(relid))
+}
+
 /// (schema, relation name) of `relid` to be shown ([`from_server`]: never
 /// raises), not put into SQL.
 pub fn shown_relation_names(relid: pg_sys::Oid) -> (String, String) {
@@ -1239,6 +1248,15 @@ pub unsafe fn run_token_plan(
 pub fn now() -> pg_sys::TimestampTz {
     // SAFETY: reads the clock; no precondition.
     unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+/// Whether `xid` (a catalog row's xmin) is this transaction's or one of its
+/// subtransactions' (open, or committed into it: a released SAVEPOINT, a
+/// PL/pgSQL block with EXCEPTION). A frozen or invalid xid is not.
+pub fn written_by_this_transaction(xid: pg_sys::TransactionId) -> bool {
+    // SAFETY: reads only this backend's transaction state; any xid value is
+    // valid input (it is compared, never looked up in pg_xact).
+    unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xid) }
 }
 
 /// This backend's process id.

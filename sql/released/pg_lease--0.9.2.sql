@@ -71,7 +71,7 @@ AS 'MODULE_PATHNAME', 'bound_token_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:59
+-- src/fence/ddl.rs:79
 -- pg_lease::fence::ddl::_exists_as_owner
 CREATE  FUNCTION "_exists_as_owner"(
 	"rel" oid, /* pg_sys :: Oid */
@@ -106,7 +106,7 @@ AS 'MODULE_PATHNAME', 'judge_replicated_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:285
+-- src/fence/ddl.rs:305
 -- pg_lease::fence::ddl::_key_equality
 CREATE  FUNCTION "_key_equality"(
 	"left" oid, /* pg_sys :: Oid */
@@ -142,7 +142,7 @@ AS 'MODULE_PATHNAME', 'lock_owner_row_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:77
+-- src/fence/ddl.rs:97
 -- pg_lease::fence::ddl::_name_problem
 CREATE  FUNCTION "_name_problem"(
 	"rel" oid /* pg_sys :: Oid */
@@ -170,7 +170,7 @@ AS 'MODULE_PATHNAME', 'next_token_sql_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:240
+-- src/fence/ddl.rs:260
 -- pg_lease::fence::ddl::_owner_key_index
 CREATE  FUNCTION "_owner_key_index"(
 	"owner" oid, /* pg_sys :: Oid */
@@ -246,7 +246,7 @@ AS 'MODULE_PATHNAME', 'shown_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:68
+-- src/audit/status.rs:77
 -- pg_lease::audit::status::_stats
 CREATE  FUNCTION "_stats"() RETURNS TABLE (
 	"database_oid" oid,  /* pg_sys :: Oid */
@@ -329,6 +329,11 @@ CREATE FUNCTION lease.truncate_guard() RETURNS trigger
 CREATE FUNCTION lease._retyped_columns(command pg_ddl_command) RETURNS text[]
     LANGUAGE C STRICT AS 'MODULE_PATHNAME', 'pg_lease_retyped_columns';
 REVOKE EXECUTE ON FUNCTION lease._retyped_columns(pg_ddl_command) FROM PUBLIC;
+-- Whether a catalog row's xmin is this transaction's, its subtransactions'
+-- included (src/fence/ddl.rs), for the DDL guard.
+CREATE FUNCTION lease._this_transaction(xmin xid) RETURNS boolean
+    LANGUAGE C STRICT STABLE AS 'MODULE_PATHNAME', 'pg_lease_this_transaction';
+REVOKE EXECUTE ON FUNCTION lease._this_transaction(xid) FROM PUBLIC;
 -- DDL guard for what must be refused before a command commits anything (src/fence/ddl.rs).
 CREATE FUNCTION lease._guard_ddl_start() RETURNS event_trigger
     LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_guard_ddl_start';
@@ -600,7 +605,7 @@ BEGIN
              WHERE c.tgrelid = shard AND NOT c.tgisinternal
                AND c.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
                AND ((c.tgenabled <> 'A'
-                     AND NOT (created_now AND c.tgenabled = 'O' AND c.xmin = pg_catalog.xid(pg_catalog.pg_current_xact_id())))
+                     AND NOT (created_now AND c.tgenabled = 'O' AND lease._this_transaction(c.xmin)))
                     OR c.tgqual IS NOT NULL OR cardinality(c.tgattr::int2[]) > 0
                     OR c.tgtype <> CASE WHEN c.tgfoid = 'lease.truncate_guard'::regproc THEN 34 ELSE 31 END);
         IF complete THEN
@@ -1325,6 +1330,19 @@ BEGIN
       FROM p CROSS JOIN LATERAL (SELECT lease._name_problem(p.owner_table) AS problem) n
      WHERE p.owner_table IS NOT NULL AND n.problem IS NOT NULL
     UNION ALL
+    -- A table carrying an owner table's TRUNCATE guard outside every owner
+    -- table: a partition detached while the DDL guard was disabled (the
+    -- guard refuses that), its owner rows and their tokens out of the fence.
+    -- (Which owner table it left cannot be told: every fence against one
+    -- reports it.)
+    SELECT p.relid, g.tgrelid::regclass, 'detached',
+           format('table %s carries pg_lease''s owner TRUNCATE guard but is in no owner table: an owner partition detached unseen (its owner rows and their fencing tokens are outside the fence); attach it again, or drop the trigger if its rows hold no current tokens',
+                  g.tgrelid::regclass)
+      FROM p
+      JOIN pg_trigger g ON g.tgname = 'pg_lease_owner_truncate' AND g.tgfoid = 'lease.truncate_guard'::regproc
+     WHERE p.owner_table IS NOT NULL
+       AND NOT lease._under(g.tgrelid, ARRAY(SELECT q.owner_table::oid FROM lease.protected q WHERE q.owner_table IS NOT NULL))
+    UNION ALL
     SELECT p.relid, c.oid::regclass, 'relation', format('%s is no longer a table', c.oid::regclass)
       FROM p JOIN pg_class c ON c.oid IN (p.relid::oid, p.owner_table::oid)
      WHERE c.relkind NOT IN ('r', 'p')
@@ -1358,18 +1376,47 @@ SELECT p.relid              AS table_name,
                FROM lease._fence_problems() x GROUP BY x.relid) f ON f.relid OPERATOR(pg_catalog.=) p.relid;
 COMMENT ON VIEW lease.protected_tables IS 'What pg_lease protects and how; enforced = every trigger, column and constraint in place, problems = what is not.';
 
+-- The tables a command on `rels` changes: each of them, the typed tables
+-- of a composite type among them (ALTER TYPE ... CASCADE), and every
+-- inheritance child and partition of those, all the way down (ALTER TABLE
+-- on a parent recurses into its children: renames, retypes, triggers
+-- cloned onto partitions).
+CREATE FUNCTION lease._reached(rels oid[]) RETURNS oid[]
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    WITH RECURSIVE down (r) AS (
+        SELECT unnest(rels)
+        UNION
+        SELECT t.oid FROM pg_class c JOIN pg_class t ON t.reloftype = c.reltype
+         WHERE c.oid = ANY (rels) AND c.relkind = 'c'
+        UNION
+        SELECT i.inhrelid FROM pg_inherits i JOIN down ON i.inhparent = down.r
+    )
+    SELECT array_agg(r) FROM down
+$$;
+REVOKE EXECUTE ON FUNCTION lease._reached(oid[]) FROM PUBLIC;
+
+-- Whether `rel` is one of `roots` or a partition (at any depth) of one: a
+-- protected table may itself be a partition of a table pg_lease does not
+-- protect, so "under a root" is not "pg_partition_root is a root".
+CREATE FUNCTION lease._under(rel oid, roots oid[]) RETURNS boolean
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    SELECT rel = ANY (roots) OR EXISTS (SELECT 1 FROM pg_partition_ancestors(rel) a WHERE a.relid::oid = ANY (roots))
+$$;
+REVOKE EXECUTE ON FUNCTION lease._under(oid, oid[]) FROM PUBLIC;
+
 -- The protected tables a DDL command concerns: those whose fenced table or
--- owner table is among `rels`, or an ancestor (partition or inheritance
--- parent) of one of them.
+-- owner table is among `rels`, an ancestor (partition or inheritance
+-- parent) of one of them, or reached by a command on them (lease._reached).
 CREATE FUNCTION lease._concerned(rels oid[]) RETURNS oid[]
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
     WITH RECURSIVE up (r) AS (
         SELECT unnest(rels)
         UNION
         SELECT i.inhparent FROM pg_inherits i JOIN up ON i.inhrelid = up.r
-    )
+    ),
+    related (r) AS (SELECT r FROM up UNION SELECT unnest(lease._reached(rels)))
     SELECT array_agg(p.relid::oid) FROM lease.protected p
-     WHERE p.relid::oid IN (SELECT r FROM up) OR p.owner_table::oid IN (SELECT r FROM up)
+     WHERE p.relid::oid IN (SELECT r FROM related) OR p.owner_table::oid IN (SELECT r FROM related)
 $$;
 
 -- Partitions that joined a fenced or owner table in a transaction that also
@@ -1399,6 +1446,18 @@ BEGIN
                 format('Shard %s: %s. Change a distributed table''s fence on the Citus coordinator, with lease.protect and lease.unprotect.', gap.rel, gap.problem));
         END IF;
         RETURN NULL;
+    END IF;
+    -- A partition that joined after lease.protect in the same transaction
+    -- (no dump brings its TRUNCATE guard): when everything else of the
+    -- fence is in place, it gets the guard now.
+    IF NEW.rel <> NEW.root AND NOT EXISTS (
+           SELECT 1 FROM lease._fence_problems(ARRAY[NEW.root::oid]) f
+            WHERE f.kind IN ('missing', 'disabled') AND f.rel <> NEW.rel) THEN
+        PERFORM CASE e.tgname WHEN 'pg_lease_truncate' THEN lease._install_truncate_guard(NEW.rel)
+                              ELSE lease._install_owner_truncate_guard(NEW.rel) END
+           FROM lease._expected_triggers(ARRAY[NEW.root::oid]) e
+          WHERE e.rel = NEW.rel::oid AND e.tgname IN ('pg_lease_truncate', 'pg_lease_owner_truncate')
+            AND NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = NEW.rel AND g.tgname = e.tgname);
     END IF;
     SELECT f.relid, f.problem INTO gap
       FROM lease._fence_problems(ARRAY[NEW.root::oid]) f
@@ -1508,10 +1567,20 @@ BEGIN
     SELECT array_agg(DISTINCT CASE c.classid
                                   WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = c.objid)
                                   WHEN 'pg_rewrite'::regclass THEN (SELECT w.ev_class FROM pg_rewrite w WHERE w.oid = c.objid)
+                                  -- (a composite type: lease._reached finds its typed tables)
+                                  WHEN 'pg_type'::regclass THEN (SELECT y.typrelid FROM pg_type y WHERE y.oid = c.objid AND y.typrelid <> 0)
                                   ELSE coalesce((SELECT x.indrelid FROM pg_index x WHERE x.indexrelid = c.objid), c.objid) END)
       INTO touched
       FROM pg_event_trigger_ddl_commands() c
-     WHERE c.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass, 'pg_rewrite'::regclass);
+     WHERE c.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass, 'pg_rewrite'::regclass, 'pg_type'::regclass);
+    -- ALTER EXTENSION (SET SCHEMA moves every member without naming it)
+    -- touches the tables that are members of the extension.
+    IF tg_tag = 'ALTER EXTENSION' THEN
+        touched := touched || ARRAY(SELECT d.objid FROM pg_event_trigger_ddl_commands() c
+                                      JOIN pg_depend d ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = c.objid
+                                                      AND d.classid = 'pg_class'::regclass AND d.deptype = 'e'
+                                     WHERE c.classid = 'pg_extension'::regclass);
+    END IF;
     -- ALTER SCHEMA ... RENAME renames every table in the schema without
     -- naming them: it touches the owner tables there, whose new names must
     -- still be ones pg_lease can write in SQL (lease._name_problem).
@@ -1530,16 +1599,18 @@ BEGIN
     END IF;
 
     -- ALTER COLUMN ... TYPE of a fenced column, even to its own type: with
-    -- USING it rewrites every row, and no row trigger sees it.
+    -- USING it rewrites every row, and no row trigger sees it. The command
+    -- changes the table it names, what it recurses into (children, typed
+    -- tables: lease._reached) and, on a partition, a column its root has.
     SELECT c.objid::regclass AS rel, x.col, p.relid INTO broken
       FROM pg_event_trigger_ddl_commands() c
      CROSS JOIN LATERAL unnest(lease._retyped_columns(c.command)) x(col)
+     CROSS JOIN LATERAL (SELECT lease._reached(ARRAY[c.objid])
+                                || ARRAY(SELECT a.relid::oid FROM pg_partition_ancestors(c.objid) a) AS rels) r
       JOIN lease.protected p ON p.relid::oid = ANY (concerned)
-     WHERE c.command_tag = 'ALTER TABLE'
-       AND ((coalesce(pg_partition_root(c.objid), c.objid) = p.relid::oid
-             AND (x.col = ANY (p.key_columns) OR x.col = p.token_column))
-         OR (coalesce(pg_partition_root(c.objid), c.objid) = p.owner_table::oid
-             AND (x.col = ANY (p.owner_key_columns) OR x.col = p.owner_token_column)))
+     WHERE c.command_tag IN ('ALTER TABLE', 'ALTER TYPE')
+       AND ((p.relid::oid = ANY (r.rels) AND (x.col = ANY (p.key_columns) OR x.col = p.token_column))
+         OR (p.owner_table::oid = ANY (r.rels) AND (x.col = ANY (p.owner_key_columns) OR x.col = p.owner_token_column)))
      LIMIT 1;
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',
@@ -1558,15 +1629,26 @@ BEGIN
           FROM lease.protected p
           CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
           CROSS JOIN LATERAL pg_partition_tree(r.root) t
-          JOIN pg_inherits i ON i.inhrelid = t.relid AND i.xmin = xid(pg_current_xact_id())
+          JOIN pg_inherits i ON i.inhrelid = t.relid AND lease._this_transaction(i.xmin)
           CROSS JOIN LATERAL pg_partition_tree(t.relid) m
          WHERE p.relid::oid = ANY (concerned)
            AND t.relid <> r.root
     LOOP
+        -- A foreign table's rows are written on another server, past the
+        -- fence and the owner guard, and it can have no TRUNCATE guard.
+        IF EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = part.child AND c.relkind = 'f') THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would make foreign table %s a partition of %s %s', tg_tag, part.child::regclass,
+                       CASE WHEN part.is_owner THEN 'owner table' ELSE 'fenced table' END,
+                       CASE WHEN part.is_owner THEN part.owner_table ELSE part.relid END),
+                format('Rows of a foreign table are written on another server, where pg_lease''s %s cannot see them. Keep foreign tables out of %s.',
+                       CASE WHEN part.is_owner THEN 'owner guard' ELSE 'fence' END,
+                       CASE WHEN part.is_owner THEN part.owner_table ELSE part.relid END));
+        END IF;
         IF part.is_owner THEN
             IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_owner_truncate') THEN
                 IF EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.owner_table AND g.tgname = 'pg_lease_owner_guard'
-                              AND g.xmin <> xid(pg_current_xact_id())) THEN
+                              AND NOT lease._this_transaction(g.xmin)) THEN
                     PERFORM lease._install_owner_truncate_guard(part.child);
                 ELSE
                     INSERT INTO lease.deferred_checks VALUES (part.child, part.relid);
@@ -1583,7 +1665,7 @@ BEGIN
         END IF;
         IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_truncate') THEN
             IF EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.relid AND g.tgname = 'pg_lease_fence'
-                          AND g.xmin <> xid(pg_current_xact_id())) THEN
+                          AND NOT lease._this_transaction(g.xmin)) THEN
                 PERFORM lease._install_truncate_guard(part.child);
             ELSE
                 INSERT INTO lease.deferred_checks VALUES (part.child, part.relid);
@@ -1627,9 +1709,9 @@ BEGIN
          WHERE tg_tag = 'ALTER TABLE'
            AND g.tgname IN ('pg_lease_truncate', 'pg_lease_owner_truncate')
            AND g.tgfoid = 'lease.truncate_guard'::regproc
-           AND NOT (coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (ARRAY(
+           AND NOT lease._under(g.tgrelid, ARRAY(
                    SELECT p.relid::oid FROM lease.protected p UNION ALL
-                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
+                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL))
     LOOP
         -- (Whatever rows it holds, by any snapshot: a partition of an owner
         -- table never leaves it while a fence uses it.)
@@ -1698,9 +1780,9 @@ BEGIN
         SELECT g.tgrelid::regclass AS rel, g.tgname FROM pg_trigger g
          WHERE g.tgname IN ('pg_lease_owner_guard', 'pg_lease_owner_truncate') AND g.tgparentid = 0
            AND g.tgfoid IN ('lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
-           AND coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (owner_roots)
-           AND NOT (coalesce(pg_partition_root(g.tgrelid), g.tgrelid) = ANY (ARRAY(
-                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL)))
+           AND lease._under(g.tgrelid, owner_roots)
+           AND NOT lease._under(g.tgrelid, ARRAY(
+                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL))
            AND NOT (g.tgrelid = ANY (dropped_tables))
     LOOP
         PERFORM lease._trigger_ddl(orphan.rel, format('DROP TRIGGER %I ON %s', orphan.tgname, orphan.rel));
@@ -2174,7 +2256,7 @@ REVOKE EXECUTE ON FUNCTION lease.token_ceiling(), lease.issue_tokens_above(bigin
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:189
+-- src/audit/status.rs:198
 -- pg_lease::audit::status::audit_databases
 CREATE  FUNCTION "audit_databases"() RETURNS TABLE (
 	"database" TEXT,  /* ServerText */
@@ -2197,7 +2279,7 @@ AS 'MODULE_PATHNAME', 'audit_databases_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:90
+-- src/audit/status.rs:99
 -- pg_lease::audit::status::audit_status
 CREATE  FUNCTION "audit_status"() RETURNS TABLE (
 	"preloaded" bool,  /* bool */
@@ -2218,7 +2300,7 @@ AS 'MODULE_PATHNAME', 'audit_status_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:464
+-- src/audit/status.rs:473
 -- pg_lease::audit::status::stats_reset
 CREATE  FUNCTION "stats_reset"() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE

@@ -39,16 +39,25 @@ pub fn table_stats() -> TableIterator<
         name!(replicated, i64),
     ),
 > {
+    let here = crate::pg::my_database();
     let rows: Vec<_> = shmem::shared()
         .map(|s| {
             s.stats
                 .iter()
                 .filter(|slot| slot.relid.load(Ordering::Acquire) != 0)
                 .map(|slot| {
-                    (
+                    let (dboid, relid) = (
                         pg_sys::Oid::from(slot.dboid.load(Ordering::Relaxed)),
                         pg_sys::Oid::from(slot.relid.load(Ordering::Relaxed)),
-                        ServerText(slot.table_name().unwrap_or_default().to_owned()),
+                    );
+                    // A table of this database is named as it is now (it may
+                    // have been renamed or moved since its first counted
+                    // write); others by the name the slot kept.
+                    let name = (dboid == here).then(|| crate::pg::display_if_exists(relid)).flatten();
+                    (
+                        dboid,
+                        relid,
+                        ServerText(name.unwrap_or_else(|| slot.table_name().unwrap_or_default().to_owned())),
                         slot.accepted.load(Ordering::Relaxed) as i64,
                         slot.refused.load(Ordering::Relaxed) as i64,
                         timestamp(slot.last_refusal.load(Ordering::Relaxed)),

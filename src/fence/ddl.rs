@@ -52,6 +52,26 @@ pub unsafe fn retyped_columns(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
     Ok(crate::pg::text_array(&names))
 }
 
+/// `lease._this_transaction(xmin xid) → boolean`: whether a catalog row was
+/// written by this transaction or one of its subtransactions, so that the
+/// DDL guard recognises a partition created or attached, or a trigger
+/// created, inside a SAVEPOINT or a PL/pgSQL block with EXCEPTION as "in
+/// this transaction" (comparing with `pg_current_xact_id()` sees the
+/// top-level xid only).
+///
+/// # Safety
+/// Called by Postgres as a version-1 C function: `fcinfo` is valid for the
+/// call and has the one argument the SQL declaration gives it, an `xid`
+/// (the function is STRICT: never NULL).
+pub unsafe fn this_transaction(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Refusal> {
+    // SAFETY: `fcinfo` is valid for the call and carries one argument (the
+    // caller's contract), so args[0] exists.
+    let arg = unsafe { &*(*fcinfo).args.as_ptr() };
+    // (An xid datum is the 32-bit value itself.)
+    let xid = pg_sys::TransactionId::from_inner(arg.value.value() as u32);
+    Ok(pg_sys::Datum::from(crate::pg::written_by_this_transaction(xid)))
+}
+
 /// `lease._exists_as_owner(rel, query)`: runs `query` (a SELECT EXISTS ...
 /// about `rel`) as the owner of `rel` in a security-restricted operation, so
 /// the DDL guard (SECURITY DEFINER) never runs a user's operators or casts

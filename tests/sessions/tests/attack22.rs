@@ -1,5 +1,6 @@
-//! Attack review 22 (the 13 holes are open and `#[ignore]`d: found at the
-//! end of session 12; see its closing note): the DDL guard (`pg_lease_guard_ddl`,
+//! Attack review 22 (found at the end of session 12; the 13 holes were
+//! closed in session 13, and the tests below keep them closed): the DDL
+//! guard (`pg_lease_guard_ddl`,
 //! `pg_lease_guard_ddl_start`, `pg_lease_guard_drop`) and what
 //! `lease.protected_tables` reports.
 //!
@@ -174,7 +175,6 @@ const OWN_PAY: &str = "
 /// (`LF008`), and afterwards the stale write is `LF001` and audited, the
 /// current one accepted.
 #[test]
-#[ignore = "open (low): attack review 22, found at the end of session 12; see its closing note"]
 fn euc_jp_alter_extension_set_schema_moving_owner_table_is_refused() {
     let (_db, mut c) = db_with(
         "a22_ext_schema",
@@ -280,7 +280,6 @@ fn migrator_db(label: &str, role: &Role) -> (TestDb, Client) {
 /// partition gets its TRUNCATE guard (or the DDL is refused); `TRUNCATE
 /// own_d` is `LF004`, and no write with token 1 commits.
 #[test]
-#[ignore = "open (high): attack review 22, found at the end of session 12; see its closing note"]
 fn owner_partition_created_in_subtransaction_keeps_its_truncate_guard() {
     let role = Role::migrator("a22_mig_trunc");
     let (_db, mut m) = migrator_db("a22_own_subxact", &role);
@@ -314,7 +313,6 @@ fn owner_partition_created_in_subtransaction_keeps_its_truncate_guard() {
 /// missing). Expected: the attach is refused with `LF008`, as it is outside
 /// a savepoint.
 #[test]
-#[ignore = "open (high): attack review 22, found at the end of session 12; see its closing note"]
 fn fenced_partition_attached_in_savepoint_is_checked() {
     let role = Role::migrator("a22_mig_attach");
     let (_db, mut m) = migrator_db("a22_pay_savepoint", &role);
@@ -349,7 +347,6 @@ fn fenced_partition_attached_in_savepoint_is_checked() {
 /// can always go higher), and `own_c` has no `pg_lease_owner_truncate`.
 /// Expected: `22003`, as outside a savepoint.
 #[test]
-#[ignore = "open (medium): attack review 22, found at the end of session 12; see its closing note"]
 fn owner_partition_attached_in_savepoint_is_checked_for_huge_tokens() {
     let role = Role::migrator("a22_mig_huge");
     let (_db, mut m) = migrator_db("a22_own_huge", &role);
@@ -380,7 +377,6 @@ fn owner_partition_attached_in_savepoint_is_checked_for_huge_tokens() {
 /// PARTITION` of a foreign table. Expected: `LF008` naming the fenced table
 /// (a foreign partition would bring in rows the fence never judges).
 #[test]
-#[ignore = "open (low): attack review 22, found at the end of session 12; see its closing note"]
 fn foreign_partition_of_fenced_table_is_refused_clearly() {
     let csv = std::env::temp_dir().join(format!("a22_rows_{}.csv", std::process::id()));
     std::fs::write(&csv, "f,1,1\n").unwrap();
@@ -430,7 +426,6 @@ fn foreign_partition_of_fenced_table_is_refused_clearly() {
 /// Expected: each `ALTER TYPE ... CASCADE` refused with `LF008`, and the
 /// fence working after.
 #[test]
-#[ignore = "open (medium): attack review 22, found at the end of session 12; see its closing note"]
 fn typed_table_columns_renamed_or_retyped_through_alter_type_are_refused() {
     let (_db, mut c) = db_with(
         "a22_typed",
@@ -493,7 +488,6 @@ const INHERITED: &str = "
 /// 1 — older than the 5 that was current — commits. Expected: `LF008`, the
 /// token still 5, the write `LF001`.
 #[test]
-#[ignore = "open (high): attack review 22, found at the end of session 12; see its closing note"]
 fn owner_token_rewritten_through_inheritance_parent_is_refused() {
     let role = Role::migrator("a22_mig_inherit");
     let db = TestDb::with_options("a22_inherit_token", "");
@@ -521,7 +515,6 @@ fn owner_token_rewritten_through_inheritance_parent_is_refused() {
 /// (not `LF001`, and the current writer is refused too). Expected: `LF008`
 /// for each, as on the children themselves.
 #[test]
-#[ignore = "open (medium): attack review 22, found at the end of session 12; see its closing note"]
 fn fenced_columns_renamed_through_inheritance_parent_are_refused() {
     let role = Role::migrator("a22_mig_inh_cols");
     let db = TestDb::with_options("a22_inherit_cols", "");
@@ -565,7 +558,6 @@ fn fenced_columns_renamed_through_inheritance_parent_are_refused() {
 /// `LF001`: rows are guarded, the table rewrite is not.) Expected: both
 /// `ALTER TABLE`s refused with `LF008`; the token stays 5.
 #[test]
-#[ignore = "open (high): attack review 22, found at the end of session 12; see its closing note"]
 fn owner_table_as_partition_keeps_its_tokens() {
     let (_db, mut c) = db_with(
         "a22_owner_partition",
@@ -595,6 +587,17 @@ fn owner_table_as_partition_keeps_its_tokens() {
     );
 }
 
+/// Owner table `own` a partition of `bigown` and fenced `pay` of `bigpay`
+/// (parents pg_lease does not protect), owner row `a` at token 5.
+const LEAF_OWN_PAY: &str = "
+    CREATE TABLE bigown (k text, owner_fencing_token bigint, PRIMARY KEY (k)) PARTITION BY LIST (k);
+    CREATE TABLE own PARTITION OF bigown FOR VALUES IN ('a', 'b');
+    CREATE TABLE bigpay (k text, v int, tok bigint) PARTITION BY LIST (k);
+    CREATE TABLE pay PARTITION OF bigpay FOR VALUES IN ('a', 'b');
+    SELECT lease.protect('pay', '{k}', 'tok', 'own', '{k}');
+    INSERT INTO own VALUES ('a', 5);
+";
+
 /// **Hole (high): a BEFORE trigger cloned from the parent lowers owner
 /// tokens.** UTF-8 database, superuser (the tables' owner would do): owner
 /// table `own` a partition of `bigown`, `pay` of `bigpay`, `pay` fenced
@@ -609,19 +612,15 @@ fn owner_table_as_partition_keeps_its_tokens() {
 /// token 1 then commits. Expected: the `CREATE TRIGGER` refused with
 /// `LF008`; the token never below 5.
 #[test]
-#[ignore = "open (high): attack review 22, found at the end of session 12; see its closing note"]
 fn before_trigger_cloned_from_parent_onto_owner_table_is_refused() {
     let (_db, mut c) = db_with(
         "a22_cloned_trigger",
         "",
-        "CREATE TABLE bigown (k text, owner_fencing_token bigint, PRIMARY KEY (k)) PARTITION BY LIST (k);
-         CREATE TABLE own PARTITION OF bigown FOR VALUES IN ('a', 'b');
-         CREATE TABLE bigpay (k text, v int, tok bigint) PARTITION BY LIST (k);
-         CREATE TABLE pay PARTITION OF bigpay FOR VALUES IN ('a', 'b');
-         SELECT lease.protect('pay', '{k}', 'tok', 'own', '{k}');
-         INSERT INTO own VALUES ('a', 5);
+        &format!(
+            "{LEAF_OWN_PAY}
          CREATE FUNCTION lower_tok() RETURNS trigger LANGUAGE plpgsql AS
-           $$ BEGIN NEW.owner_fencing_token := 1; RETURN NEW; END $$;",
+           $$ BEGIN NEW.owner_fencing_token := 1; RETURN NEW; END $$;"
+        ),
     );
     // On the owner table itself it is refused.
     let direct = must_fail(&mut c, "CREATE TRIGGER zzz BEFORE UPDATE ON own FOR EACH ROW EXECUTE FUNCTION lower_tok()");
@@ -756,7 +755,6 @@ fn euc_jp_audited_statement_cut_inside_a_character() {
 /// partition `own_a` (its owner rows are outside the owner table), so
 /// `enforced` is false.
 #[test]
-#[ignore = "open (low): attack review 22, found at the end of session 12; see its closing note"]
 fn owner_partition_detached_unseen_is_reported() {
     let (_db, mut c) = db_with(
         "a22_detach_unseen",
@@ -794,7 +792,6 @@ fn owner_partition_detached_unseen_is_reported() {
 /// relid to tell them apart (attack21 fixed the same symptom for long
 /// names). Expected: the rows name `public.pay_old` and `public.pay`.
 #[test]
-#[ignore = "open (low): attack review 22, found at the end of session 12; see its closing note"]
 fn lease_stats_follows_a_renamed_fenced_table() {
     let (_db, mut c) = db_with("a22_stats_rename", "", OWN_PAY);
     let _ = failure(&mut c, "INSERT INTO pay VALUES ('a', 1, 4)");
@@ -830,7 +827,6 @@ fn lease_stats_follows_a_renamed_fenced_table() {
 /// target covers every partition, present and future." Expected: the
 /// transaction commits, `pay_b` is guarded (a stale write into it `LF001`).
 #[test]
-#[ignore = "open (low): attack review 22, found at the end of session 12; see its closing note"]
 fn partition_created_after_protect_in_one_transaction_commits() {
     let (_db, mut c) = db_with(
         "a22_protect_then_part",
@@ -851,4 +847,31 @@ fn partition_created_after_protect_in_one_transaction_commits() {
     assert!(r.is_none(), "protect, then a partition, in one transaction: {r:?}");
     let stale = must_fail(&mut c, "INSERT INTO pay VALUES ('b', 1, 4)");
     assert_eq!(stale[0], "LF001", "{stale:?}");
+}
+
+/// Found while closing the holes above: `protect` accepts an owner table and
+/// a fenced table that are partitions of tables pg_lease does not protect,
+/// but the DDL guard took a partition's root (`pg_partition_root`) for the
+/// protected table, so any `ALTER TABLE` of them (even `SET (fillfactor)`)
+/// was refused with `LF004 ... would take a partition out of an owner
+/// table`. Expected: plain DDL is accepted; the tables may leave their
+/// parents (DETACH) keeping every guard: TRUNCATE of the owner table is
+/// `LF004`, a stale write `LF001`.
+#[test]
+fn protected_partitions_of_unprotected_parents_take_plain_ddl() {
+    let (_db, mut c) = db_with("a22_leaf_ddl", "", LEAF_OWN_PAY);
+    must_run(
+        &mut c,
+        "ALTER TABLE own SET (fillfactor = 50); ALTER TABLE pay SET (fillfactor = 50);
+         ALTER TABLE bigown ADD COLUMN note text; ALTER TABLE bigpay ADD COLUMN note text;",
+    );
+    let stale = must_fail(&mut c, "INSERT INTO bigpay (k, v, tok) VALUES ('a', 1, 4)");
+    assert_eq!(stale[0], "LF001", "{stale:?}");
+    must_run(&mut c, "ALTER TABLE bigown DETACH PARTITION own; ALTER TABLE bigpay DETACH PARTITION pay");
+    let truncate = must_fail(&mut c, "TRUNCATE own");
+    assert_eq!(truncate[0], "LF004", "{truncate:?}");
+    let stale = must_fail(&mut c, "INSERT INTO pay (k, v, tok) VALUES ('a', 1, 4)");
+    assert_eq!(stale[0], "LF001", "{stale:?}");
+    let enforced = one_i64(&mut c, "SELECT count(*) FROM lease.protected_tables WHERE enforced");
+    assert_eq!(enforced, 1);
 }

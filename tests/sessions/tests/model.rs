@@ -565,15 +565,37 @@ enum Tamper {
     Rule,
     /// ATTACH PARTITION into the partitioned fenced table: of a new table
     /// (plain or partitioned) holding one row written with `tok`, or of the
-    /// oldest detached one. Rows the fence would refuse: LF008.
+    /// oldest detached one; `savepoint`: inside a subtransaction (a PL/pgSQL
+    /// block with EXCEPTION). Rows the fence would refuse: LF008.
     Attach {
         slot: usize,
         tok: Tok,
         partitioned: bool,
         reattach: bool,
+        savepoint: bool,
+    },
+    /// DDL on a partitioned parent the owner or fenced table was attached
+    /// to (made on first use, as the DEFAULT partition of a new table: a
+    /// protected table may be a partition of one pg_lease does not protect),
+    /// which the parent passes down to it: LF008.
+    Parent {
+        owners: bool,
+        ddl: ParentDdl,
     },
     /// DETACH PARTITION of the newest attached partition.
     Detach,
+}
+
+/// What `Tamper::Parent` does to the parent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ParentDdl {
+    /// `ALTER COLUMN tok TYPE bigint USING tok - 1` (rewrites the tokens).
+    Retype,
+    /// `RENAME COLUMN tok TO ...`.
+    Rename,
+    /// A BEFORE row trigger lowering `tok`, named to run after pg_lease's
+    /// (cloned onto the protected table and its partitions).
+    LateTrigger,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -819,11 +841,26 @@ fn tamper(experimental: bool) -> Arms {
         (1, t(any::<bool>().prop_map(|owners| Tamper::ReplaceGuard { owners }).boxed())),
         (
             4,
-            t((slot(), tok(), any::<bool>(), prop::bool::weighted(0.3))
-                .prop_map(|(slot, tok, partitioned, reattach)| Tamper::Attach { slot, tok, partitioned, reattach })
+            t((slot(), tok(), any::<bool>(), prop::bool::weighted(0.3), prop::bool::weighted(0.3))
+                .prop_map(|(slot, tok, partitioned, reattach, savepoint)| Tamper::Attach {
+                    slot,
+                    tok,
+                    partitioned,
+                    reattach,
+                    savepoint,
+                })
                 .boxed()),
         ),
         (2, t(Just(Tamper::Detach).boxed())),
+        (
+            2,
+            t((
+                any::<bool>(),
+                prop_oneof![Just(ParentDdl::Retype), Just(ParentDdl::Rename), Just(ParentDdl::LateTrigger)],
+            )
+                .prop_map(|(owners, ddl)| Tamper::Parent { owners, ddl })
+                .boxed()),
+        ),
     ];
     if experimental {
         arms.push((1, t(Just(Tamper::Rule).boxed())));
@@ -2238,6 +2275,9 @@ struct Runner<'a> {
     stats: &'a mut Stats,
     /// Partitions of the fenced table created by ATTACH steps (Tamper family).
     next_part: u32,
+    /// Whether the owner table ([1]) / fenced table ([0]) was attached to a
+    /// parent of its own (`Tamper::Parent`).
+    wrapped: [bool; 2],
     attached: Vec<u32>,
     /// Highest committed owner token seen per slot (Tamper family: owner
     /// tokens only rise).
@@ -2731,8 +2771,12 @@ impl Runner<'_> {
                     ("tok", "bigint", "tok - 1".to_owned())
                 };
                 let sql = format!("ALTER TABLE {table} ALTER COLUMN {col} TYPE {ty} USING {expr}");
-                // The owner table is hash-partitioned on its key: 42P16 first.
-                let errs: &[&str] = if on_owners && on_key { &[TAMPERING, "42P16"] } else { &[TAMPERING] };
+                // The owner table is hash-partitioned on its key, and a table
+                // attached to a parent (Tamper::Parent) has inherited
+                // columns: 42P16 first.
+                let inherited = self.wrapped[usize::from(on_owners)];
+                let errs: &[&str] =
+                    if (on_owners && on_key) || inherited { &[TAMPERING, "42P16"] } else { &[TAMPERING] };
                 self.tamper_ddl(sql, vec![rel], false, errs, "a same-type rewrite of a fenced column")?;
             }
             Tamper::AlterOther { owners: on_owners } => {
@@ -2741,7 +2785,13 @@ impl Runner<'_> {
                 } else {
                     (Rel::T(Tab::Fenced), format!("ALTER TABLE {fenced} ALTER COLUMN v TYPE int USING v + 1"))
                 };
-                self.tamper_ddl(sql, vec![rel], true, &[], "the column is not fenced")?;
+                if self.wrapped[usize::from(on_owners)] {
+                    // Attached to a parent (Tamper::Parent): PostgreSQL refuses
+                    // it on an inherited column.
+                    self.tamper_ddl(sql, vec![rel], false, &["42P16"], "the column is inherited from the parent")?;
+                } else {
+                    self.tamper_ddl(sql, vec![rel], true, &[], "the column is not fenced")?;
+                }
             }
             Tamper::FenceTrigger { late, change } => {
                 let body = match change {
@@ -2801,7 +2851,7 @@ impl Runner<'_> {
                     self.model.owner_rule = true;
                 }
             }
-            Tamper::Attach { slot, tok, partitioned, reattach } => {
+            Tamper::Attach { slot, tok, partitioned, reattach, savepoint } => {
                 let (part, rows) = match self.model.detached.iter().next() {
                     Some((part, rows)) if reattach => (*part, rows.clone()),
                     _ => {
@@ -2840,12 +2890,53 @@ impl Runner<'_> {
                 } else {
                     format!("rows the fence would refuse: {rows:?}")
                 };
-                let sql = format!("ALTER TABLE {fenced} ATTACH PARTITION {schema}.att{part} FOR VALUES IN ({part})");
+                let mut sql =
+                    format!("ALTER TABLE {fenced} ATTACH PARTITION {schema}.att{part} FOR VALUES IN ({part})");
+                if savepoint {
+                    sql = format!("DO $d$ BEGIN {sql}; EXCEPTION WHEN division_by_zero THEN NULL; END $d$");
+                }
                 let errs: &[&str] = if fresh { &[] } else { &[TAMPERING] };
                 if self.tamper_ddl(sql, vec![Rel::T(Tab::Fenced), Rel::Owners], fresh, errs, &why)? {
                     self.model.attach(part, &rows);
                     self.attached.push(part);
                 }
+            }
+            Tamper::Parent { owners: on_owners, ddl } => {
+                let (rel, table, wrap, by, events) = if on_owners {
+                    (Rel::Owners, &owners, format!("{schema}.wrap_owners"), "note", "UPDATE")
+                } else {
+                    (Rel::T(Tab::Fenced), &fenced, format!("{schema}.wrap_fenced"), "part", "INSERT OR UPDATE")
+                };
+                let i = usize::from(on_owners);
+                if !self.wrapped[i] {
+                    let sql = format!(
+                        "CREATE TABLE {wrap} (LIKE {table}) PARTITION BY LIST ({by}); \
+                         ALTER TABLE {wrap} ATTACH PARTITION {table} DEFAULT"
+                    );
+                    if !self.tamper_ddl(sql, vec![rel], true, &[], "a protected table may be a partition")? {
+                        return Ok(());
+                    }
+                    self.wrapped[i] = true;
+                }
+                let (sql, why) = match ddl {
+                    ParentDdl::Retype => (
+                        format!("ALTER TABLE {wrap} ALTER COLUMN tok TYPE bigint USING tok - 1"),
+                        "rewrites fenced tokens through a parent",
+                    ),
+                    ParentDdl::Rename => (
+                        format!("ALTER TABLE {wrap} RENAME COLUMN tok TO tok_r{n}"),
+                        "renames a fenced column through a parent",
+                    ),
+                    ParentDdl::LateTrigger => (
+                        format!(
+                            "CREATE FUNCTION {schema}.tf{n}() RETURNS trigger LANGUAGE plpgsql AS \
+                             $f$ BEGIN NEW.tok := NEW.tok - 1; RETURN NEW; END $f$; \
+                             CREATE TRIGGER zz_t{n:03} BEFORE {events} ON {wrap} FOR EACH ROW EXECUTE FUNCTION {schema}.tf{n}()"
+                        ),
+                        "a trigger cloned from a parent, named to run after pg_lease's",
+                    ),
+                };
+                self.tamper_ddl(sql, vec![rel], false, &[TAMPERING], why)?;
             }
             Tamper::Detach => {
                 if let Some(part) = self.attached.last().copied() {
@@ -3169,6 +3260,7 @@ impl FamilyEnv {
             lines: Vec::new(),
             stats: &mut stats,
             next_part: 0,
+            wrapped: [false; 2],
             attached: Vec::new(),
             owner_seen: BTreeMap::new(),
         };

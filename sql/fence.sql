@@ -893,6 +893,14 @@ BEGIN
     ),
     -- The triggers pg_lease keeps on these tables (lease._expected_triggers).
     expected_triggers AS (SELECT * FROM lease._expected_triggers(among)),
+    -- Tables with an owner table's TRUNCATE guard outside every owner table
+    -- (one scan of pg_trigger, whatever the number of fences).
+    detached (rel) AS MATERIALIZED (
+        SELECT g.tgrelid FROM pg_trigger g
+         WHERE g.tgname = 'pg_lease_owner_truncate' AND g.tgfoid = 'lease.truncate_guard'::regproc
+           AND EXISTS (SELECT 1 FROM p WHERE p.owner_table IS NOT NULL)
+           AND NOT lease._under(g.tgrelid, ARRAY(SELECT q.owner_table::oid FROM lease.protected q WHERE q.owner_table IS NOT NULL))
+    ),
     expected_columns (relid, rel, col, is_token, typ, high_water) AS (
         SELECT p.relid, p.relid, k.col, false, p.key_types[k.n], p.mode = 'high_water'
           FROM p, unnest(p.key_columns) WITH ORDINALITY k(col, n)
@@ -1019,13 +1027,11 @@ BEGIN
     -- guard refuses that), its owner rows and their tokens out of the fence.
     -- (Which owner table it left cannot be told: every fence against one
     -- reports it.)
-    SELECT p.relid, g.tgrelid::regclass, 'detached',
+    SELECT p.relid, d.rel::regclass, 'detached',
            format('table %s carries pg_lease''s owner TRUNCATE guard but is in no owner table: an owner partition detached unseen (its owner rows and their fencing tokens are outside the fence); attach it again, or drop the trigger if its rows hold no current tokens',
-                  g.tgrelid::regclass)
-      FROM p
-      JOIN pg_trigger g ON g.tgname = 'pg_lease_owner_truncate' AND g.tgfoid = 'lease.truncate_guard'::regproc
+                  d.rel::regclass)
+      FROM p CROSS JOIN detached d
      WHERE p.owner_table IS NOT NULL
-       AND NOT lease._under(g.tgrelid, ARRAY(SELECT q.owner_table::oid FROM lease.protected q WHERE q.owner_table IS NOT NULL))
     UNION ALL
     SELECT p.relid, c.oid::regclass, 'relation', format('%s is no longer a table', c.oid::regclass)
       FROM p JOIN pg_class c ON c.oid IN (p.relid::oid, p.owner_table::oid)
@@ -1077,7 +1083,6 @@ CREATE FUNCTION lease._reached(rels oid[]) RETURNS oid[]
     )
     SELECT array_agg(r) FROM down
 $$;
-REVOKE EXECUTE ON FUNCTION lease._reached(oid[]) FROM PUBLIC;
 
 -- Whether `rel` is one of `roots` or a partition (at any depth) of one: a
 -- protected table may itself be a partition of a table pg_lease does not
@@ -1086,7 +1091,6 @@ CREATE FUNCTION lease._under(rel oid, roots oid[]) RETURNS boolean
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
     SELECT rel = ANY (roots) OR EXISTS (SELECT 1 FROM pg_partition_ancestors(rel) a WHERE a.relid::oid = ANY (roots))
 $$;
-REVOKE EXECUTE ON FUNCTION lease._under(oid, oid[]) FROM PUBLIC;
 
 -- The protected tables a DDL command concerns: those whose fenced table or
 -- owner table is among `rels`, an ancestor (partition or inheritance

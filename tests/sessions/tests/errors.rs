@@ -222,6 +222,10 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         "lease._key_identity_problem(oid,oid)",
         // Whether an owner table's name can be written in SQL (a message or NULL).
         "lease._name_problem(oid)",
+        // Catalog reads: the tables a DDL command reaches, and whether a
+        // table is in a partition tree (lease.protected_tables reads it).
+        "lease._reached(oid[])",
+        "lease._under(oid,oid[])",
         "lease._owner_key_index(oid,text[],oid[])",
         // Check that the caller holds EXECUTE on protect/unprotect/judge_replicated and owns the tables.
         "lease._judge_replicated(oid,boolean)",

@@ -3,6 +3,115 @@
 -- (src/pg.rs: from_server, to_server, ServerText): in a database whose
 -- encoding is not UTF-8, messages, the audit and lease.stats show names and
 -- keys as they are stored, and non-ASCII table and column names can be fenced.
+-- The functions the new DDL guards call come first: event triggers fire
+-- for this script's own commands.
+-- The DDL guard (attack review 22) follows a command down to every table it
+-- changes (inheritance children, partitions, typed tables of a composite
+-- type, members of an extension), treats a protected table that is itself a
+-- partition of an unprotected one as the root of its fence, recognises
+-- partitions joined inside a subtransaction, refuses foreign partitions
+-- clearly, reports an owner partition detached unseen, and guards a
+-- partition created after lease.protect in the same transaction.
+CREATE FUNCTION lease._this_transaction(xmin xid) RETURNS boolean
+    LANGUAGE C STRICT STABLE AS 'MODULE_PATHNAME', 'pg_lease_this_transaction';
+REVOKE EXECUTE ON FUNCTION lease._this_transaction(xid) FROM PUBLIC;
+CREATE FUNCTION lease._reached(rels oid[]) RETURNS oid[]
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    -- (UNION ALL, then DISTINCT: inheritance has no cycles, and a UNION's
+    -- hash table sized by the planner's estimate for pg_inherits cost more
+    -- than the walk itself.)
+    WITH RECURSIVE down (r) AS (
+        SELECT unnest(rels)
+        UNION ALL
+        SELECT t.oid FROM pg_class t
+         WHERE t.reloftype IN (SELECT c.reltype FROM pg_class c WHERE c.oid = ANY (rels) AND c.relkind = 'c')
+        UNION ALL
+        SELECT i.inhrelid FROM pg_inherits i JOIN down ON i.inhparent = down.r
+    )
+    SELECT array_agg(DISTINCT r) FROM down
+$$;
+
+-- Whether `rel` is one of `roots` or a partition (at any depth) of one: a
+-- protected table may itself be a partition of a table pg_lease does not
+-- protect, so "under a root" is not "pg_partition_root is a root".
+CREATE FUNCTION lease._under(rel oid, roots oid[]) RETURNS boolean
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    SELECT rel = ANY (roots) OR EXISTS (SELECT 1 FROM pg_partition_ancestors(rel) a WHERE a.relid::oid = ANY (roots))
+$$;
+-- `rels`, their ancestors (partition or inheritance parents) and what a
+-- command on them reaches (lease._reached): the tables whose fence a DDL
+-- command on `rels` could change.
+CREATE FUNCTION lease._related(rels oid[]) RETURNS oid[]
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    WITH RECURSIVE up (r) AS (
+        SELECT unnest(rels)
+        UNION ALL
+        SELECT i.inhparent FROM pg_inherits i JOIN up ON i.inhrelid = up.r
+    )
+    SELECT array_agg(DISTINCT x.r) FROM (SELECT r FROM up UNION ALL SELECT unnest(lease._reached(rels))) x
+$$;
+
+-- Attack review 23: the DDL guard judges each partition once, by the
+-- first command after it joined (lease._first_judgment), checks the rows it brings under
+-- the latest snapshot, and at REPEATABLE READ and above refuses (40001) a
+-- command its snapshot cannot judge (lease._fresh_catalog over
+-- lease._catalog_version). Token columns GENERATED ALWAYS AS IDENTITY are
+-- refused (lease._check_columns, lease._fence_problems).
+CREATE FUNCTION lease."_in_internal_ddl"() RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'in_internal_ddl_wrapper';
+CREATE FUNCTION lease."_internal_ddl"(
+	"running" bool /* bool */
+) RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'internal_ddl_wrapper';
+REVOKE EXECUTE ON FUNCTION lease._internal_ddl(boolean), lease._in_internal_ddl() FROM PUBLIC;
+CREATE FUNCTION lease._first_judgment(xmin xid, ctid tid) RETURNS boolean
+    LANGUAGE C STRICT AS 'MODULE_PATHNAME', 'pg_lease_first_judgment';
+REVOKE EXECUTE ON FUNCTION lease._first_judgment(xid, tid) FROM PUBLIC;
+CREATE FUNCTION lease."_fresh_catalog"(
+	"tag" TEXT /* crate :: pg :: ShownText */
+) RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'fresh_catalog_wrapper';
+REVOKE EXECUTE ON FUNCTION lease._fresh_catalog(text) FROM PUBLIC;
+-- What the DDL guard's verdict depends on, as one text: pg_lease's fence
+-- rows; the inheritance links, pg_class rows and extension memberships of
+-- every table in a fenced or owner table's family (its ancestors and
+-- descendants); and pg_lease's triggers, each by its row version. The guard
+-- reads the catalog through the transaction's snapshot; in a REPEATABLE READ
+-- or SERIALIZABLE transaction it judges a command only if that snapshot
+-- reads this as the latest does (lease._fresh_catalog, src/fence/ddl.rs).
+CREATE FUNCTION lease._catalog_version() RETURNS text
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    WITH RECURSIVE roots (r) AS (
+        SELECT p.relid::oid FROM lease.protected p
+        UNION
+        SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL
+    ),
+    up (r) AS (SELECT r FROM roots UNION SELECT i.inhparent FROM pg_inherits i JOIN up ON i.inhrelid = up.r),
+    down (r) AS (SELECT r FROM roots UNION SELECT i.inhrelid FROM pg_inherits i JOIN down ON i.inhparent = down.r),
+    family (r) AS (SELECT r FROM up UNION SELECT r FROM down)
+    SELECT concat_ws(';',
+        (SELECT string_agg(p.xmin::text || p.ctid::text, ',' ORDER BY p.relid::oid) FROM lease.protected p),
+        (SELECT string_agg(i.inhparent::text || '>' || i.inhrelid::text || '/' || i.xmin::text, ',' ORDER BY i.inhparent, i.inhrelid)
+           FROM pg_inherits i
+          WHERE i.inhparent IN (SELECT r FROM family) OR i.inhrelid IN (SELECT r FROM family)),
+        (SELECT string_agg(c.oid::text || '/' || c.xmin::text, ',' ORDER BY c.oid)
+           FROM pg_class c WHERE c.oid IN (SELECT r FROM family)),
+        (SELECT string_agg(g.oid::text || '/' || g.xmin::text, ',' ORDER BY g.oid)
+           FROM pg_trigger g
+          WHERE g.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)),
+        (SELECT string_agg(d.objid::text || '/' || d.refobjid::text, ',' ORDER BY d.objid, d.refobjid)
+           FROM pg_depend d
+          WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+            AND d.objid IN (SELECT r FROM family)))
+$$;
+REVOKE EXECUTE ON FUNCTION lease._catalog_version() FROM PUBLIC;
+
 -- The generated SQL's comments name other Rust types. The DROP guard names a
 -- dropped owner table by its name (from the dropped objects), not its OID:
 CREATE OR REPLACE FUNCTION lease._guard_drop() RETURNS event_trigger
@@ -14,6 +123,9 @@ DECLARE
     orphan record;
     victim record;
 BEGIN
+    IF lease._in_internal_ddl() THEN
+        RETURN;
+    END IF;
     -- Citus: a trigger, column or constraint dropped from a shard of a
     -- fenced or owner table straight on its node (see lease._guard_shards).
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
@@ -31,6 +143,7 @@ BEGIN
                 victim.refused);
         END IF;
     END IF;
+    PERFORM lease._fresh_catalog(tg_tag);
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
     END IF;
@@ -49,7 +162,9 @@ BEGIN
                    SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL))
            AND NOT (g.tgrelid = ANY (dropped_tables))
     LOOP
+        PERFORM lease._internal_ddl(true);
         PERFORM lease._trigger_ddl(orphan.rel, format('DROP TRIGGER %I ON %s', orphan.tgname, orphan.rel));
+        PERFORM lease._internal_ddl(false);
     END LOOP;
     -- (The owner table is gone from the catalogs by now: its name comes
     -- from the dropped objects.)
@@ -124,7 +239,50 @@ STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'name_problem_wrapper';
 
-CREATE OR REPLACE FUNCTION lease._fence_problems(among oid[] DEFAULT NULL)
+-- Of the partitions, only those among `rels` (NULL: all): the DDL guard
+-- judges what a command reached, not every partition of a large tree.
+CREATE FUNCTION lease._expected_triggers_in(among oid[], rels oid[])
+RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype integer, args text[])
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    WITH p AS (
+        SELECT * FROM lease.protected p
+         WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid OFFSET 0)
+           AND (among IS NULL OR p.relid::oid = ANY (among) OR p.owner_table::oid = ANY (among))
+    ),
+    roots (r) AS (SELECT relid::oid FROM p UNION SELECT owner_table::oid FROM p WHERE owner_table IS NOT NULL),
+    tree (root, rel) AS (
+        SELECT r, r FROM roots
+        UNION
+        SELECT roots.r, t.relid FROM roots, pg_partition_tree(roots.r) t WHERE rels IS NULL
+        UNION
+        SELECT roots.r, x.rel FROM roots, unnest(rels) x(rel)
+         WHERE EXISTS (SELECT 1 FROM pg_partition_ancestors(x.rel) a WHERE a.relid::oid = roots.r)
+    )
+    -- tgtype: 31 = BEFORE, FOR EACH ROW, INSERT, UPDATE and DELETE;
+    -- 34 = BEFORE TRUNCATE, FOR EACH STATEMENT. args: the trigger's arguments.
+    SELECT p.relid, t.rel, 'pg_lease_fence'::name, 'lease.fence_trigger'::regproc, 31,
+           array_remove(ARRAY[lease._shard_config(p.relid, p.mode, p.key_columns, p.token_column, p.owner_table,
+                                                  p.owner_key_columns, p.owner_token_column)], NULL)
+      FROM p JOIN tree t ON t.root = p.relid::oid
+    UNION ALL
+    SELECT p.relid, t.rel, 'pg_lease_truncate'::name, 'lease.truncate_guard'::regproc, 34, ARRAY['target']
+      FROM p JOIN tree t ON t.root = p.relid::oid
+    UNION ALL
+    SELECT p.relid, t.rel, 'pg_lease_owner_guard'::name, 'lease.owner_guard'::regproc, 31,
+           ARRAY[p.owner_token_column::text] || lease._owner_guard_keys(p.owner_table)
+      FROM p JOIN tree t ON t.root = p.owner_table::oid
+    UNION ALL
+    SELECT p.relid, t.rel, 'pg_lease_owner_truncate'::name, 'lease.truncate_guard'::regproc, 34, ARRAY['owner']
+      FROM p JOIN tree t ON t.root = p.owner_table::oid
+$$;
+CREATE OR REPLACE FUNCTION lease._expected_triggers(among oid[] DEFAULT NULL)
+RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype integer, args text[])
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    SELECT * FROM lease._expected_triggers_in(among, NULL)
+$$;
+-- What is wrong with the fences of `among` (NULL: all); of the partitions,
+-- only those among `rels` are looked at (NULL: all; lease._expected_triggers_in).
+CREATE FUNCTION lease._fence_problems_in(among oid[], rels oid[])
 RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
@@ -142,17 +300,26 @@ BEGIN
     tree (root, rel) AS (
         SELECT r, r FROM roots
         UNION
-        SELECT roots.r, t.relid FROM roots, pg_partition_tree(roots.r) t
+        SELECT roots.r, t.relid FROM roots, pg_partition_tree(roots.r) t WHERE rels IS NULL
+        UNION
+        SELECT roots.r, x.rel FROM roots, unnest(rels) x(rel)
+         WHERE EXISTS (SELECT 1 FROM pg_partition_ancestors(x.rel) a WHERE a.relid::oid = roots.r)
     ),
     -- The triggers pg_lease keeps on these tables (lease._expected_triggers).
-    expected_triggers AS (SELECT * FROM lease._expected_triggers(among)),
+    expected_triggers AS (SELECT * FROM lease._expected_triggers_in(among, rels)),
     -- Tables with an owner table's TRUNCATE guard outside every owner table
-    -- (one scan of pg_trigger, whatever the number of fences).
+    -- (one scan of pg_trigger, whatever the number of fences; not for the DDL
+    -- guard's look at what one command reached, `rels`: its own DETACH check
+    -- refuses that command).
     detached (rel) AS MATERIALIZED (
         SELECT g.tgrelid FROM pg_trigger g
-         WHERE g.tgname = 'pg_lease_owner_truncate' AND g.tgfoid = 'lease.truncate_guard'::regproc
+         WHERE rels IS NULL
+           AND g.tgname = 'pg_lease_owner_truncate' AND g.tgfoid = 'lease.truncate_guard'::regproc
            AND EXISTS (SELECT 1 FROM p WHERE p.owner_table IS NOT NULL)
-           AND NOT lease._under(g.tgrelid, ARRAY(SELECT q.owner_table::oid FROM lease.protected q WHERE q.owner_table IS NOT NULL))
+           AND g.tgrelid NOT IN (SELECT q.owner_table::oid FROM lease.protected q WHERE q.owner_table IS NOT NULL
+                                 UNION ALL
+                                 SELECT t.relid FROM lease.protected q CROSS JOIN LATERAL pg_partition_tree(q.owner_table) t
+                                  WHERE q.owner_table IS NOT NULL)
     ),
     expected_columns (relid, rel, col, is_token, typ, high_water) AS (
         SELECT p.relid, p.relid, k.col, false, p.key_types[k.n], p.mode = 'high_water'
@@ -168,9 +335,9 @@ BEGIN
     -- (LATERAL lookups by key: the plan is generic, and must stay cheap
     -- however few tables `among` names.)
     actual_columns AS (
-        SELECT e.*, a.cur, a.attgenerated, a.attcollation
+        SELECT e.*, a.cur, a.attgenerated, a.attidentity, a.attcollation
           FROM expected_columns e
-          LEFT JOIN LATERAL (SELECT x.atttypid::regtype AS cur, x.attgenerated, x.attcollation FROM pg_attribute x
+          LEFT JOIN LATERAL (SELECT x.atttypid::regtype AS cur, x.attgenerated, x.attidentity, x.attcollation FROM pg_attribute x
                               WHERE x.attrelid = e.rel AND x.attname = e.col AND x.attnum > 0 AND NOT x.attisdropped
                              OFFSET 0) a ON true
     )
@@ -244,12 +411,14 @@ BEGIN
            format('%s column "%s" of %s is %s', CASE WHEN e.is_token THEN 'token' ELSE 'key' END, e.col, e.rel,
                   CASE WHEN e.cur IS NULL THEN 'missing'
                        WHEN e.attgenerated <> '' THEN 'a generated column'
+                       WHEN e.is_token AND e.attidentity = 'a' THEN 'an identity column GENERATED ALWAYS (lease.acquire could write no token to it, nor writers present one)'
                        WHEN e.typ IS NOT NULL AND e.cur <> e.typ THEN format('of type %s, was %s', e.cur, e.typ)
                        WHEN e.high_water THEN lease._key_identity_problem(e.cur, e.attcollation)
                        ELSE 'of type ' || e.cur::text END)
       FROM actual_columns e
      WHERE e.cur IS NULL
         OR e.attgenerated <> ''
+        OR (e.is_token AND e.attidentity = 'a')
         OR (e.typ IS NOT NULL AND e.cur <> e.typ)
         OR (e.typ IS NULL AND e.is_token AND NOT lease._is_token_type(e.cur))
         OR (e.high_water AND lease._key_identity_problem(e.cur, e.attcollation) IS NOT NULL)
@@ -265,9 +434,10 @@ BEGIN
     SELECT DISTINCT ON (x.relid, i.inhrelid) x.relid, i.inhrelid::regclass, 'inherits',
            format('table %s inherits from %s, so writes through it bypass the fence', i.inhrelid::regclass, i.inhparent::regclass)
       FROM (SELECT p.relid, t.rel FROM p JOIN tree t ON t.root IN (p.relid::oid, p.owner_table::oid)) x
-      JOIN pg_inherits i ON i.inhparent = x.rel
-      JOIN pg_class c ON c.oid = i.inhrelid
-     WHERE NOT c.relispartition
+      CROSS JOIN LATERAL (SELECT y.inhparent, y.inhrelid FROM pg_inherits y
+                           WHERE y.inhparent = x.rel
+                             AND NOT (SELECT c.relispartition FROM pg_class c WHERE c.oid = y.inhrelid)
+                          OFFSET 0) i
     UNION ALL
     -- The fence and lease.acquire name the owner table in SQL (protect
     -- refuses a name they could not write; this is a rename or move since).
@@ -299,20 +469,34 @@ BEGIN
       JOIN pg_class c ON c.oid = x.rel
      WHERE c.relpersistence <> 'p';
 END $$;
+CREATE OR REPLACE FUNCTION lease._fence_problems(among oid[] DEFAULT NULL)
+RETURNS TABLE (relid regclass, rel regclass, kind text, problem text)
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+    SELECT * FROM lease._fence_problems_in(among, NULL)
+$$;
 
 CREATE OR REPLACE FUNCTION lease._guard_ddl() RETURNS event_trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     touched oid[];
+    related oid[];
     concerned oid[];
     broken record;
     part record;
     stray record;
+    jr record;
+    joined oid[];
+    members oid[];
     bad boolean;
     match text;
     citus_pending oid[] := '{}';
 BEGIN
+    -- The guard's own DDL (below: a TRUNCATE guard, ENABLE ALWAYS, a stray
+    -- guard dropped) has nothing to judge (lease._internal_ddl).
+    IF lease._in_internal_ddl() THEN
+        RETURN;
+    END IF;
     -- Fencing tokens are drawn from lease.token_counter, which only ever
     -- rises on its own: ALTER SEQUENCE (RESTART, MAXVALUE, ...) could make
     -- it issue a token again.
@@ -327,6 +511,9 @@ BEGIN
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
         PERFORM lease._guard_shards(tg_tag);
     END IF;
+    -- At REPEATABLE READ and above, only with a snapshot that reads the
+    -- catalog as the command found it (40001 otherwise).
+    PERFORM lease._fresh_catalog(tg_tag);
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
     END IF;
@@ -342,7 +529,9 @@ BEGIN
                AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)
         LOOP
             IF (lease._citus_table(broken.rel)).kind IS NULL THEN
+                PERFORM lease._internal_ddl(true);
                 EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', broken.rel, broken.tgname);
+                PERFORM lease._internal_ddl(false);
             ELSE
                 -- Citus sends the CREATE to the other nodes after this
                 -- command, so an ALTER from here would reach them first:
@@ -382,8 +571,10 @@ BEGIN
     IF touched IS NULL THEN
         RETURN;
     END IF;
-    concerned := lease._concerned(touched);
-    IF concerned IS NULL THEN
+    related := lease._related(touched);
+    concerned := ARRAY(SELECT p.relid::oid FROM lease.protected p
+                        WHERE p.relid::oid = ANY (related) OR p.owner_table::oid = ANY (related));
+    IF concerned = '{}' THEN
         RETURN;
     END IF;
 
@@ -408,20 +599,37 @@ BEGIN
                    broken.relid, broken.col));
     END IF;
 
-    -- Partitions joined in this transaction (created, or attached). Not while
-    -- the root's fence is itself being created in this transaction, as in a
-    -- single-transaction pg_restore that will create the guards from the dump.
-    -- (A partitioned table attached brings its whole subtree: every member.)
+    -- Partitions joined to a fenced or owner table in this transaction
+    -- (created, or attached; in a subtransaction too), each judged once, by
+    -- the first command after it joined (lease._first_judgment). A
+    -- partitioned table attached brings its whole subtree: every member.
+    -- Their TRUNCATE guards wait for commit while the root's fence is itself
+    -- being created in this transaction, as in a single-transaction
+    -- pg_restore that will create them from the dump.
+    joined := '{}';
+    FOR jr IN
+        SELECT DISTINCT i.inhrelid, i.xmin, i.ctid
+          FROM lease.protected p
+          CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
+          CROSS JOIN LATERAL pg_partition_tree(r.root) t
+          JOIN pg_inherits i ON i.inhrelid = t.relid AND lease._this_transaction(i.xmin)
+         WHERE p.relid::oid = ANY (concerned)
+           AND t.relid <> r.root
+    LOOP
+        IF lease._first_judgment(jr.xmin, jr.ctid) THEN
+            joined := joined || jr.inhrelid;
+        END IF;
+    END LOOP;
     FOR part IN
         SELECT DISTINCT p.relid, p.mode, p.token_column, p.key_columns, p.owner_table, p.owner_key_columns,
                p.owner_token_column, m.relid AS child, (r.root = p.owner_table::oid) AS is_owner
           FROM lease.protected p
           CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
-          CROSS JOIN LATERAL pg_partition_tree(r.root) t
-          JOIN pg_inherits i ON i.inhrelid = t.relid AND lease._this_transaction(i.xmin)
-          CROSS JOIN LATERAL pg_partition_tree(t.relid) m
+          CROSS JOIN LATERAL unnest(joined) j(rel)
+          CROSS JOIN LATERAL pg_partition_tree(j.rel) m
          WHERE p.relid::oid = ANY (concerned)
-           AND t.relid <> r.root
+           AND j.rel <> r.root
+           AND EXISTS (SELECT 1 FROM pg_partition_ancestors(j.rel) a WHERE a.relid::oid = r.root)
     LOOP
         -- A foreign table's rows are written on another server, past the
         -- fence and the owner guard, and it can have no TRUNCATE guard.
@@ -434,11 +642,22 @@ BEGIN
                        CASE WHEN part.is_owner THEN 'owner guard' ELSE 'fence' END,
                        CASE WHEN part.is_owner THEN part.owner_table ELSE part.relid END));
         END IF;
+        -- (Named here, before pg_lease's own DDL on it would be refused.)
+        IF part.is_owner AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = part.child AND c.relpersistence <> 'p') THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s would make %s table %s a partition of owner table %s', tg_tag,
+                       (SELECT CASE c.relpersistence WHEN 'u' THEN 'UNLOGGED' ELSE 'temporary' END FROM pg_class c WHERE c.oid = part.child),
+                       part.child::regclass, part.owner_table),
+                format('Owner rows hold the current fencing tokens; a crash or a failover empties such a table, and tokens would start over. Make %s a logged table first.',
+                       part.child::regclass));
+        END IF;
         IF part.is_owner THEN
             IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_owner_truncate') THEN
                 IF EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.owner_table AND g.tgname = 'pg_lease_owner_guard'
                               AND NOT lease._this_transaction(g.xmin)) THEN
+                    PERFORM lease._internal_ddl(true);
                     PERFORM lease._install_owner_truncate_guard(part.child);
+                    PERFORM lease._internal_ddl(false);
                 ELSE
                     INSERT INTO lease.deferred_checks VALUES (part.child, part.relid);
                 END IF;
@@ -455,7 +674,9 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.child AND g.tgname = 'pg_lease_truncate') THEN
             IF EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = part.relid AND g.tgname = 'pg_lease_fence'
                           AND NOT lease._this_transaction(g.xmin)) THEN
+                PERFORM lease._internal_ddl(true);
                 PERFORM lease._install_truncate_guard(part.child);
+                PERFORM lease._internal_ddl(false);
             ELSE
                 INSERT INTO lease.deferred_checks VALUES (part.child, part.relid);
             END IF;
@@ -470,11 +691,12 @@ BEGIN
         match := CASE WHEN part.mode = 'owner' AND part.token_column IS NOT NULL
                       THEN lease._key_match(part.owner_table, part.owner_key_columns, part.child, part.key_columns) END;
         IF match IS NOT NULL THEN
-            EXECUTE format(
+            -- (As the table owner, under the latest snapshot: rows committed
+            -- since a REPEATABLE READ transaction's snapshot come in too.)
+            bad := lease._exists_as_owner(part.child, format(
                 'SELECT (SELECT count(*) FROM ONLY %s) <> (SELECT count(*) FROM (SELECT 1 FROM ONLY %s t JOIN %s o ON %s AND o.%I = t.%I FOR SHARE OF o) s)',
                 part.child::regclass, part.child::regclass, part.owner_table, match,
-                part.owner_token_column, part.token_column)
-               INTO bad;
+                part.owner_token_column, part.token_column));
         ELSE
             bad := lease._exists_as_owner(part.child, format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', part.child::regclass));
         END IF;
@@ -493,14 +715,21 @@ BEGIN
     -- Guards left behind on tables that left a fenced or owner tree (DETACH
     -- PARTITION): owner rows may not leave; a detached fenced partition is no
     -- longer fenced, so its TRUNCATE guard goes.
+    IF tg_tag = 'ALTER TABLE' THEN
+        -- Every table in a fenced or owner table's partition tree, once.
+        members := ARRAY(SELECT r.root FROM lease.protected p
+                           CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
+                         UNION
+                         SELECT t.relid FROM lease.protected p
+                           CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
+                           CROSS JOIN LATERAL pg_partition_tree(r.root) t);
+    END IF;
     FOR stray IN
         SELECT g.tgrelid, g.tgname FROM pg_trigger g
          WHERE tg_tag = 'ALTER TABLE'
            AND g.tgname IN ('pg_lease_truncate', 'pg_lease_owner_truncate')
            AND g.tgfoid = 'lease.truncate_guard'::regproc
-           AND NOT lease._under(g.tgrelid, ARRAY(
-                   SELECT p.relid::oid FROM lease.protected p UNION ALL
-                   SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL))
+           AND NOT (g.tgrelid = ANY (members))
     LOOP
         -- (Whatever rows it holds, by any snapshot: a partition of an owner
         -- table never leaves it while a fence uses it.)
@@ -510,11 +739,16 @@ BEGIN
                 format('Table %s holds owner rows whose fencing tokens would leave the fence; tokens could then start over. Unprotect the tables fenced against it first.',
                        stray.tgrelid::regclass));
         END IF;
+        PERFORM lease._internal_ddl(true);
         PERFORM lease._trigger_ddl(stray.tgrelid::regclass, format('DROP TRIGGER %I ON %s', stray.tgname, stray.tgrelid::regclass));
+        PERFORM lease._internal_ddl(false);
     END LOOP;
 
+    -- (Of the partitions, those the command reached or joined: a command on
+    -- one partition of a large tree is judged by what it can change.)
     SELECT f.* INTO broken
-      FROM lease._fence_problems(concerned) f
+      FROM lease._fence_problems_in(concerned, related || ARRAY(SELECT m.relid::oid FROM unnest(joined) j(rel)
+                                                                 CROSS JOIN LATERAL pg_partition_tree(j.rel) m)) f
      WHERE f.kind NOT IN ('missing', 'constraint')
        AND NOT (f.kind = 'disabled' AND f.rel::oid = ANY (citus_pending))
      LIMIT 1;
@@ -547,47 +781,12 @@ SELECT coalesce(lease._shown(d.datname::text), '(dropped)') AS database,
   FROM lease._table_stats() s
   LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.database_oid
  CROSS JOIN lease.audit_status() a;
--- The DDL guard (attack review 22) follows a command down to every table it
--- changes (inheritance children, partitions, typed tables of a composite
--- type, members of an extension), treats a protected table that is itself a
--- partition of an unprotected one as the root of its fence, recognises
--- partitions joined inside a subtransaction, refuses foreign partitions
--- clearly, reports an owner partition detached unseen, and guards a
--- partition created after lease.protect in the same transaction.
-CREATE FUNCTION lease._this_transaction(xmin xid) RETURNS boolean
-    LANGUAGE C STRICT STABLE AS 'MODULE_PATHNAME', 'pg_lease_this_transaction';
-REVOKE EXECUTE ON FUNCTION lease._this_transaction(xid) FROM PUBLIC;
-CREATE FUNCTION lease._reached(rels oid[]) RETURNS oid[]
-    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
-    WITH RECURSIVE down (r) AS (
-        SELECT unnest(rels)
-        UNION
-        SELECT t.oid FROM pg_class c JOIN pg_class t ON t.reloftype = c.reltype
-         WHERE c.oid = ANY (rels) AND c.relkind = 'c'
-        UNION
-        SELECT i.inhrelid FROM pg_inherits i JOIN down ON i.inhparent = down.r
-    )
-    SELECT array_agg(r) FROM down
-$$;
-
--- Whether `rel` is one of `roots` or a partition (at any depth) of one: a
--- protected table may itself be a partition of a table pg_lease does not
--- protect, so "under a root" is not "pg_partition_root is a root".
-CREATE FUNCTION lease._under(rel oid, roots oid[]) RETURNS boolean
-    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
-    SELECT rel = ANY (roots) OR EXISTS (SELECT 1 FROM pg_partition_ancestors(rel) a WHERE a.relid::oid = ANY (roots))
-$$;
 CREATE OR REPLACE FUNCTION lease._concerned(rels oid[]) RETURNS oid[]
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
-    WITH RECURSIVE up (r) AS (
-        SELECT unnest(rels)
-        UNION
-        SELECT i.inhparent FROM pg_inherits i JOIN up ON i.inhrelid = up.r
-    ),
-    related (r) AS (SELECT r FROM up UNION SELECT unnest(lease._reached(rels)))
     SELECT array_agg(p.relid::oid) FROM lease.protected p
-     WHERE p.relid::oid IN (SELECT r FROM related) OR p.owner_table::oid IN (SELECT r FROM related)
+     WHERE p.relid::oid = ANY (lease._related(rels)) OR p.owner_table::oid = ANY (lease._related(rels))
 $$;
+
 CREATE OR REPLACE FUNCTION lease._shard_problems(shell regclass, shards regclass[] DEFAULT NULL, complete boolean DEFAULT false,
                                       created_now boolean DEFAULT false)
 RETURNS TABLE (rel regclass, problem text)
@@ -652,16 +851,16 @@ BEGIN
     -- (no dump brings its TRUNCATE guard): when everything else of the
     -- fence is in place, it gets the guard now.
     IF NEW.rel <> NEW.root AND NOT EXISTS (
-           SELECT 1 FROM lease._fence_problems(ARRAY[NEW.root::oid]) f
+           SELECT 1 FROM lease._fence_problems_in(ARRAY[NEW.root::oid], ARRAY[NEW.rel::oid]) f
             WHERE f.kind IN ('missing', 'disabled') AND f.rel <> NEW.rel) THEN
         PERFORM CASE e.tgname WHEN 'pg_lease_truncate' THEN lease._install_truncate_guard(NEW.rel)
                               ELSE lease._install_owner_truncate_guard(NEW.rel) END
-           FROM lease._expected_triggers(ARRAY[NEW.root::oid]) e
+           FROM lease._expected_triggers_in(ARRAY[NEW.root::oid], ARRAY[NEW.rel::oid]) e
           WHERE e.rel = NEW.rel::oid AND e.tgname IN ('pg_lease_truncate', 'pg_lease_owner_truncate')
             AND NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = NEW.rel AND g.tgname = e.tgname);
     END IF;
     SELECT f.relid, f.problem INTO gap
-      FROM lease._fence_problems(ARRAY[NEW.root::oid]) f
+      FROM lease._fence_problems_in(ARRAY[NEW.root::oid], ARRAY[NEW.rel::oid]) f
      WHERE f.rel = NEW.rel AND f.kind IN ('missing', 'disabled')
      LIMIT 1;
     IF FOUND THEN
@@ -674,3 +873,45 @@ BEGIN
     RETURN NULL;
 END $$;
 
+CREATE OR REPLACE FUNCTION lease._check_columns(rel regclass, role text, columns text[], token_column text)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    kind "char";
+    col text;
+BEGIN
+    IF rel IS NULL THEN
+        PERFORM lease._fail('22004', format('pg_lease: the %s must not be NULL', role));
+    END IF;
+    SELECT c.relkind INTO kind FROM pg_class c WHERE c.oid = rel;
+    IF kind IS NULL OR kind NOT IN ('r', 'p') THEN
+        PERFORM lease._fail('42809', format('pg_lease: %s %s is not a table', role, rel), 'Only ordinary and partitioned tables can be fenced (not views, foreign tables or other relations).');
+    END IF;
+    IF columns IS NULL OR cardinality(columns) = 0 OR array_position(columns, NULL) IS NOT NULL THEN
+        PERFORM lease._fail('22023', format('pg_lease: the key columns of %s must be a non-empty list of column names', rel));
+    END IF;
+    IF (SELECT count(DISTINCT c) FROM unnest(columns) c) <> cardinality(columns) THEN
+        PERFORM lease._fail('42701', format('pg_lease: key columns of %s are listed twice: %s', rel, columns));
+    END IF;
+    FOREACH col IN ARRAY columns || CASE WHEN token_column IS NULL THEN '{}'::text[] ELSE ARRAY[token_column] END LOOP
+        IF lease._column_type(rel, col) IS NULL THEN
+            PERFORM lease._fail('42703', format('pg_lease: %s column "%s" of %s does not exist', CASE WHEN col = token_column THEN 'token' ELSE 'key' END, col, rel));
+        END IF;
+        -- BEFORE triggers see a generated column's old value: it cannot be fenced.
+        IF EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = rel AND a.attname = col AND a.attgenerated <> '') THEN
+            PERFORM lease._fail('42611', format('pg_lease: column "%s" of %s is a generated column', col, rel), 'Generated columns are computed after BEFORE triggers, so the fence would judge the old value.');
+        END IF;
+        -- Tokens are written by lease.acquire and presented by writers.
+        IF col = token_column AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = rel AND a.attname = col AND a.attidentity = 'a') THEN
+            PERFORM lease._fail('42611', format('pg_lease: token column "%s" of %s is an identity column GENERATED ALWAYS', col, rel), 'Fencing tokens are written by lease.acquire and presented by writers; a column GENERATED ALWAYS AS IDENTITY takes neither. Use GENERATED BY DEFAULT, or a plain bigint column.');
+        END IF;
+    END LOOP;
+    IF token_column IS NOT NULL THEN
+        -- Lease tokens are >= 2^40: only bigint holds them.
+        IF lease._column_type(rel, token_column) <> 'bigint'::regtype THEN
+            PERFORM lease._fail('42804', format('pg_lease: token column "%s" of %s has type %s, not bigint', token_column, rel, lease._column_type(rel, token_column)));
+        END IF;
+        IF token_column = ANY (columns) THEN
+            PERFORM lease._fail('22023', format('pg_lease: token column "%s" of %s cannot also be a key column', token_column, rel));
+        END IF;
+    END IF;
+END $$;

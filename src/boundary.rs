@@ -154,6 +154,7 @@ c_function!(pg_lease_local_state, pg_finfo_pg_lease_local_state, local_state, ru
 
 // The DDL guard's C parts (fence::ddl).
 c_function!(pg_lease_retyped_columns, pg_finfo_pg_lease_retyped_columns, fence::ddl::retyped_columns);
+c_function!(pg_lease_first_judgment, pg_finfo_pg_lease_first_judgment, fence::ddl::first_judgment);
 c_function!(pg_lease_guard_ddl_start, pg_finfo_pg_lease_guard_ddl_start, fence::ddl::guard_ddl_start);
 c_function!(pg_lease_this_transaction, pg_finfo_pg_lease_this_transaction, fence::ddl::this_transaction);
 

@@ -658,6 +658,61 @@ pub fn spi_connected<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// Whether this transaction reads through one snapshot for its whole life
+/// (REPEATABLE READ or SERIALIZABLE).
+pub fn uses_transaction_snapshot() -> bool {
+    // SAFETY: reads a backend global (the transaction's isolation level).
+    unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
+}
+
+/// Runs `sql`, a query of one column and at most one row, read-write (its
+/// row locks are taken) under the latest snapshot (`latest`) or the
+/// transaction's, as RI checks read at REPEATABLE READ what has committed
+/// since the transaction's snapshot; the value's bytes as text (None: no
+/// row, or NULL). Opens its own SPI connection.
+pub fn query_text_under(sql: &CStr, latest: bool, what: &str) -> Option<Vec<u8>> {
+    spi_connected(|| {
+        // SAFETY: `sql` is NUL-terminated; a query without parameters. A bad
+        // query raises an ERROR; NULL only without a connection (checked).
+        let plan = unsafe { pg_sys::SPI_prepare(sql.as_ptr(), 0, std::ptr::null_mut()) };
+        if plan.is_null() {
+            pgrx::error!("pg_lease: could not prepare {what}");
+        }
+        // SAFETY: a backend's snapshots: GetLatestSnapshot's is static until
+        // the next call, GetTransactionSnapshot's lives for the transaction;
+        // SPI_execute_snapshot pushes a copy of it for the query (read-write:
+        // with this command's id), and `plan` is the unsaved plan above, in
+        // this connection's memory, taking no parameters.
+        let rc = unsafe {
+            let snapshot = if latest { pg_sys::GetLatestSnapshot() } else { pg_sys::GetTransactionSnapshot() };
+            pg_sys::SPI_execute_snapshot(
+                plan,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                snapshot,
+                std::ptr::null_mut(),
+                false,
+                false,
+                1,
+            )
+        };
+        if rc < 0 {
+            pgrx::error!("pg_lease: {what} failed (SPI code {rc})");
+        }
+        // SAFETY: the query above returned SPI_processed rows of one column;
+        // row 0 exists when it is positive, and the text output of its value
+        // is copied out before the connection ends.
+        unsafe {
+            if pg_sys::SPI_processed == 0 {
+                return None;
+            }
+            let table = &*pg_sys::SPI_tuptable;
+            let value = pg_sys::SPI_getvalue(*table.vals, table.tupdesc, 1);
+            (!value.is_null()).then(|| CStr::from_ptr(value).to_bytes().to_vec())
+        }
+    })
+}
+
 /// Executes the saved `plan` with `params` (None: NULL) in the current SPI
 /// connection, read-write (a fresh snapshot per statement, as PL/pgSQL
 /// runs it), to completion; whether it returned or changed a row.

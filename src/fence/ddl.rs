@@ -3,6 +3,45 @@
 use crate::errors::Refusal;
 use pgrx::pg_sys;
 
+/// The subcommands of an ALTER TABLE (or ALTER TYPE, ALTER VIEW, ...)
+/// command that `pg_event_trigger_ddl_commands()` collected; empty for any
+/// other command, or a NULL one.
+///
+/// # Safety
+/// `fcinfo` is valid for the call and its first argument is a
+/// `pg_ddl_command` that pg_event_trigger_ddl_commands() returned in this
+/// `ddl_command_end` event trigger, or NULL.
+unsafe fn subcommands<'a>(fcinfo: pg_sys::FunctionCallInfo) -> Vec<&'a pg_sys::AlterTableCmd> {
+    // SAFETY: `fcinfo` is valid for the call and carries one argument (the
+    // caller's contract), so args[0] exists.
+    let arg = unsafe { &*(*fcinfo).args.as_ptr() };
+    if arg.isnull {
+        return Vec::new();
+    }
+    // SAFETY: a pg_ddl_command datum is a pointer to the CollectedCommand
+    // that pg_event_trigger_ddl_commands() is returning (event trigger
+    // memory, alive for the whole ddl_command_end trigger).
+    let cmd = unsafe { &*(arg.value.cast_mut_ptr::<pg_sys::CollectedCommand>()) };
+    if cmd.type_ != pg_sys::CollectedCommandType::SCT_AlterTable {
+        return Vec::new();
+    }
+    // SAFETY: `d` is the union member SCT_AlterTable selects; its subcmds is
+    // NIL or a pointer List of CollectedATSubcmd, in the same event trigger
+    // memory as `cmd`.
+    let subcmds = unsafe { crate::pg::list_ptrs(cmd.d.alterTable.subcmds) };
+    subcmds
+        .filter_map(|sub| {
+            // SAFETY: each element is a non-null CollectedATSubcmd
+            // (event_trigger.c's EventTriggerCollectAlterTableSubcmd), alive
+            // as `cmd` is; its parsetree is null or a Node.
+            let sub = unsafe { &*(sub as *const pg_sys::CollectedATSubcmd) };
+            // SAFETY: `parsetree` is null or a valid Node living as `cmd`
+            // does; a T_AlterTableCmd node is an AlterTableCmd.
+            unsafe { crate::pg::cast_node::<pg_sys::AlterTableCmd>(sub.parsetree, pg_sys::NodeTag::T_AlterTableCmd) }
+        })
+        .collect()
+}
+
 /// `lease._retyped_columns(command pg_ddl_command) → text[]`: the columns an
 /// ALTER TABLE command gave a type with `ALTER COLUMN ... TYPE` (even the type
 /// they had: `USING` then rewrites every row without firing a row trigger).
@@ -15,41 +54,99 @@ use pgrx::pg_sys;
 /// `pg_ddl_command` that pg_event_trigger_ddl_commands() returned in this
 /// `ddl_command_end` event trigger.
 pub unsafe fn retyped_columns(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Refusal> {
-    // SAFETY: `fcinfo` is valid for the call and carries one argument (the
-    // caller's contract), so args[0] exists.
-    let arg = unsafe { &*(*fcinfo).args.as_ptr() };
-    let mut names: Vec<crate::pg::TextDatum> = Vec::new();
-    if !arg.isnull {
-        // SAFETY: a pg_ddl_command datum is a pointer to the CollectedCommand
-        // that pg_event_trigger_ddl_commands() is returning (event trigger
-        // memory, alive for the whole ddl_command_end trigger).
-        let cmd = unsafe { &*(arg.value.cast_mut_ptr::<pg_sys::CollectedCommand>()) };
-        if cmd.type_ == pg_sys::CollectedCommandType::SCT_AlterTable {
-            // SAFETY: `d` is the union member SCT_AlterTable selects; its
-            // subcmds is NIL or a pointer List of CollectedATSubcmd, in the
-            // same event trigger memory as `cmd`.
-            let subcmds = unsafe { crate::pg::list_ptrs(cmd.d.alterTable.subcmds) };
-            for sub in subcmds {
-                // SAFETY: each element is a non-null CollectedATSubcmd
-                // (event_trigger.c's EventTriggerCollectAlterTableSubcmd),
-                // alive as `cmd` is; its parsetree is null or a Node.
-                let node = unsafe { (*(sub as *const pg_sys::CollectedATSubcmd)).parsetree };
-                // SAFETY: `node` is null or a valid Node living as `cmd`
-                // does; a T_AlterTableCmd node is an AlterTableCmd.
-                let Some(at) =
-                    (unsafe { crate::pg::cast_node::<pg_sys::AlterTableCmd>(node, pg_sys::NodeTag::T_AlterTableCmd) })
-                else {
-                    continue;
-                };
-                if at.subtype == pg_sys::AlterTableType::AT_AlterColumnType && !at.name.is_null() {
-                    // SAFETY: a non-null AlterTableCmd.name is the column's
-                    // NUL-terminated name, alive as the parse tree is.
-                    names.push(crate::pg::text_datum(unsafe { std::ffi::CStr::from_ptr(at.name) }.to_bytes()));
-                }
-            }
-        }
-    }
+    // SAFETY: the caller's contract is `subcommands`'.
+    let names: Vec<crate::pg::TextDatum> = unsafe { subcommands(fcinfo) }
+        .into_iter()
+        .filter(|at| at.subtype == pg_sys::AlterTableType::AT_AlterColumnType && !at.name.is_null())
+        // SAFETY: a non-null AlterTableCmd.name is the column's
+        // NUL-terminated name, alive as the parse tree is.
+        .map(|at| crate::pg::text_datum(unsafe { std::ffi::CStr::from_ptr(at.name) }.to_bytes()))
+        .collect();
     Ok(crate::pg::text_array(&names))
+}
+
+/// The join events (`pg_inherits` row versions, by xmin and ctid) the DDL
+/// guard has judged in this transaction, and the transaction they belong to
+/// (cleared when another begins).
+struct Judged {
+    xact: pg_sys::TransactionId,
+    rows: std::collections::HashSet<(u32, u32, u16)>,
+}
+
+thread_local! {
+    static JUDGED: std::cell::RefCell<Judged> = std::cell::RefCell::new(Judged {
+        xact: pg_sys::TransactionId::INVALID,
+        rows: std::collections::HashSet::new(),
+    });
+}
+
+/// `lease._first_judgment(xmin xid, ctid tid) → boolean`: true the first
+/// time the DDL guard asks about this `pg_inherits` row version in this
+/// transaction, false after. Each partition a transaction creates or
+/// attaches is judged once, by the command that joined it, instead of again
+/// by every later command of the transaction (which made a migration that
+/// creates many partitions quadratic). A row version is one join: a
+/// partition detached and attached again has a new one; one whose
+/// subtransaction rolled back is gone.
+///
+/// # Safety
+/// Called by Postgres as a version-1 C function: `fcinfo` is valid for the
+/// call and has the two arguments the SQL declaration gives it, an `xid` and
+/// a `tid` (by reference), neither NULL (STRICT).
+pub unsafe fn first_judgment(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Refusal> {
+    // SAFETY: `fcinfo` is valid and carries two arguments (the caller's
+    // contract); an xid datum is the value itself, a tid datum a pointer to
+    // an ItemPointerData alive for the call.
+    let (xmin, block, offset) = unsafe {
+        let args = (*fcinfo).args.as_slice(2);
+        let tid = &*args[1].value.cast_mut_ptr::<pg_sys::ItemPointerData>();
+        (
+            args[0].value.value() as u32,
+            (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo),
+            tid.ip_posid,
+        )
+    };
+    // SAFETY: reads this backend's transaction state.
+    let xact = unsafe { pg_sys::GetTopTransactionIdIfAny() };
+    let first = JUDGED.with(|j| {
+        let mut j = j.borrow_mut();
+        if j.xact != xact {
+            j.xact = xact;
+            j.rows.clear();
+        }
+        j.rows.insert((xmin, block, offset))
+    });
+    Ok(pg_sys::Datum::from(first))
+}
+
+/// The (sub)transaction in which the DDL guard is running pg_lease's own
+/// DDL (a TRUNCATE guard on a partition it judged, a stray guard dropped),
+/// if it is: that DDL fires the guard again, which has nothing to judge in
+/// it. Valid only in the very subtransaction that set it, so an error that
+/// aborts the internal command (and any savepoint around it) leaves no
+/// state behind that a later command could use to pass unjudged.
+fn current_subtransaction() -> (pg_sys::TransactionId, pg_sys::SubTransactionId) {
+    // SAFETY: read this backend's transaction state.
+    unsafe { (pg_sys::GetTopTransactionIdIfAny(), pg_sys::GetCurrentSubTransactionId()) }
+}
+
+thread_local! {
+    static INTERNAL_DDL: std::cell::Cell<Option<(pg_sys::TransactionId, pg_sys::SubTransactionId)>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// `lease._internal_ddl(running boolean)`: the DDL guard marks the start
+/// (true) and end (false) of its own DDL. Not executable by PUBLIC.
+#[pgrx::pg_extern(name = "_internal_ddl", volatile, parallel_unsafe)]
+pub fn internal_ddl(running: bool) {
+    INTERNAL_DDL.with(|c| c.set(running.then(current_subtransaction)));
+}
+
+/// `lease._in_internal_ddl() → boolean`: whether this command is the DDL
+/// guard's own (see `lease._internal_ddl`), in this very subtransaction.
+#[pgrx::pg_extern(name = "_in_internal_ddl", volatile, parallel_unsafe)]
+pub fn in_internal_ddl() -> bool {
+    INTERNAL_DDL.with(|c| c.get() == Some(current_subtransaction()))
 }
 
 /// `lease._this_transaction(xmin xid) → boolean`: whether a catalog row was
@@ -81,11 +178,40 @@ pub fn exists_as_owner(rel: pg_sys::Oid, query: crate::pg::ServerBytes) -> bool 
     // (As the guard built it: the table's name as stored, whatever it is in
     // UTF-8.)
     let query = query.sql();
+    // Under the latest snapshot: rows committed since a REPEATABLE READ
+    // transaction's snapshot are what the command brings in too.
     crate::pg::as_table_owner(rel, || {
-        pgrx::spi::Spi::connect_mut(|client| client.update(&query, Some(1), &[])?.first().get_one::<bool>())
-            .unwrap_or_else(|e| pgrx::error!("pg_lease: {e}"))
-            .unwrap_or(false)
+        crate::pg::query_text_under(&query, true, "the DDL guard's check").is_some_and(|v| v == b"t")
     })
+}
+
+/// `lease._fresh_catalog(tag)`: nothing at READ COMMITTED; in a REPEATABLE
+/// READ or SERIALIZABLE transaction, a serialization failure (40001) when
+/// what the DDL guard's verdict depends on (`lease._catalog_version()`)
+/// reads otherwise under the transaction's snapshot than under the latest:
+/// the guard reads the catalog in SQL, through the transaction's snapshot,
+/// while the command acts on the catalog as it is now (a fence protected,
+/// a partition attached or created since), so its verdict could be about
+/// another catalog.
+#[pgrx::pg_extern(name = "_fresh_catalog", volatile, parallel_unsafe)]
+pub fn fresh_catalog(tag: crate::pg::ShownText) {
+    if !crate::pg::uses_transaction_snapshot() {
+        return;
+    }
+    let query = c"SELECT lease._catalog_version()";
+    let then = crate::pg::query_text_under(query, false, "lease._catalog_version()");
+    let now = crate::pg::query_text_under(query, true, "lease._catalog_version()");
+    if then != now {
+        pgrx::ereport!(
+            ERROR,
+            pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+            format!(
+                "pg_lease: {} cannot be judged under this transaction's snapshot: a fence, a partition or inheritance link of a fenced or owner table, or a pg_lease trigger changed after the snapshot was taken",
+                tag.0
+            ),
+            "Retry the transaction. pg_lease's DDL guard must judge a command against the catalog as the command finds it, which a REPEATABLE READ or SERIALIZABLE transaction whose snapshot is older cannot read."
+        );
+    }
 }
 
 /// `lease._name_problem(rel)`: NULL when pg_lease can name owner table `rel`

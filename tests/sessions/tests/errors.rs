@@ -225,6 +225,10 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         // Catalog reads: the tables a DDL command reaches, and whether a
         // table is in a partition tree (lease.protected_tables reads it).
         "lease._reached(oid[])",
+        "lease._related(oid[])",
+        // lease.protected_tables reads them (the wrappers' bodies).
+        "lease._expected_triggers_in(oid[],oid[])",
+        "lease._fence_problems_in(oid[],oid[])",
         "lease._under(oid,oid[])",
         "lease._owner_key_index(oid,text[],oid[])",
         // Check that the caller holds EXECUTE on protect/unprotect/judge_replicated and owns the tables.

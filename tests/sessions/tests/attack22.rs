@@ -160,7 +160,8 @@ const OWN_PAY: &str = "
 /// says such a move is refused, and a DBA may do it without malice.) EUC_JP database, `pay` fenced
 /// against `own` (ASCII names), owner row `a` at token 5. As a superuser:
 /// `CREATE SCHEMA e; CREATE EXTENSION lo SCHEMA e` (a relocatable contrib
-/// extension), `ALTER TABLE own SET SCHEMA e; ALTER EXTENSION lo ADD TABLE
+/// extension; the test uses `dblink`, which the PostgreSQL 18 build has too),
+/// `ALTER TABLE own SET SCHEMA e; ALTER EXTENSION lo ADD TABLE
 /// e.own` (both accepted: ASCII names), then `CREATE SCHEMA "s√"` (NEC
 /// 0xADF5) and `ALTER EXTENSION lo SET SCHEMA "s√"`, which moves every member
 /// object, the owner table included. README (Limits) says the DDL guard
@@ -181,8 +182,8 @@ fn euc_jp_alter_extension_set_schema_moving_owner_table_is_refused() {
         EUC_JP,
         &format!(
             "{OWN_PAY}
-             CREATE SCHEMA e; CREATE EXTENSION lo SCHEMA e;
-             ALTER TABLE own SET SCHEMA e; ALTER EXTENSION lo ADD TABLE e.own;"
+             CREATE SCHEMA e; CREATE EXTENSION dblink SCHEMA e;
+             ALTER TABLE own SET SCHEMA e; ALTER EXTENSION dblink ADD TABLE e.own;"
         ),
     );
     let r = failure(
@@ -190,7 +191,7 @@ fn euc_jp_alter_extension_set_schema_moving_owner_table_is_refused() {
         &format!(
             "DO $$ BEGIN
                EXECUTE format('CREATE SCHEMA %I', 's' || {NEC_ROOT});
-               EXECUTE format('ALTER EXTENSION lo SET SCHEMA %I', 's' || {NEC_ROOT});
+               EXECUTE format('ALTER EXTENSION dblink SET SCHEMA %I', 's' || {NEC_ROOT});
              END $$"
         ),
     );
@@ -202,7 +203,7 @@ fn euc_jp_alter_extension_set_schema_moving_owner_table_is_refused() {
             && stale.as_ref().is_some_and(|s| s[0] == "LF001")
             && current.is_none()
             && n == 1,
-        "ALTER EXTENSION lo SET SCHEMA \"s\\xadf5\" (owner table a member): {r:?}; then stale write {stale:?}, \
+        "ALTER EXTENSION dblink SET SCHEMA \"s\\xadf5\" (owner table a member): {r:?}; then stale write {stale:?}, \
          current write {current:?}, audit rows {n}"
     );
 }

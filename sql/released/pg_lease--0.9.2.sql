@@ -83,10 +83,23 @@ AS 'MODULE_PATHNAME', 'exists_as_owner_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:196
+-- src/fence/ddl.rs:194
+-- pg_lease::fence::ddl::_exists_latest
+CREATE  FUNCTION "_exists_latest"(
+	"query" TEXT /* crate :: pg :: ServerBytes */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'exists_latest_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/fence/ddl.rs:209
 -- pg_lease::fence::ddl::_fresh_catalog
 CREATE  FUNCTION "_fresh_catalog"(
-	"tag" TEXT /* crate :: pg :: ShownText */
+	"tag" TEXT, /* crate :: pg :: ShownText */
+	"touched" oid[], /* Vec < pg_sys :: Oid > */
+	"whole" bool /* bool */
 ) RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
@@ -137,7 +150,7 @@ AS 'MODULE_PATHNAME', 'judge_replicated_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:431
+-- src/fence/ddl.rs:449
 -- pg_lease::fence::ddl::_key_equality
 CREATE  FUNCTION "_key_equality"(
 	"left" oid, /* pg_sys :: Oid */
@@ -173,7 +186,7 @@ AS 'MODULE_PATHNAME', 'lock_owner_row_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:223
+-- src/fence/ddl.rs:241
 -- pg_lease::fence::ddl::_name_problem
 CREATE  FUNCTION "_name_problem"(
 	"rel" oid /* pg_sys :: Oid */
@@ -201,7 +214,7 @@ AS 'MODULE_PATHNAME', 'next_token_sql_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:386
+-- src/fence/ddl.rs:404
 -- pg_lease::fence::ddl::_owner_key_index
 CREATE  FUNCTION "_owner_key_index"(
 	"owner" oid, /* pg_sys :: Oid */
@@ -374,7 +387,8 @@ REVOKE EXECUTE ON FUNCTION lease._this_transaction(xid) FROM PUBLIC;
 CREATE FUNCTION lease._guard_ddl_start() RETURNS event_trigger
     LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_guard_ddl_start';
 REVOKE EXECUTE ON FUNCTION lease._exists_as_owner(oid, text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION lease._fresh_catalog(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION lease._fresh_catalog(text, oid[], boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION lease._exists_latest(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION lease._internal_ddl(boolean), lease._in_internal_ddl() FROM PUBLIC;
 
 -- Raises one of pg_lease's LF errors by name (src/errors.rs), for our PL/pgSQL.
@@ -441,6 +455,11 @@ BEGIN
     SELECT c.relkind INTO kind FROM pg_class c WHERE c.oid = rel;
     IF kind IS NULL OR kind NOT IN ('r', 'p') THEN
         PERFORM lease._fail('42809', format('pg_lease: %s %s is not a table', role, rel), 'Only ordinary and partitioned tables can be fenced (not views, foreign tables or other relations).');
+    END IF;
+    SELECT t.relid INTO col FROM pg_partition_tree(rel) t JOIN pg_class c ON c.oid = t.relid WHERE c.relkind = 'f' LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._fail('42809', format('pg_lease: partition %s of %s %s is a foreign table', col::regclass, role, rel),
+            'Rows of a foreign table are written on another server, where pg_lease cannot see them. Detach it first.');
     END IF;
     IF columns IS NULL OR cardinality(columns) = 0 OR array_position(columns, NULL) IS NOT NULL THEN
         PERFORM lease._fail('22023', format('pg_lease: the key columns of %s must be a non-empty list of column names', rel));
@@ -1453,39 +1472,66 @@ SELECT p.relid              AS table_name,
                FROM lease._fence_problems() x GROUP BY x.relid) f ON f.relid OPERATOR(pg_catalog.=) p.relid;
 COMMENT ON VIEW lease.protected_tables IS 'What pg_lease protects and how; enforced = every trigger, column and constraint in place, problems = what is not.';
 
--- What the DDL guard's verdict depends on, as one text: pg_lease's fence
--- rows; the inheritance links, pg_class rows and extension memberships of
--- every table in a fenced or owner table's family (its ancestors and
--- descendants); and pg_lease's triggers, each by its row version. The guard
--- reads the catalog through the transaction's snapshot; in a REPEATABLE READ
--- or SERIALIZABLE transaction it judges a command only if that snapshot
--- reads this as the latest does (lease._fresh_catalog, src/fence/ddl.rs).
-CREATE FUNCTION lease._catalog_version() RETURNS text
+-- What the DDL guard's verdict on a command that touched `touched` depends
+-- on, as one text: the fences that command concerns (all of them when
+-- `whole`: ALTER SCHEMA and ALTER EXTENSION find the tables they touch in
+-- the catalog) and, for every table in a fenced or owner table's family
+-- (its ancestors and descendants), its inheritance links, what pg_lease
+-- judges of its pg_class row (name, schema, kind, persistence, type,
+-- partition), its columns, its triggers (pg_lease's among them) and its
+-- extension membership. The
+-- guard reads the catalog through the transaction's snapshot; in a
+-- REPEATABLE READ or SERIALIZABLE transaction it judges a command only if
+-- that snapshot reads this as the latest does (lease._fresh_catalog,
+-- src/fence/ddl.rs).
+CREATE FUNCTION lease._catalog_version(touched oid[], whole boolean) RETURNS text
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
-    WITH RECURSIVE roots (r) AS (
-        SELECT p.relid::oid FROM lease.protected p
+    WITH RECURSIVE related (rels) AS MATERIALIZED (SELECT lease._related(touched)),
+    fences AS (
+        SELECT p.relid, p.owner_table, p.xmin::text || p.ctid::text AS version FROM lease.protected p, related r
+         WHERE whole OR p.relid::oid = ANY (r.rels) OR p.owner_table::oid = ANY (r.rels)
+    ),
+    roots (r) AS (
+        SELECT f.relid::oid FROM fences f
         UNION
-        SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL
+        SELECT f.owner_table::oid FROM fences f WHERE f.owner_table IS NOT NULL
     ),
     up (r) AS (SELECT r FROM roots UNION SELECT i.inhparent FROM pg_inherits i JOIN up ON i.inhrelid = up.r),
     down (r) AS (SELECT r FROM roots UNION SELECT i.inhrelid FROM pg_inherits i JOIN down ON i.inhparent = down.r),
     family (r) AS (SELECT r FROM up UNION SELECT r FROM down)
+    -- (Each catalog read by its index, table by table: LATERAL ... OFFSET 0
+    -- keeps the planner from scanning a whole catalog for a few tables.)
     SELECT concat_ws(';',
-        (SELECT string_agg(p.xmin::text || p.ctid::text, ',' ORDER BY p.relid::oid) FROM lease.protected p),
+        (SELECT string_agg(f.version, ',' ORDER BY f.relid::oid) FROM fences f),
         (SELECT string_agg(i.inhparent::text || '>' || i.inhrelid::text || '/' || i.xmin::text, ',' ORDER BY i.inhparent, i.inhrelid)
-           FROM pg_inherits i
-          WHERE i.inhparent IN (SELECT r FROM family) OR i.inhrelid IN (SELECT r FROM family)),
-        (SELECT string_agg(c.oid::text || '/' || c.xmin::text, ',' ORDER BY c.oid)
-           FROM pg_class c WHERE c.oid IN (SELECT r FROM family)),
+           FROM family f
+          CROSS JOIN LATERAL (SELECT y.inhparent, y.inhrelid, y.xmin FROM pg_inherits y WHERE y.inhparent = f.r
+                              UNION ALL
+                              SELECT y.inhparent, y.inhrelid, y.xmin FROM pg_inherits y WHERE y.inhrelid = f.r OFFSET 0) i),
+        (SELECT string_agg(concat_ws('/', c.oid, c.relname, c.relnamespace, c.relkind, c.relpersistence, c.reloftype, c.relispartition), ','
+                           ORDER BY c.oid)
+           FROM family f
+          CROSS JOIN LATERAL (SELECT x.* FROM pg_class x WHERE x.oid = f.r OFFSET 0) c),
+        (SELECT string_agg(concat_ws('/', a.attrelid, a.attnum, a.attname, a.atttypid, a.attgenerated, a.attidentity, a.attisdropped), ','
+                           ORDER BY a.attrelid, a.attnum)
+           FROM family f
+          CROSS JOIN LATERAL (SELECT x.* FROM pg_attribute x WHERE x.attrelid = f.r AND x.attnum > 0 OFFSET 0) a),
         (SELECT string_agg(g.oid::text || '/' || g.xmin::text, ',' ORDER BY g.oid)
+           FROM family f
+          CROSS JOIN LATERAL (SELECT x.oid, x.xmin FROM pg_trigger x WHERE x.tgrelid = f.r OFFSET 0) g),
+        -- pg_lease's triggers anywhere (a guard left on a table that has
+        -- left every family, or one created since on a table about to join),
+        -- as one count and sum.
+        (SELECT count(*)::text || '/' || coalesce(sum(g.oid::text::bigint * 4294967296 + g.xmin::text::bigint), 0)::text
            FROM pg_trigger g
           WHERE g.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)),
         (SELECT string_agg(d.objid::text || '/' || d.refobjid::text, ',' ORDER BY d.objid, d.refobjid)
-           FROM pg_depend d
-          WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
-            AND d.objid IN (SELECT r FROM family)))
+           FROM family f
+          CROSS JOIN LATERAL (SELECT x.objid, x.refobjid FROM pg_depend x
+                               WHERE x.classid = 'pg_class'::regclass AND x.objid = f.r
+                                 AND x.refclassid = 'pg_extension'::regclass AND x.deptype = 'e' OFFSET 0) d))
 $$;
-REVOKE EXECUTE ON FUNCTION lease._catalog_version() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION lease._catalog_version(oid[], boolean) FROM PUBLIC;
 
 -- The tables a command on `rels` changes: each of them, the typed tables
 -- of a composite type among them (ALTER TYPE ... CASCADE), and every
@@ -1494,15 +1540,14 @@ REVOKE EXECUTE ON FUNCTION lease._catalog_version() FROM PUBLIC;
 -- cloned onto partitions).
 CREATE FUNCTION lease._reached(rels oid[]) RETURNS oid[]
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
-    -- (UNION ALL, then DISTINCT: inheritance has no cycles, and a UNION's
-    -- hash table sized by the planner's estimate for pg_inherits cost more
-    -- than the walk itself.)
+    -- (UNION: each table once, however many paths lead to it through
+    -- multiple inheritance.)
     WITH RECURSIVE down (r) AS (
         SELECT unnest(rels)
-        UNION ALL
+        UNION
         SELECT t.oid FROM pg_class t
          WHERE t.reloftype IN (SELECT c.reltype FROM pg_class c WHERE c.oid = ANY (rels) AND c.relkind = 'c')
-        UNION ALL
+        UNION
         SELECT i.inhrelid FROM pg_inherits i JOIN down ON i.inhparent = down.r
     )
     SELECT array_agg(DISTINCT r) FROM down
@@ -1523,7 +1568,7 @@ CREATE FUNCTION lease._related(rels oid[]) RETURNS oid[]
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
     WITH RECURSIVE up (r) AS (
         SELECT unnest(rels)
-        UNION ALL
+        UNION
         SELECT i.inhparent FROM pg_inherits i JOIN up ON i.inhrelid = up.r
     )
     SELECT array_agg(DISTINCT x.r) FROM (SELECT r FROM up UNION ALL SELECT unnest(lease._reached(rels))) x
@@ -1666,9 +1711,19 @@ BEGIN
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
         PERFORM lease._guard_shards(tg_tag);
     END IF;
+    -- The tables the command names (its objects, or theirs).
+    SELECT array_agg(DISTINCT CASE c.classid
+                                  WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = c.objid)
+                                  WHEN 'pg_rewrite'::regclass THEN (SELECT w.ev_class FROM pg_rewrite w WHERE w.oid = c.objid)
+                                  -- (a composite type: lease._reached finds its typed tables)
+                                  WHEN 'pg_type'::regclass THEN (SELECT y.typrelid FROM pg_type y WHERE y.oid = c.objid AND y.typrelid <> 0)
+                                  ELSE coalesce((SELECT x.indrelid FROM pg_index x WHERE x.indexrelid = c.objid), c.objid) END)
+      INTO touched
+      FROM pg_event_trigger_ddl_commands() c
+     WHERE c.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass, 'pg_rewrite'::regclass, 'pg_type'::regclass);
     -- At REPEATABLE READ and above, only with a snapshot that reads the
     -- catalog as the command found it (40001 otherwise).
-    PERFORM lease._fresh_catalog(tg_tag);
+    PERFORM lease._fresh_catalog(tg_tag, coalesce(touched, '{}'), tg_tag IN ('ALTER SCHEMA', 'ALTER EXTENSION'));
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
     END IF;
@@ -1697,15 +1752,6 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
-    SELECT array_agg(DISTINCT CASE c.classid
-                                  WHEN 'pg_trigger'::regclass THEN (SELECT t.tgrelid FROM pg_trigger t WHERE t.oid = c.objid)
-                                  WHEN 'pg_rewrite'::regclass THEN (SELECT w.ev_class FROM pg_rewrite w WHERE w.oid = c.objid)
-                                  -- (a composite type: lease._reached finds its typed tables)
-                                  WHEN 'pg_type'::regclass THEN (SELECT y.typrelid FROM pg_type y WHERE y.oid = c.objid AND y.typrelid <> 0)
-                                  ELSE coalesce((SELECT x.indrelid FROM pg_index x WHERE x.indexrelid = c.objid), c.objid) END)
-      INTO touched
-      FROM pg_event_trigger_ddl_commands() c
-     WHERE c.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass, 'pg_rewrite'::regclass, 'pg_type'::regclass);
     -- ALTER EXTENSION (SET SCHEMA moves every member without naming it)
     -- touches the tables that are members of the extension.
     IF tg_tag = 'ALTER EXTENSION' THEN
@@ -1839,6 +1885,14 @@ BEGIN
         -- Rows brought in by ATTACH PARTITION passed no fence: each must carry
         -- its owner row's current token (without a token column, or in
         -- high-water mode, no row can be checked: the table must be empty).
+        -- Not when the fence itself was protected in this transaction (its
+        -- lease.protected row is new): a single-transaction pg_restore
+        -- attaches partitions with their history before it loads the
+        -- fence; and rows written before a fence exists are not its to
+        -- judge (README: rows written while a table was not protected).
+        IF EXISTS (SELECT 1 FROM lease.protected q WHERE q.relid = part.relid AND lease._this_transaction(q.xmin)) THEN
+            CONTINUE;
+        END IF;
         -- Keys are compared as the fence compares them (lease._key_match),
         -- and the owner rows are locked FOR SHARE as the fence locks them: a
         -- token bump then waits for this transaction, or (at REPEATABLE READ
@@ -1846,9 +1900,10 @@ BEGIN
         match := CASE WHEN part.mode = 'owner' AND part.token_column IS NOT NULL
                       THEN lease._key_match(part.owner_table, part.owner_key_columns, part.child, part.key_columns) END;
         IF match IS NOT NULL THEN
-            -- (As the table owner, under the latest snapshot: rows committed
-            -- since a REPEATABLE READ transaction's snapshot come in too.)
-            bad := lease._exists_as_owner(part.child, format(
+            -- (Under the latest snapshot: rows committed since a REPEATABLE
+            -- READ transaction's snapshot come in too; with the guard's
+            -- rights, as the keys compare through built-in operators only.)
+            bad := lease._exists_latest(format(
                 'SELECT (SELECT count(*) FROM ONLY %s) <> (SELECT count(*) FROM (SELECT 1 FROM ONLY %s t JOIN %s o ON %s AND o.%I = t.%I FOR SHARE OF o) s)',
                 part.child::regclass, part.child::regclass, part.owner_table, match,
                 part.owner_token_column, part.token_column));
@@ -1948,7 +2003,7 @@ BEGIN
                 victim.refused);
         END IF;
     END IF;
-    PERFORM lease._fresh_catalog(tg_tag);
+    PERFORM lease._fresh_catalog(tg_tag, '{}', true);
     IF NOT EXISTS (SELECT 1 FROM lease.protected) THEN
         RETURN;
     END IF;
@@ -2025,7 +2080,8 @@ BEGIN
     END IF;
     -- A dropped index no longer names its table: look at every owner table.
     IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'index') THEN
-        SELECT f.relid, f.problem INTO victim FROM lease._fence_problems() f WHERE f.kind = 'constraint' LIMIT 1;
+        -- (Owner keys only: no partition needs looking at.)
+        SELECT f.relid, f.problem INTO victim FROM lease._fence_problems_in(NULL, '{}') f WHERE f.kind = 'constraint' LIMIT 1;
         IF FOUND THEN
             PERFORM lease._raise('FenceTampering',
                 format('%s would leave the fence on %s incomplete', tg_tag, victim.relid),

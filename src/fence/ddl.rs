@@ -185,6 +185,17 @@ pub fn exists_as_owner(rel: pg_sys::Oid, query: crate::pg::ServerBytes) -> bool 
     })
 }
 
+/// `lease._exists_latest(query)`: runs `query` (a SELECT of one boolean the
+/// DDL guard built, comparing keys only through built-in operators) with
+/// the guard's own rights under the latest snapshot, so that rows
+/// committed since a REPEATABLE READ transaction's snapshot are judged, and
+/// a table owner without rights on the owner table can still attach a
+/// partition. Not executable by PUBLIC.
+#[pgrx::pg_extern(name = "_exists_latest", volatile, parallel_unsafe)]
+pub fn exists_latest(query: crate::pg::ServerBytes) -> bool {
+    crate::pg::query_text_under(&query.sql(), true, "the DDL guard's check").is_some_and(|v| v == b"t")
+}
+
 /// `lease._fresh_catalog(tag)`: nothing at READ COMMITTED; in a REPEATABLE
 /// READ or SERIALIZABLE transaction, a serialization failure (40001) when
 /// what the DDL guard's verdict depends on (`lease._catalog_version()`)
@@ -193,14 +204,21 @@ pub fn exists_as_owner(rel: pg_sys::Oid, query: crate::pg::ServerBytes) -> bool 
 /// while the command acts on the catalog as it is now (a fence protected,
 /// a partition attached or created since), so its verdict could be about
 /// another catalog.
+/// `touched`: the tables the command names; `whole`: judge against every
+/// fence (commands that find their tables in the catalog).
 #[pgrx::pg_extern(name = "_fresh_catalog", volatile, parallel_unsafe)]
-pub fn fresh_catalog(tag: crate::pg::ShownText) {
+pub fn fresh_catalog(tag: crate::pg::ShownText, touched: Vec<pg_sys::Oid>, whole: bool) {
     if !crate::pg::uses_transaction_snapshot() {
         return;
     }
-    let query = c"SELECT lease._catalog_version()";
-    let then = crate::pg::query_text_under(query, false, "lease._catalog_version()");
-    let now = crate::pg::query_text_under(query, true, "lease._catalog_version()");
+    let rels: Vec<String> = touched.iter().map(|o| o.to_u32().to_string()).collect();
+    let query = std::ffi::CString::new(format!(
+        "SELECT lease._catalog_version('{{{}}}'::pg_catalog.oid[], {whole})",
+        rels.join(",")
+    ))
+    .expect("digits and punctuation");
+    let then = crate::pg::query_text_under(&query, false, "lease._catalog_version()");
+    let now = crate::pg::query_text_under(&query, true, "lease._catalog_version()");
     if then != now {
         pgrx::ereport!(
             ERROR,

@@ -557,6 +557,8 @@ BEGIN
       INTO touched
       FROM pg_event_trigger_ddl_commands() c
      WHERE c.classid IN ('pg_class'::regclass, 'pg_trigger'::regclass, 'pg_rewrite'::regclass, 'pg_type'::regclass);
+    -- (A type that is not a table's row type names none.)
+    touched := array_remove(touched, NULL);
     -- At REPEATABLE READ and above, only with a snapshot that reads the
     -- catalog as the command found it (40001 otherwise).
     PERFORM lease._fresh_catalog(tg_tag, coalesce(touched, '{}'), tg_tag IN ('ALTER SCHEMA', 'ALTER EXTENSION'));

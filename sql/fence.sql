@@ -1219,8 +1219,11 @@ $$;
 -- parent) of one of them, or reached by a command on them (lease._reached).
 CREATE FUNCTION lease._concerned(rels oid[]) RETURNS oid[]
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
-    SELECT array_agg(p.relid::oid) FROM lease.protected p
-     WHERE p.relid::oid = ANY (lease._related(rels)) OR p.owner_table::oid = ANY (lease._related(rels))
+    -- (lease._related once, not once per fence and column: OFFSET 0 keeps
+    -- the planner from pulling the call into the WHERE clause.)
+    SELECT array_agg(p.relid::oid)
+      FROM (SELECT lease._related(rels) AS r OFFSET 0) x, lease.protected p
+     WHERE p.relid::oid = ANY (x.r) OR p.owner_table::oid = ANY (x.r)
 $$;
 
 -- Partitions that joined a fenced or owner table in a transaction that also

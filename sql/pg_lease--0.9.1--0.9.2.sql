@@ -831,8 +831,11 @@ SELECT coalesce(lease._shown(d.datname::text), '(dropped)') AS database,
  CROSS JOIN lease.audit_status() a;
 CREATE OR REPLACE FUNCTION lease._concerned(rels oid[]) RETURNS oid[]
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
-    SELECT array_agg(p.relid::oid) FROM lease.protected p
-     WHERE p.relid::oid = ANY (lease._related(rels)) OR p.owner_table::oid = ANY (lease._related(rels))
+    -- (lease._related once, not once per fence and column: OFFSET 0 keeps
+    -- the planner from pulling the call into the WHERE clause.)
+    SELECT array_agg(p.relid::oid)
+      FROM (SELECT lease._related(rels) AS r OFFSET 0) x, lease.protected p
+     WHERE p.relid::oid = ANY (x.r) OR p.owner_table::oid = ANY (x.r)
 $$;
 
 CREATE OR REPLACE FUNCTION lease._shard_problems(shell regclass, shards regclass[] DEFAULT NULL, complete boolean DEFAULT false,

@@ -699,17 +699,8 @@ pub fn query_text_under(sql: &CStr, latest: bool, what: &str) -> Option<Vec<u8>>
         if rc < 0 {
             pgrx::error!("pg_lease: {what} failed (SPI code {rc})");
         }
-        // SAFETY: the query above returned SPI_processed rows of one column;
-        // row 0 exists when it is positive, and the text output of its value
-        // is copied out before the connection ends.
-        unsafe {
-            if pg_sys::SPI_processed == 0 {
-                return None;
-            }
-            let table = &*pg_sys::SPI_tuptable;
-            let value = pg_sys::SPI_getvalue(*table.vals, table.tupdesc, 1);
-            (!value.is_null()).then(|| CStr::from_ptr(value).to_bytes().to_vec())
-        }
+        // SAFETY: the query above returned a row of one column when any.
+        (result_rows() > 0).then(|| unsafe { result_bytes(1) }).flatten()
     })
 }
 
@@ -775,12 +766,22 @@ pub unsafe fn row_datum(row: usize, col: i32) -> Option<pg_sys::Datum> {
 /// # Safety
 /// As for [`result_datum`].
 pub unsafe fn result_text(col: i32) -> Option<String> {
+    // SAFETY: the caller's contract is `result_bytes`'.
+    unsafe { result_bytes(col) }.map(|bytes| from_server(&bytes))
+}
+
+/// [`result_text`] as the database's bytes (what a comparison of texts
+/// needs: no character written out).
+///
+/// # Safety
+/// As for [`result_datum`].
+pub unsafe fn result_bytes(col: i32) -> Option<Vec<u8>> {
     // SAFETY: the caller's contract; SPI_getvalue returns NULL for NULL or a
     // palloc'd C string, copied at once.
     unsafe {
         let table = &*pg_sys::SPI_tuptable;
         let text = pg_sys::SPI_getvalue(*table.vals, table.tupdesc, col);
-        (!text.is_null()).then(|| owned(text))
+        (!text.is_null()).then(|| CStr::from_ptr(text).to_bytes().to_vec())
     }
 }
 

@@ -83,7 +83,7 @@ AS 'MODULE_PATHNAME', 'exists_as_owner_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:194
+-- src/fence/ddl.rs:196
 -- pg_lease::fence::ddl::_exists_latest
 CREATE  FUNCTION "_exists_latest"(
 	"query" TEXT /* crate :: pg :: ServerBytes */
@@ -94,7 +94,7 @@ AS 'MODULE_PATHNAME', 'exists_latest_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:209
+-- src/fence/ddl.rs:211
 -- pg_lease::fence::ddl::_fresh_catalog
 CREATE  FUNCTION "_fresh_catalog"(
 	"tag" TEXT, /* crate :: pg :: ShownText */
@@ -150,7 +150,7 @@ AS 'MODULE_PATHNAME', 'judge_replicated_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:449
+-- src/fence/ddl.rs:451
 -- pg_lease::fence::ddl::_key_equality
 CREATE  FUNCTION "_key_equality"(
 	"left" oid, /* pg_sys :: Oid */
@@ -186,7 +186,7 @@ AS 'MODULE_PATHNAME', 'lock_owner_row_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:241
+-- src/fence/ddl.rs:243
 -- pg_lease::fence::ddl::_name_problem
 CREATE  FUNCTION "_name_problem"(
 	"rel" oid /* pg_sys :: Oid */
@@ -214,7 +214,7 @@ AS 'MODULE_PATHNAME', 'next_token_sql_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:404
+-- src/fence/ddl.rs:406
 -- pg_lease::fence::ddl::_owner_key_index
 CREATE  FUNCTION "_owner_key_index"(
 	"owner" oid, /* pg_sys :: Oid */
@@ -1579,8 +1579,11 @@ $$;
 -- parent) of one of them, or reached by a command on them (lease._reached).
 CREATE FUNCTION lease._concerned(rels oid[]) RETURNS oid[]
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
-    SELECT array_agg(p.relid::oid) FROM lease.protected p
-     WHERE p.relid::oid = ANY (lease._related(rels)) OR p.owner_table::oid = ANY (lease._related(rels))
+    -- (lease._related once, not once per fence and column: OFFSET 0 keeps
+    -- the planner from pulling the call into the WHERE clause.)
+    SELECT array_agg(p.relid::oid)
+      FROM (SELECT lease._related(rels) AS r OFFSET 0) x, lease.protected p
+     WHERE p.relid::oid = ANY (x.r) OR p.owner_table::oid = ANY (x.r)
 $$;
 
 -- Partitions that joined a fenced or owner table in a transaction that also

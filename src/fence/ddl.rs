@@ -176,13 +176,15 @@ pub unsafe fn this_transaction(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sy
 #[pgrx::pg_extern(name = "_exists_as_owner", volatile, parallel_unsafe)]
 pub fn exists_as_owner(rel: pg_sys::Oid, query: crate::pg::ServerBytes) -> bool {
     // (As the guard built it: the table's name as stored, whatever it is in
-    // UTF-8.)
+    // UTF-8. Under the latest snapshot: rows committed since a REPEATABLE
+    // READ transaction's snapshot are what the command brings in too.)
     let query = query.sql();
-    // Under the latest snapshot: rows committed since a REPEATABLE READ
-    // transaction's snapshot are what the command brings in too.
-    crate::pg::as_table_owner(rel, || {
-        crate::pg::query_text_under(&query, true, "the DDL guard's check").is_some_and(|v| v == b"t")
-    })
+    crate::pg::as_table_owner(rel, || latest_is_true(&query))
+}
+
+/// Whether `query` (one boolean) is true under the latest snapshot.
+fn latest_is_true(query: &std::ffi::CStr) -> bool {
+    crate::pg::query_text_under(query, true, "the DDL guard's check").is_some_and(|v| v == b"t")
 }
 
 /// `lease._exists_latest(query)`: runs `query` (a SELECT of one boolean the
@@ -193,7 +195,7 @@ pub fn exists_as_owner(rel: pg_sys::Oid, query: crate::pg::ServerBytes) -> bool 
 /// partition. Not executable by PUBLIC.
 #[pgrx::pg_extern(name = "_exists_latest", volatile, parallel_unsafe)]
 pub fn exists_latest(query: crate::pg::ServerBytes) -> bool {
-    crate::pg::query_text_under(&query.sql(), true, "the DDL guard's check").is_some_and(|v| v == b"t")
+    latest_is_true(&query.sql())
 }
 
 /// `lease._fresh_catalog(tag)`: nothing at READ COMMITTED; in a REPEATABLE

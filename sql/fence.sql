@@ -542,6 +542,24 @@ BEGIN
             format('pg_lease: %s already has a trigger %I that is not pg_lease''s (it runs %s)', rel, tgname, existing),
             NULL, 'Rename or drop that trigger: the pg_lease_* trigger names are pg_lease''s.');
     END IF;
+    -- Already there as this would leave it: defined exactly so (timing and
+    -- body are written as pg_get_triggerdef writes them), ENABLE ALWAYS, and
+    -- a row trigger's clone on every partition below as enabled. Nothing to
+    -- do: one more table fenced against a shared owner table re-creates no
+    -- owner guard (each such command fires the DDL guard over every fence it
+    -- concerns). Not on Citus, where the copies on other nodes are not seen.
+    IF existing IS NOT NULL AND (lease._citus_table(rel)).kind IS NULL AND EXISTS (
+           SELECT 1 FROM pg_trigger t
+            WHERE t.tgrelid = rel AND t.tgname = _create_trigger.tgname AND t.tgenabled = 'A'
+              AND pg_get_triggerdef(t.oid) = format('CREATE TRIGGER %I %s ON %s %s', _create_trigger.tgname, timing, rel, body)
+              AND NOT EXISTS (
+                  SELECT 1 FROM pg_partition_tree(rel) p
+                    LEFT JOIN pg_trigger c ON c.tgrelid = p.relid AND c.tgname = t.tgname
+                   WHERE t.tgtype & 1 = 1 AND p.relid <> rel
+                     AND (c.oid IS NULL OR c.tgenabled <> 'A' OR c.tgfoid <> t.tgfoid OR c.tgtype <> t.tgtype
+                          OR c.tgargs <> t.tgargs OR c.tgqual IS NOT NULL OR cardinality(c.tgattr::int2[]) > 0))) THEN
+        RETURN;
+    END IF;
     PERFORM lease._trigger_ddl(rel, format('CREATE %sTRIGGER %I %s ON %s %s',
                    CASE WHEN existing IS NULL THEN '' ELSE 'OR REPLACE ' END, tgname, timing, rel, body));
     PERFORM lease._trigger_ddl(rel, format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', rel, tgname));
@@ -566,7 +584,7 @@ CREATE FUNCTION lease._install_target_triggers(target regclass, shard_config tex
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM lease._create_trigger(target, 'pg_lease_fence', 'lease.fence_trigger'::regproc,
-        'BEFORE INSERT OR UPDATE OR DELETE',
+        'BEFORE INSERT OR DELETE OR UPDATE',
         format('FOR EACH ROW EXECUTE FUNCTION lease.fence_trigger(%s)', coalesce(quote_literal(shard_config), '')));
     PERFORM lease._install_truncate_guard(t.relid) FROM pg_partition_tree(target) t WHERE t.relid <> target;
     PERFORM lease._install_truncate_guard(target);
@@ -603,7 +621,7 @@ DECLARE
     part regclass;
 BEGIN
     PERFORM lease._create_trigger(owner, 'pg_lease_owner_guard', 'lease.owner_guard'::regproc,
-        'BEFORE INSERT OR UPDATE OR DELETE', format('FOR EACH ROW EXECUTE FUNCTION lease.owner_guard(%s)', args));
+        'BEFORE INSERT OR DELETE OR UPDATE', format('FOR EACH ROW EXECUTE FUNCTION lease.owner_guard(%s)', args));
     FOR part IN SELECT t.relid FROM pg_partition_tree(owner) t UNION SELECT owner LOOP
         PERFORM lease._install_owner_truncate_guard(part);
     END LOOP;
@@ -862,9 +880,21 @@ CREATE FUNCTION lease._expected_triggers_in(among oid[], rels oid[])
 RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype integer, args text[])
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
     WITH p AS (
-        SELECT * FROM lease.protected p
+        -- (The owner guard's key columns once per fence, not per partition.)
+        SELECT p.*, CASE WHEN p.owner_table IS NOT NULL THEN lease._owner_guard_keys(p.owner_table) END AS guard_keys
+          FROM lease.protected p
          WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid OFFSET 0)
            AND (among IS NULL OR p.relid::oid = ANY (among) OR p.owner_table::oid = ANY (among))
+    ),
+    -- The owner side once per owner table when judging what a command
+    -- reached (every fence against it expects the same guards there: the
+    -- token column is one, the key columns the union of theirs); per fence
+    -- for the whole report (lease.protected_tables).
+    po AS (
+        (SELECT DISTINCT ON (p.owner_table) * FROM p
+          WHERE p.owner_table IS NOT NULL AND rels IS NOT NULL ORDER BY p.owner_table, p.relid)
+        UNION ALL
+        SELECT * FROM p WHERE p.owner_table IS NOT NULL AND rels IS NULL
     ),
     roots (r) AS (SELECT relid::oid FROM p UNION SELECT owner_table::oid FROM p WHERE owner_table IS NOT NULL),
     tree (root, rel) AS (
@@ -886,11 +916,11 @@ RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype intege
       FROM p JOIN tree t ON t.root = p.relid::oid
     UNION ALL
     SELECT p.relid, t.rel, 'pg_lease_owner_guard'::name, 'lease.owner_guard'::regproc, 31,
-           ARRAY[p.owner_token_column::text] || lease._owner_guard_keys(p.owner_table)
-      FROM p JOIN tree t ON t.root = p.owner_table::oid
+           ARRAY[p.owner_token_column::text] || p.guard_keys
+      FROM po p JOIN tree t ON t.root = p.owner_table::oid
     UNION ALL
     SELECT p.relid, t.rel, 'pg_lease_owner_truncate'::name, 'lease.truncate_guard'::regproc, 34, ARRAY['owner']
-      FROM p JOIN tree t ON t.root = p.owner_table::oid
+      FROM po p JOIN tree t ON t.root = p.owner_table::oid
 $$;
 CREATE FUNCTION lease._expected_triggers(among oid[] DEFAULT NULL)
 RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype integer, args text[])
@@ -1349,6 +1379,17 @@ BEGIN
             PERFORM lease._raise('FenceTampering', 'ALTER SEQUENCE of lease.token_counter is refused',
                 'Fencing tokens are drawn from lease.token_counter: changing it could issue a token again. To make every later token higher than a given one, use lease.issue_tokens_above.');
         END IF;
+    END IF;
+    -- pg_lease's own state is WAL-logged: a crash empties an UNLOGGED table
+    -- and resets an UNLOGGED sequence, and leases, tokens and the counter
+    -- would start over (ALTER TABLE ... SET UNLOGGED reaches the sequence too).
+    IF tg_tag IN ('ALTER TABLE', 'ALTER SEQUENCE') AND EXISTS (
+           SELECT 1 FROM pg_event_trigger_ddl_commands() c JOIN pg_class r ON r.oid = c.objid
+            WHERE c.classid = 'pg_class'::regclass AND r.relnamespace = 'lease'::regnamespace
+              AND r.relpersistence <> 'p') THEN
+        PERFORM lease._raise('FenceTampering',
+            format('%s cannot make pg_lease''s own tables or sequences UNLOGGED', tg_tag),
+            'A crash empties an UNLOGGED table: leases, fencing tokens and the token counter would start over, and a token could be issued twice.');
     END IF;
     -- Citus: DDL that reached a shard on this node (lease._guard_shards).
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN

@@ -77,6 +77,31 @@ COMMENT ON TABLE lease.token_epoch_issued IS 'The highest fencing-token epoch is
 REVOKE ALL ON lease.token_epoch_issued FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('lease.token_epoch_issued', '');
 
+-- The database incarnations whose lease state this database holds (since
+-- 0.9.2), each as lease._origin() gives it: the cluster's system identifier
+-- with the database's and pg_lease's OIDs. CREATE EXTENSION records its own.
+-- pg_dump carries the rows, and pg_upgrade copies them into a cluster with
+-- another identifier: a database restored from a dump or upgraded so holds
+-- its source's row, a source that may have gone on issuing tokens after the
+-- state was taken. Its next acquire raises the epoch base two bands above
+-- every epoch it knows (lease::token_rule, README "Tokens only rise") and
+-- keeps only its own row. A promoted standby and a point-in-time recovery
+-- keep the identifier and OIDs: their new timeline is their new epoch.
+CREATE TABLE lease.token_origin (
+    origin      bigint      PRIMARY KEY,
+    recorded_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE lease.token_origin IS 'The database incarnations whose lease state this database holds (a restore or pg_upgrade brings its source''s; the next acquire moves past it).';
+REVOKE ALL ON lease.token_origin FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('lease.token_origin', '');
+COMMENT ON FUNCTION lease._origin() IS
+    'This database incarnation (system identifier, database and extension OIDs) as one bigint (internal).';
+REVOKE EXECUTE ON FUNCTION lease._origin() FROM PUBLIC;
+INSERT INTO lease.token_origin (origin) VALUES (lease._origin());
+COMMENT ON FUNCTION lease._epoch_band_above(bigint) IS
+    'The smallest epoch base of a band above epoch: where lease.issue_tokens_above raises the base to (internal).';
+REVOKE EXECUTE ON FUNCTION lease._epoch_band_above(bigint) FROM PUBLIC;
+
 -- The counter every token is drawn from (since 0.9.0; the low 40 bits of a
 -- token, the epoch above them): one for the database, so no two acquires are
 -- given the same token, and not transactional, so a token an acquire returned
@@ -234,9 +259,12 @@ COMMENT ON FUNCTION lease.token_ceiling() IS
     'A fencing token above every token this database has issued (blue/green cutover: hand it to lease.issue_tokens_above on the new side).';
 
 -- From now on every token this database issues, for any lease, bound or not,
--- is above `token`: when the lowest token it could issue is not, the epoch
--- base rises to token's epoch (recorded in lease.token_epoch, as acquire's
--- own raises are, so it holds across failover, pg_upgrade and dumps).
+-- is above `token`: the epoch base rises to the first band above token's
+-- epoch unless it is there already (lease._epoch_band_above: a promoted
+-- standby that never received the raise, or a point-in-time recovery to
+-- before it, then issues in epochs apart from the raise's), recorded in
+-- lease.token_epoch as acquire's own raises are, so it holds across
+-- failover, pg_upgrade and dumps.
 -- Only ever raises; returns the lowest token it can now issue (a fresh
 -- lease's next one). Waits for acquires in flight (each holds
 -- lease.token_epoch from the moment it read the epoch) and holds later ones
@@ -247,6 +275,7 @@ DECLARE
     p_token bigint := $1;
     timeline bigint;
     lowest bigint;
+    new_base bigint;
 BEGIN
     IF p_token IS NULL THEN
         PERFORM lease._fail('22004', 'lease.issue_tokens_above: token must not be NULL');
@@ -259,23 +288,29 @@ BEGIN
                             'This server is a standby in recovery.', 'Call it on the primary.');
     END IF;
     timeline := lease._token_floor() >> 40;
+    -- The base: the first band above token's epoch; the epoch is then
+    -- base + timeline, above it. The same token always names the same band,
+    -- so a second call with it changes nothing, and after a failover that
+    -- lost the first call's raise it raises again (README, Failover).
+    new_base := lease._epoch_band_above(p_token >> 40);
     LOCK TABLE lease.token_epoch IN ACCESS EXCLUSIVE MODE;
-    SELECT n.token INTO lowest FROM lease._next_token(0, timeline) n;
-    IF lowest IS NOT NULL AND lowest > p_token THEN
-        RETURN lowest;   -- already above: nothing to raise
+    IF (SELECT coalesce(max(e.base), 0) FROM lease.token_epoch e) < new_base THEN
+        IF new_base + timeline >= 8388608 THEN   -- 2^23
+            PERFORM lease._fail('22003', format('lease.issue_tokens_above: no fencing token is left above %s', p_token),
+                                format('Tokens are epoch << 40 | counter, epochs below 2^23; this server is on timeline %s.', timeline));
+        END IF;
+        INSERT INTO lease.token_epoch (base) VALUES (new_base) ON CONFLICT DO NOTHING;
+        -- The new epoch counts as issued (only ever higher: a later timeline
+        -- restart still goes above it), and writing the row makes an acquire
+        -- whose snapshot predates this raise fail to serialize (see acquire).
+        INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES (new_base + timeline)
+        ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
     END IF;
-    -- Base = token's epoch: the epoch is then base + timeline (or more), above it.
-    IF lowest IS NULL OR (p_token >> 40) + timeline >= 8388608 THEN   -- 2^23
+    SELECT n.token INTO lowest FROM lease._next_token(0, timeline) n;
+    IF lowest IS NULL OR lowest <= p_token THEN
         PERFORM lease._fail('22003', format('lease.issue_tokens_above: no fencing token is left above %s', p_token),
                             format('Tokens are epoch << 40 | counter, epochs below 2^23; this server is on timeline %s.', timeline));
     END IF;
-    INSERT INTO lease.token_epoch (base) VALUES (p_token >> 40) ON CONFLICT DO NOTHING;
-    -- The new epoch counts as issued (only ever higher: a later timeline
-    -- restart still goes above it), and writing the row makes an acquire
-    -- whose snapshot predates this raise fail to serialize (see acquire).
-    INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES ((p_token >> 40) + timeline)
-    ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
-    SELECT n.token INTO lowest FROM lease._next_token(0, timeline) n;
     RETURN lowest;
 END $$;
 COMMENT ON FUNCTION lease.issue_tokens_above(bigint) IS

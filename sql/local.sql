@@ -22,7 +22,7 @@ DECLARE
     t text;
 BEGIN
     FOREACH t IN ARRAY ARRAY['protected', 'high_water', 'rejected_writes', 'lost_leases', 'token_epoch',
-                             'token_epoch_issued', 'deferred_checks', 'lease_state', 'session_state'] LOOP
+                             'token_epoch_issued', 'token_origin', 'deferred_checks', 'lease_state', 'session_state'] LOOP
         IF t IN ('lease_state', 'session_state') THEN
             EXECUTE format('CREATE TRIGGER pg_lease_local BEFORE INSERT OR DELETE ON lease.%I
                             FOR EACH ROW EXECUTE FUNCTION lease._local_state()', t);

@@ -281,9 +281,21 @@ CREATE FUNCTION lease._expected_triggers_in(among oid[], rels oid[])
 RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype integer, args text[])
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
     WITH p AS (
-        SELECT * FROM lease.protected p
+        -- (The owner guard's key columns once per fence, not per partition.)
+        SELECT p.*, CASE WHEN p.owner_table IS NOT NULL THEN lease._owner_guard_keys(p.owner_table) END AS guard_keys
+          FROM lease.protected p
          WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid OFFSET 0)
            AND (among IS NULL OR p.relid::oid = ANY (among) OR p.owner_table::oid = ANY (among))
+    ),
+    -- The owner side once per owner table when judging what a command
+    -- reached (every fence against it expects the same guards there: the
+    -- token column is one, the key columns the union of theirs); per fence
+    -- for the whole report (lease.protected_tables).
+    po AS (
+        (SELECT DISTINCT ON (p.owner_table) * FROM p
+          WHERE p.owner_table IS NOT NULL AND rels IS NOT NULL ORDER BY p.owner_table, p.relid)
+        UNION ALL
+        SELECT * FROM p WHERE p.owner_table IS NOT NULL AND rels IS NULL
     ),
     roots (r) AS (SELECT relid::oid FROM p UNION SELECT owner_table::oid FROM p WHERE owner_table IS NOT NULL),
     tree (root, rel) AS (
@@ -305,11 +317,11 @@ RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype intege
       FROM p JOIN tree t ON t.root = p.relid::oid
     UNION ALL
     SELECT p.relid, t.rel, 'pg_lease_owner_guard'::name, 'lease.owner_guard'::regproc, 31,
-           ARRAY[p.owner_token_column::text] || lease._owner_guard_keys(p.owner_table)
-      FROM p JOIN tree t ON t.root = p.owner_table::oid
+           ARRAY[p.owner_token_column::text] || p.guard_keys
+      FROM po p JOIN tree t ON t.root = p.owner_table::oid
     UNION ALL
     SELECT p.relid, t.rel, 'pg_lease_owner_truncate'::name, 'lease.truncate_guard'::regproc, 34, ARRAY['owner']
-      FROM p JOIN tree t ON t.root = p.owner_table::oid
+      FROM po p JOIN tree t ON t.root = p.owner_table::oid
 $$;
 CREATE OR REPLACE FUNCTION lease._expected_triggers(among oid[] DEFAULT NULL)
 RETURNS TABLE (relid regclass, rel oid, tgname name, func regproc, tgtype integer, args text[])
@@ -542,6 +554,17 @@ BEGIN
             PERFORM lease._raise('FenceTampering', 'ALTER SEQUENCE of lease.token_counter is refused',
                 'Fencing tokens are drawn from lease.token_counter: changing it could issue a token again. To make every later token higher than a given one, use lease.issue_tokens_above.');
         END IF;
+    END IF;
+    -- pg_lease's own state is WAL-logged: a crash empties an UNLOGGED table
+    -- and resets an UNLOGGED sequence, and leases, tokens and the counter
+    -- would start over (ALTER TABLE ... SET UNLOGGED reaches the sequence too).
+    IF tg_tag IN ('ALTER TABLE', 'ALTER SEQUENCE') AND EXISTS (
+           SELECT 1 FROM pg_event_trigger_ddl_commands() c JOIN pg_class r ON r.oid = c.objid
+            WHERE c.classid = 'pg_class'::regclass AND r.relnamespace = 'lease'::regnamespace
+              AND r.relpersistence <> 'p') THEN
+        PERFORM lease._raise('FenceTampering',
+            format('%s cannot make pg_lease''s own tables or sequences UNLOGGED', tg_tag),
+            'A crash empties an UNLOGGED table: leases, fencing tokens and the token counter would start over, and a token could be issued twice.');
     END IF;
     -- Citus: DDL that reached a shard on this node (lease._guard_shards).
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NOT NULL THEN
@@ -970,4 +993,156 @@ BEGIN
             PERFORM lease._fail('22023', format('pg_lease: token column "%s" of %s cannot also be a key column', token_column, rel));
         END IF;
     END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION lease._create_trigger(rel regclass, tgname name, func regproc, timing text, body text) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    existing regproc;
+BEGIN
+    SELECT t.tgfoid INTO existing FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = _create_trigger.tgname;
+    IF existing IS NOT NULL AND existing <> func THEN
+        PERFORM lease._fail('42710',
+            format('pg_lease: %s already has a trigger %I that is not pg_lease''s (it runs %s)', rel, tgname, existing),
+            NULL, 'Rename or drop that trigger: the pg_lease_* trigger names are pg_lease''s.');
+    END IF;
+    -- Already there as this would leave it: defined exactly so (timing and
+    -- body are written as pg_get_triggerdef writes them), ENABLE ALWAYS, and
+    -- a row trigger's clone on every partition below as enabled. Nothing to
+    -- do: one more table fenced against a shared owner table re-creates no
+    -- owner guard (each such command fires the DDL guard over every fence it
+    -- concerns). Not on Citus, where the copies on other nodes are not seen.
+    IF existing IS NOT NULL AND (lease._citus_table(rel)).kind IS NULL AND EXISTS (
+           SELECT 1 FROM pg_trigger t
+            WHERE t.tgrelid = rel AND t.tgname = _create_trigger.tgname AND t.tgenabled = 'A'
+              AND pg_get_triggerdef(t.oid) = format('CREATE TRIGGER %I %s ON %s %s', _create_trigger.tgname, timing, rel, body)
+              AND NOT EXISTS (
+                  SELECT 1 FROM pg_partition_tree(rel) p
+                    LEFT JOIN pg_trigger c ON c.tgrelid = p.relid AND c.tgname = t.tgname
+                   WHERE t.tgtype & 1 = 1 AND p.relid <> rel
+                     AND (c.oid IS NULL OR c.tgenabled <> 'A' OR c.tgfoid <> t.tgfoid OR c.tgtype <> t.tgtype
+                          OR c.tgargs <> t.tgargs OR c.tgqual IS NOT NULL OR cardinality(c.tgattr::int2[]) > 0))) THEN
+        RETURN;
+    END IF;
+    PERFORM lease._trigger_ddl(rel, format('CREATE %sTRIGGER %I %s ON %s %s',
+                   CASE WHEN existing IS NULL THEN '' ELSE 'OR REPLACE ' END, tgname, timing, rel, body));
+    PERFORM lease._trigger_ddl(rel, format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', rel, tgname));
+END $$;
+
+CREATE OR REPLACE FUNCTION lease._install_target_triggers(target regclass, shard_config text DEFAULT NULL) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM lease._create_trigger(target, 'pg_lease_fence', 'lease.fence_trigger'::regproc,
+        'BEFORE INSERT OR DELETE OR UPDATE',
+        format('FOR EACH ROW EXECUTE FUNCTION lease.fence_trigger(%s)', coalesce(quote_literal(shard_config), '')));
+    PERFORM lease._install_truncate_guard(t.relid) FROM pg_partition_tree(target) t WHERE t.relid <> target;
+    PERFORM lease._install_truncate_guard(target);
+END $$;
+
+CREATE OR REPLACE FUNCTION lease._install_owner_guards(owner regclass, args text) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    part regclass;
+BEGIN
+    PERFORM lease._create_trigger(owner, 'pg_lease_owner_guard', 'lease.owner_guard'::regproc,
+        'BEFORE INSERT OR DELETE OR UPDATE', format('FOR EACH ROW EXECUTE FUNCTION lease.owner_guard(%s)', args));
+    FOR part IN SELECT t.relid FROM pg_partition_tree(owner) t UNION SELECT owner LOOP
+        PERFORM lease._install_owner_truncate_guard(part);
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION lease.issue_tokens_above(token bigint) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    p_token bigint := $1;
+    timeline bigint;
+    lowest bigint;
+    new_base bigint;
+BEGIN
+    IF p_token IS NULL THEN
+        PERFORM lease._fail('22004', 'lease.issue_tokens_above: token must not be NULL');
+    END IF;
+    IF p_token < 0 THEN
+        PERFORM lease._fail('22023', format('lease.issue_tokens_above: token must not be negative (got %s)', p_token));
+    END IF;
+    IF pg_is_in_recovery() THEN
+        PERFORM lease._fail('25006', 'lease.issue_tokens_above: tokens are issued on the primary only',
+                            'This server is a standby in recovery.', 'Call it on the primary.');
+    END IF;
+    timeline := lease._token_floor() >> 40;
+    -- The base: the first band above token's epoch; the epoch is then
+    -- base + timeline, above it. The same token always names the same band,
+    -- so a second call with it changes nothing, and after a failover that
+    -- lost the first call's raise it raises again (README, Failover).
+    new_base := lease._epoch_band_above(p_token >> 40);
+    LOCK TABLE lease.token_epoch IN ACCESS EXCLUSIVE MODE;
+    IF (SELECT coalesce(max(e.base), 0) FROM lease.token_epoch e) < new_base THEN
+        IF new_base + timeline >= 8388608 THEN   -- 2^23
+            PERFORM lease._fail('22003', format('lease.issue_tokens_above: no fencing token is left above %s', p_token),
+                                format('Tokens are epoch << 40 | counter, epochs below 2^23; this server is on timeline %s.', timeline));
+        END IF;
+        INSERT INTO lease.token_epoch (base) VALUES (new_base) ON CONFLICT DO NOTHING;
+        -- The new epoch counts as issued (only ever higher: a later timeline
+        -- restart still goes above it), and writing the row makes an acquire
+        -- whose snapshot predates this raise fail to serialize (see acquire).
+        INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES (new_base + timeline)
+        ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
+    END IF;
+    SELECT n.token INTO lowest FROM lease._next_token(0, timeline) n;
+    IF lowest IS NULL OR lowest <= p_token THEN
+        PERFORM lease._fail('22003', format('lease.issue_tokens_above: no fencing token is left above %s', p_token),
+                            format('Tokens are epoch << 40 | counter, epochs below 2^23; this server is on timeline %s.', timeline));
+    END IF;
+    RETURN lowest;
+END $$;
+
+-- Tokens across lost raises and restores (attack review 26): a raise of the
+-- epoch base by lease.issue_tokens_above lands on a band of 1,024 epochs,
+-- apart from every epoch a promotion or a point-in-time recovery gives; the
+-- database incarnation is recorded in lease.token_origin, and the first
+-- acquire on lease state restored from a dump or carried by pg_upgrade
+-- raises the base two bands past every epoch it knows.
+CREATE FUNCTION lease."_epoch_band_above"(
+	"epoch" bigint /* i64 */
+) RETURNS bigint /* i64 */
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'band_above_sql_wrapper';
+CREATE FUNCTION lease."_origin"() RETURNS bigint /* i64 */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'origin_sql_wrapper';
+-- The database incarnations whose lease state this database holds (since
+-- 0.9.2), each as lease._origin() gives it: the cluster's system identifier
+-- with the database's and pg_lease's OIDs. CREATE EXTENSION records its own.
+-- pg_dump carries the rows, and pg_upgrade copies them into a cluster with
+-- another identifier: a database restored from a dump or upgraded so holds
+-- its source's row, a source that may have gone on issuing tokens after the
+-- state was taken. Its next acquire raises the epoch base two bands above
+-- every epoch it knows (lease::token_rule, README "Tokens only rise") and
+-- keeps only its own row. A promoted standby and a point-in-time recovery
+-- keep the identifier and OIDs: their new timeline is their new epoch.
+CREATE TABLE lease.token_origin (
+    origin      bigint      PRIMARY KEY,
+    recorded_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE lease.token_origin IS 'The database incarnations whose lease state this database holds (a restore or pg_upgrade brings its source''s; the next acquire moves past it).';
+REVOKE ALL ON lease.token_origin FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('lease.token_origin', '');
+COMMENT ON FUNCTION lease._origin() IS
+    'This database incarnation (system identifier, database and extension OIDs) as one bigint (internal).';
+REVOKE EXECUTE ON FUNCTION lease._origin() FROM PUBLIC;
+-- (An update in place is this database's own state.)
+INSERT INTO lease.token_origin (origin) VALUES (lease._origin());
+COMMENT ON FUNCTION lease._epoch_band_above(bigint) IS
+    'The smallest epoch base of a band above epoch: where lease.issue_tokens_above raises the base to (internal).';
+REVOKE EXECUTE ON FUNCTION lease._epoch_band_above(bigint) FROM PUBLIC;
+DO $$
+BEGIN
+    CREATE TRIGGER pg_lease_local BEFORE INSERT OR UPDATE OR DELETE ON lease.token_origin
+        FOR EACH ROW EXECUTE FUNCTION lease._local_state();
+    ALTER TABLE lease.token_origin ENABLE REPLICA TRIGGER pg_lease_local;
+    CREATE TRIGGER pg_lease_local_truncate BEFORE TRUNCATE ON lease.token_origin
+        FOR EACH STATEMENT EXECUTE FUNCTION lease._local_state();
+    ALTER TABLE lease.token_origin ENABLE ALWAYS TRIGGER pg_lease_local_truncate;
 END $$;

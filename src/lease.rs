@@ -48,6 +48,64 @@ pub fn token_floor() -> i64 {
 /// Epochs stay below 2^23, so that `epoch << EPOCH_SHIFT` is a bigint.
 pub const EPOCH_LIMIT: i64 = 1 << 23;
 
+/// A raise of the base for a cutover (`lease.issue_tokens_above`) or for
+/// lease state from another incarnation (a restore, pg_upgrade) lands on a
+/// multiple of this band. The epoch is base + timeline, so while timelines
+/// stay below the band an epoch tells the band apart from the timeline: a
+/// raise whose WAL a promoted standby never received, or that a
+/// point-in-time recovery undid, leaves every epoch of the new timeline
+/// (the old base, a higher timeline) apart from every epoch the raise gave
+/// out, and no token is issued twice (a raise by one epoch would equal the
+/// next timeline's). 2^13 bands in all.
+pub const EPOCH_BAND: i64 = 1 << 10;
+
+/// The smallest multiple of [`EPOCH_BAND`] above `epoch`.
+pub fn band_above(epoch: i64) -> i64 {
+    (epoch.div_euclid(EPOCH_BAND) + 1).saturating_mul(EPOCH_BAND)
+}
+
+/// `lease._epoch_band_above(epoch) → bigint`: [`band_above`], for
+/// `lease.issue_tokens_above` (not executable by PUBLIC).
+#[pg_extern(name = "_epoch_band_above", immutable, parallel_safe)]
+pub fn band_above_sql(epoch: i64) -> i64 {
+    band_above(epoch)
+}
+
+/// This database incarnation, as one bigint: the cluster's system
+/// identifier (new at every initdb; a standby, a promoted standby and a
+/// point-in-time recovery keep it) XORed with the database's OID in the
+/// high half and pg_lease's extension OID in the low half (a restore
+/// creates the extension again, so its OID is new; ALTER EXTENSION UPDATE
+/// keeps it). `lease.token_origin` holds the incarnations whose lease state
+/// this database holds.
+pub fn origin() -> i64 {
+    // SAFETY: reads the control file's identifier (set at startup), this
+    // backend's database, and the extension's OID by a catalog lookup
+    // (missing_ok false: an ERROR if pg_lease is not installed here).
+    let (sysid, db, ext) = unsafe {
+        (pg_sys::GetSystemIdentifier(), pg_sys::MyDatabaseId, pg_sys::get_extension_oid(c"pg_lease".as_ptr(), false))
+    };
+    (sysid as i64) ^ (i64::from(db.to_u32()) << 32) ^ i64::from(ext.to_u32())
+}
+
+/// `lease._origin() → bigint`: [`origin`] (not executable by PUBLIC).
+#[pg_extern(name = "_origin", stable, parallel_safe)]
+pub fn origin_sql() -> i64 {
+    origin()
+}
+
+/// Whether `lease.token_origin` holds another incarnation's row: this
+/// database's lease state came from a dump or through pg_upgrade, and its
+/// source may have issued tokens since that this state does not record.
+/// (No such table before `ALTER EXTENSION pg_lease UPDATE` to 0.9.2: none.)
+fn foreign_origin() -> bool {
+    let Some(relid) = crate::pg::lease_relid_if_any(c"token_origin") else {
+        return false;
+    };
+    let here = origin();
+    crate::pg::own_table_int8s(relid, c"token_origin", 1).into_iter().any(|o| o != here)
+}
+
 /// What the token rule gives for one lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NextToken {
@@ -61,6 +119,9 @@ pub struct NextToken {
     /// The base the epoch had to rise to (the caller records it in
     /// `lease.token_epoch` when it issues), None when no raise is needed.
     pub raise_base: Option<i64>,
+    /// The lease state came from another incarnation (`lease.token_origin`):
+    /// the caller that issues forgets those rows with the raise.
+    pub foreign: bool,
 }
 
 /// A token's counter: its low 40 bits.
@@ -84,38 +145,61 @@ pub const COUNTER_MASK: i64 = (1 << EPOCH_SHIFT) - 1;
 /// and the counter is never pushed up by a value someone wrote (a hand-set
 /// owner token near 2^40 would otherwise use up the counter of every lease).
 /// The issued epoch then records it, as for any raise.
-pub fn token_rule(stored: i64, timeline: i64, max_base: Option<i64>, issued: Option<i64>, counter: i64) -> NextToken {
+///
+/// `foreign`: the lease state came from another incarnation (a dump
+/// restored, pg_upgrade; `lease.token_origin`), whose source may have gone
+/// on issuing after the state was taken, in its epoch or a later one (its
+/// own failovers, a cutover): the base then rises to the second band above
+/// every epoch seen, past both.
+pub fn token_rule(
+    stored: i64,
+    timeline: i64,
+    max_base: Option<i64>,
+    issued: Option<i64>,
+    counter: i64,
+    foreign: bool,
+) -> NextToken {
     let current = max_base.unwrap_or(0).saturating_add(timeline);
     let high = issued.map_or(stored >> EPOCH_SHIFT, |i| i.max(stored >> EPOCH_SHIFT));
-    let (mut epoch, raise_base) =
-        if high > current { (high.saturating_add(timeline), Some(high)) } else { (current, None) };
+    let (mut epoch, raise_base) = if foreign {
+        let base = band_above(high.max(current)).saturating_add(EPOCH_BAND);
+        (base.saturating_add(timeline), Some(base))
+    } else if high > current {
+        (high.saturating_add(timeline), Some(high))
+    } else {
+        (current, None)
+    };
     let counter = counter & COUNTER_MASK;
     if epoch < EPOCH_LIMIT && (epoch << EPOCH_SHIFT) | counter <= stored {
         epoch += 1;
     }
     let token = (epoch < EPOCH_LIMIT).then_some((epoch << EPOCH_SHIFT) | counter);
-    NextToken { token, epoch, issued, raise_base }
+    NextToken { token, epoch, issued, raise_base, foreign }
 }
 
 /// The epoch tables as a statement run now reads them (fresh at READ
 /// COMMITTED: read after the lease row's lock wait): the highest base, the
-/// issued epoch.
-fn epoch_tables() -> (Option<i64>, Option<i64>) {
-    (crate::pg::own_table_max_int8(c"token_epoch", 1), crate::pg::own_table_max_int8(c"token_epoch_issued", 2))
+/// issued epoch, whether the lease state is another incarnation's.
+fn epoch_tables() -> (Option<i64>, Option<i64>, bool) {
+    (
+        crate::pg::own_table_max_int8(c"token_epoch", 1),
+        crate::pg::own_table_max_int8(c"token_epoch_issued", 2),
+        foreign_origin(),
+    )
 }
 
 /// The next token [`token_rule`] would issue now, without issuing it (the
 /// counter's next value, read, not drawn): for lease.token_ceiling and
 /// lease.issue_tokens_above.
 pub fn next_token(stored: i64, timeline: i64) -> NextToken {
-    let (max_base, issued) = epoch_tables();
+    let (max_base, issued, foreign) = epoch_tables();
     let counter = pgrx::spi::Spi::get_one::<i64>(
         "SELECT CASE WHEN c.is_called THEN c.last_value OPERATOR(pg_catalog.+) 1 ELSE c.last_value END
            FROM lease.token_counter c",
     )
     .unwrap_or_else(|e| error!("pg_lease: reading lease.token_counter: {e}"))
     .unwrap_or(1);
-    token_rule(stored, timeline, max_base, issued, counter)
+    token_rule(stored, timeline, max_base, issued, counter, foreign)
 }
 
 /// Issues a token by [`token_rule`] (lease.acquire): its counter drawn from
@@ -125,9 +209,9 @@ pub fn next_token(stored: i64, timeline: i64) -> NextToken {
 /// sequence's last change (a record every 32 values) before the token is
 /// returned, so no crash gives a counter value back either.
 pub fn issue_token(stored: i64, timeline: i64) -> NextToken {
-    let (max_base, issued) = epoch_tables();
+    let (max_base, issued, foreign) = epoch_tables();
     let counter = crate::pg::own_sequence(c"token_counter");
-    let next = token_rule(stored, timeline, max_base, issued, counter.next());
+    let next = token_rule(stored, timeline, max_base, issued, counter.next(), foreign);
     // The record that covers the value drawn may be another backend's, not
     // flushed yet: flush up to the sequence page's LSN (nothing to do, and
     // no I/O, when a commit since has flushed past it, which is the rule).
@@ -254,7 +338,7 @@ mod tests {
                             )
                         });
                         for counter in [1_i64, 5, COUNTER_MASK] {
-                            let rule = token_rule(stored, timeline, base, issued, counter);
+                            let rule = token_rule(stored, timeline, base, issued, counter, false);
                             let at = format!("{stored} {timeline} {base:?} {issued:?} {counter}");
                             assert_eq!((rule.issued, rule.raise_base), (issued_sql, raise), "{at}");
                             // The epoch's token with the counter drawn, or
@@ -275,6 +359,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Bands: a raise for a cutover or a restore lands on a multiple of
+    /// EPOCH_BAND; lease state from another incarnation jumps two bands above
+    /// every epoch seen (the stored token's, the issued one, the current).
+    #[pg_test]
+    fn foreign_lease_state_jumps_two_bands_above_every_epoch_seen() {
+        use super::{band_above, token_rule, EPOCH_BAND, EPOCH_LIMIT, EPOCH_SHIFT};
+        assert_eq!((band_above(0), band_above(1023), band_above(1024)), (EPOCH_BAND, EPOCH_BAND, 2 * EPOCH_BAND));
+        let r = token_rule((5 << EPOCH_SHIFT) | 9, 1, Some(3), Some(4), 7, true);
+        assert_eq!(
+            (r.raise_base, r.epoch, r.token, r.foreign),
+            (Some(2048), 2049, Some((2049 << EPOCH_SHIFT) | 7), true)
+        );
+        // The current epoch counts too (a base already high, a later timeline).
+        let r = token_rule(0, 3, Some(1030), None, 1, true);
+        assert_eq!((r.raise_base, r.epoch), (Some(3072), 3075));
+        // Not foreign: the rule as before.
+        assert_eq!(token_rule(0, 3, Some(1030), None, 1, false).raise_base, None);
+        // No band left: no token.
+        assert_eq!(token_rule(0, 1, Some(EPOCH_LIMIT - EPOCH_BAND), None, 1, true).token, None);
+    }
+
+    /// CREATE EXTENSION records this database's incarnation, and only it.
+    #[pg_test]
+    fn create_extension_records_this_incarnation() {
+        let mine = Spi::get_one::<bool>("SELECT bool_and(origin = lease._origin()) FROM lease.token_origin").unwrap();
+        assert_eq!(mine, Some(true));
+        assert_eq!(Spi::get_one::<i64>("SELECT lease._epoch_band_above(1)").unwrap(), Some(super::EPOCH_BAND));
     }
 
     /// lease._next_token reads the epoch tables, this transaction's writes

@@ -435,6 +435,26 @@ struct AcquirePlans {
 
 thread_local! {
     static ACQUIRE_PLANS: Cell<Option<AcquirePlans>> = const { Cell::new(None) };
+    static ABSORB_PLAN: Cell<Option<pg_sys::SPIPlanPtr>> = const { Cell::new(None) };
+}
+
+/// The saved plan that forgets another incarnation's lease state once an
+/// acquire's raise has taken the epoch past it (lease::token_rule): only
+/// this database's own incarnation is left in lease.token_origin. Prepared
+/// on first use (an acquire that found such a row: the table exists); call
+/// inside an SPI connection.
+fn absorb_plan() -> pg_sys::SPIPlanPtr {
+    if let Some(p) = ABSORB_PLAN.with(|p| p.get()) {
+        return p;
+    }
+    let p = prepare_saved(
+        c"WITH gone AS (DELETE FROM lease.token_origin o WHERE o.origin OPERATOR(pg_catalog.<>) $1)
+          INSERT INTO lease.token_origin (origin) VALUES ($1) ON CONFLICT DO NOTHING",
+        &mut [pg_sys::INT8OID],
+        "lease.acquire",
+    );
+    ABSORB_PLAN.with(|c| c.set(Some(p)));
+    p
 }
 
 /// The saved plans of acquire; call inside an SPI connection.
@@ -819,7 +839,7 @@ fn acquire_connected(call: &Acquire, caller: pg_sys::Oid) -> Result<Acquired, Fa
             unsafe { exec_saved(a.issued_share, &[], "lease.acquire") };
         }
         // The epoch tables read as a statement now would (after the lock waits).
-        let crate::lease::NextToken { token: new_token, epoch, issued, raise_base: high } =
+        let crate::lease::NextToken { token: new_token, epoch, issued, raise_base: high, foreign } =
             crate::lease::issue_token(stored, call.timeline);
         let Some(new_token) = new_token else {
             let mut e =
@@ -841,6 +861,10 @@ fn acquire_connected(call: &Acquire, caller: pg_sys::Oid) -> Result<Acquired, Fa
         if let Some(base) = high {
             // SAFETY: as above.
             unsafe { exec_saved(a.raise_base, &[Some(base.into())], "lease.acquire") };
+        }
+        if foreign {
+            // SAFETY: as above.
+            unsafe { exec_saved(absorb_plan(), &[Some(crate::lease::origin().into())], "lease.acquire") };
         }
         if epoch > issued.unwrap_or(0) {
             // SAFETY: as above.

@@ -56,8 +56,15 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../sql/lease.sql",
     name = "lease",
-    requires =
-        ["fence", lease::token_floor, lease::next_token_sql, lease_owner::lock_owner_row, lease_owner::set_owner_token]
+    requires = [
+        "fence",
+        lease::token_floor,
+        lease::next_token_sql,
+        lease::origin_sql,
+        lease::band_above_sql,
+        lease_owner::lock_owner_row,
+        lease_owner::set_owner_token
+    ]
 );
 pgrx::extension_sql_file!("../sql/local.sql", name = "local", requires = ["schema", "fence", "audit", "lease"]);
 

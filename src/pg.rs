@@ -919,7 +919,12 @@ pub fn key_match<S: AsRef<str>>(columns: &[S]) -> String {
 /// code reading its own tables. A sequential scan, for the token-epoch
 /// tables (a row or two each), without SPI.
 pub fn own_table_max_int8(name: &CStr, attnum: i16) -> Option<i64> {
-    let relid = lease_relid(name);
+    own_table_int8s(lease_relid(name), name, attnum).into_iter().max()
+}
+
+/// Every non-NULL value of bigint column `attnum` of pg_lease's own table
+/// `relid` (`lease.<name>`), read as [`own_table_max_int8`] reads them.
+pub fn own_table_int8s(relid: pg_sys::Oid, name: &CStr, attnum: i16) -> Vec<i64> {
     // SAFETY: the relation is opened (an ERROR if it vanished) and
     // kept locked to transaction end; the snapshot is pushed, with the
     // command counter advanced, as SPI does for a statement, and popped
@@ -938,18 +943,17 @@ pub fn own_table_max_int8(name: &CStr, attnum: i16) -> Option<i64> {
         pg_sys::UpdateActiveSnapshotCommandId();
         let scan = pg_sys::table_beginscan(rel, pg_sys::GetActiveSnapshot(), 0, std::ptr::null_mut());
         let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
-        let mut max = None;
+        let mut values = Vec::new();
         while pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
             if let Some(v) = slot_attr(slot, attnum) {
-                let v = v.value() as i64;
-                max = Some(max.map_or(v, |m: i64| m.max(v)));
+                values.push(v.value() as i64);
             }
         }
         pg_sys::ExecDropSingleTupleTableSlot(slot);
         pg_sys::table_endscan(scan);
         pg_sys::PopActiveSnapshot();
         pg_sys::table_close(rel, pg_sys::NoLock as _);
-        max
+        values
     }
 }
 
@@ -965,14 +969,18 @@ pub fn own_sequence(name: &CStr) -> OwnSequence {
 /// The OID of pg_lease's own relation `lease.<name>` (table, index or
 /// sequence), by two syscache lookups; an ERROR when it is missing.
 pub fn lease_relid(name: &CStr) -> pg_sys::Oid {
+    lease_relid_if_any(name).unwrap_or_else(|| pgrx::error!("pg_lease: lease.{} is missing", name.to_string_lossy()))
+}
+
+/// The OID of pg_lease's own relation `lease.<name>`, None when there is
+/// none (a table of a newer version, before `ALTER EXTENSION pg_lease
+/// UPDATE` has created it).
+pub fn lease_relid_if_any(name: &CStr) -> Option<pg_sys::Oid> {
     // SAFETY: catalog lookups by name; missing_ok false raises for a missing
     // schema.
     let relid =
         unsafe { pg_sys::get_relname_relid(name.as_ptr(), pg_sys::get_namespace_oid(c"lease".as_ptr(), false)) };
-    if relid == pg_sys::InvalidOid {
-        pgrx::error!("pg_lease: lease.{} is missing", name.to_string_lossy());
-    }
-    relid
+    (relid != pg_sys::InvalidOid).then_some(relid)
 }
 
 impl OwnSequence {
@@ -1119,6 +1127,17 @@ pub struct TriggerCall<'a> {
     td: &'a pg_sys::TriggerData,
 }
 
+/// A row version as one trigger call met it ([`TriggerCall::row_place`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct RowPlace {
+    relid: pg_sys::Oid,
+    block: u32,
+    offset: u16,
+    xid: pg_sys::TransactionId,
+    subxact: pg_sys::SubTransactionId,
+    command: pg_sys::CommandId,
+}
+
 /// What fired a row or statement trigger.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum TriggerOp {
@@ -1195,6 +1214,29 @@ impl<'a> TriggerCall<'a> {
         // descriptor (rd_att) and lives (in the executor's slot) at least
         // until the trigger function returns, which is the TriggerCall's 'a.
         (!self.td.tg_trigtuple.is_null()).then(|| unsafe { Row::new(self.td.tg_trigtuple, self.desc()) })
+    }
+
+    /// Where the row the trigger fired for (`trigtuple`) is: this relation,
+    /// its tuple's ctid, in this command of this (sub)transaction. Two
+    /// calls with the same place are about the same row version.
+    pub fn row_place(&self) -> Option<RowPlace> {
+        if self.td.tg_trigtuple.is_null() {
+            return None;
+        }
+        // SAFETY: tg_trigtuple is non-null (checked) and valid for the call
+        // (as in `trigtuple`); the rest reads this backend's transaction
+        // state.
+        unsafe {
+            let tid = (*self.td.tg_trigtuple).t_self;
+            Some(RowPlace {
+                relid: self.relid(),
+                block: (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo),
+                offset: tid.ip_posid,
+                xid: pg_sys::GetTopTransactionIdIfAny(),
+                subxact: pg_sys::GetCurrentSubTransactionId(),
+                command: pg_sys::GetCurrentCommandId(false),
+            })
+        }
     }
 
     /// The new row of an UPDATE.

@@ -224,11 +224,21 @@ fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, Invalid> {
     if let Some(t) = TARGETS.with(|t| t.borrow().get(&relid).cloned()) {
         return Ok(t);
     }
-    // Runs as the caller, as lease.protected is readable by every role.
+    // Runs as the caller, as lease.protected is readable by every role. A
+    // partition of a fenced table is fenced too (its fence trigger judges
+    // each row against the protected ancestor's config), with the same
+    // column names: the nearest protected table among it and its ancestors.
     let row = pgrx::spi::Spi::connect(|client| {
         let rows = client
             .select(
-                "SELECT p.token_column FROM lease.protected p WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) $1",
+                "SELECT t.token_column
+                   FROM (SELECT p.token_column, a.n
+                           FROM pg_catalog.pg_partition_ancestors($1) WITH ORDINALITY a (relid, n)
+                           JOIN lease.protected p ON p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) a.relid::pg_catalog.oid
+                         UNION ALL
+                         SELECT p.token_column, 0 FROM lease.protected p
+                          WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) $1) t
+                  ORDER BY t.n LIMIT 1",
                 Some(1),
                 &[relid.into()],
             )
@@ -408,6 +418,9 @@ pub struct Prepared {
     restore: Option<Option<i64>>,
     /// The GUC nest level of the pinned search_path.
     nest: i32,
+    /// The caller's search_path (palloc'd in the SPI procedure's context),
+    /// for the inserts themselves.
+    caller_search_path: *const c_char,
     /// This call's entry in ROWS.
     rows_at: usize,
     /// Where this call's one-call INSERTs start in TRANSIENT.
@@ -527,9 +540,17 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
     // raised as one) in between aborts the (sub)transaction, which cleans
     // the connection up. Plans are prepared inside it.
     unsafe { pg_sys::SPI_connect() };
+    // The caller's search_path, for the inserts (insert_all): the table's
+    // triggers, rules and defaults run as they do for the caller's own
+    // INSERT. (The INSERT's text names nothing but the qualified table and
+    // its columns.)
+    // SAFETY: GetConfigOption returns the current value (never NULL for a
+    // built-in setting), copied at once into the SPI procedure's context.
+    let caller_search_path =
+        unsafe { pg_sys::pstrdup(pg_sys::GetConfigOption(c"search_path".as_ptr(), false, false)) }.cast_const();
     // As the SQL function did (SET search_path = pg_catalog, pg_temp): the
-    // names in messages, the inserts, the input functions and the table's
-    // triggers see that path, whatever the caller's.
+    // names in messages and the input functions see that path, whatever the
+    // caller's.
     // SAFETY: opens a GUC nest level, closed in `finish` (or by abort).
     let nest = unsafe { pg_sys::NewGUCNestLevel() };
     set_guc(c"search_path", c"pg_catalog, pg_temp", pg_sys::GucAction::GUC_ACTION_SAVE);
@@ -709,7 +730,7 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
         stack.push((current_subxact(), rows));
         stack.len() - 1
     });
-    Ok(Prepared { inserts, count: k, restore, nest, rows_at, transient_at })
+    Ok(Prepared { inserts, count: k, restore, nest, caller_search_path, rows_at, transient_at })
 }
 
 /// The caller's USAGE on the target's schema, which a saved INSERT (naming the
@@ -893,6 +914,10 @@ pub unsafe fn insert_all(p: &Prepared) -> i64 {
         };
         watch.cb.arg = std::ptr::addr_of_mut!(watch) as *mut c_void;
         pg_sys::error_context_stack = std::ptr::addr_of_mut!(watch.cb);
+        // The inserts run under the caller's search_path (see `prepare`), in
+        // a GUC nest level of their own, closed after the loop (or by abort).
+        let inner = pg_sys::NewGUCNestLevel();
+        set_guc(c"search_path", CStr::from_ptr(p.caller_search_path), pg_sys::GucAction::GUC_ACTION_SAVE);
         let mut total = 0i64;
         for i in 0..p.count {
             let ins = *p.inserts.add(i);
@@ -914,6 +939,7 @@ pub unsafe fn insert_all(p: &Prepared) -> i64 {
             }
             total += pg_sys::SPI_processed as i64;
         }
+        pg_sys::AtEOXact_GUC(true, inner);
         pg_sys::error_context_stack = watch.cb.previous;
         total
     }

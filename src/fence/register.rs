@@ -99,6 +99,15 @@ pub fn register(
         )
     })
     .unwrap_or_else(|e| error!("pg_lease: could not record the protection: {e}"));
+    // Every backend's cached answers about these tables (a config, "not
+    // guarded") are rebuilt when this commits, even when protect found
+    // pg_lease's triggers already in place (a schema-only restore) and
+    // created none, which would have invalidated them.
+    for &relid in &tables {
+        // SAFETY: queues a relcache invalidation of an existing relation for
+        // the end of this transaction.
+        unsafe { pg_sys::CacheInvalidateRelcacheByRelid(relid) };
+    }
 }
 
 /// `lease._unregister(target)`: forgets a protection for `lease.unprotect`.

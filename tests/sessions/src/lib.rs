@@ -422,3 +422,89 @@ pub fn psql(db: &str, user: &str, encoding: &str, script: impl AsRef<[u8]>) -> (
     let out = child.wait_with_output().expect("psql");
     (String::from_utf8_lossy(&out.stdout).trim().to_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
+
+/// A real PgBouncer (Debian's package, run as postgres) in transaction mode
+/// in front of the test cluster, with `pool_size` server connections per
+/// database and user; stopped through its pid file when dropped.
+pub struct Bouncer {
+    dir: std::path::PathBuf,
+    listen: u16,
+}
+
+impl Bouncer {
+    pub fn start(listen: u16, pool_size: u32) -> Bouncer {
+        let dir = std::env::temp_dir().join(format!("pg_lease_bouncer_{}_{listen}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("userlist.txt"), "\"postgres\" \"\"\n").unwrap();
+        std::fs::write(
+            dir.join("pgbouncer.ini"),
+            format!(
+                "[databases]\n* = host=127.0.0.1 port={}\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {listen}\n\
+                 unix_socket_dir =\nauth_type = trust\nauth_file = {d}/userlist.txt\npool_mode = transaction\n\
+                 default_pool_size = {pool_size}\nmin_pool_size = 0\nmax_client_conn = 100\nserver_reset_query =\n\
+                 ignore_startup_parameters = extra_float_digits,options\nlogfile = {d}/pgbouncer.log\n\
+                 pidfile = {d}/pgbouncer.pid\n",
+                port(),
+                d = dir.display()
+            ),
+        )
+        .unwrap();
+        std::process::Command::new("chown").args(["-R", "postgres:"]).arg(&dir).status().unwrap();
+        // PgBouncer refuses to run as root; -d: daemon, writes its pid file.
+        let status = std::process::Command::new("sudo")
+            .args(["-u", "postgres", "pgbouncer", "-d"])
+            .arg(dir.join("pgbouncer.ini"))
+            .stderr(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("pgbouncer (Debian package pgbouncer, installed by scripts/setup.sh)");
+        assert!(status.success(), "pgbouncer did not start");
+        let start = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", listen)).is_err() {
+            assert!(start.elapsed() < std::time::Duration::from_secs(10), "pgbouncer did not start");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Bouncer { dir, listen }
+    }
+
+    pub fn connect(&self, dbname: &str) -> Client {
+        postgres::Config::new()
+            .host("127.0.0.1")
+            .port(self.listen)
+            .user("postgres")
+            .dbname(dbname)
+            .connect(postgres::NoTls)
+            .expect("connect through pgbouncer")
+    }
+}
+
+impl Drop for Bouncer {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(self.dir.join("pgbouncer.pid")) {
+            let pid = pid.trim().to_owned();
+            let _ = std::process::Command::new("kill").arg(&pid).status();
+            let start = std::time::Instant::now();
+            while std::path::Path::new(&format!("/proc/{pid}")).exists()
+                && start.elapsed() < std::time::Duration::from_secs(5)
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits (30 s at most) until `standby` has replayed everything `primary` has written so far.
+pub fn wait_for_replay(primary: &mut Client, standby: &mut Client) {
+    let target: String = primary.query_one("SELECT pg_current_wal_lsn()::text", &[]).unwrap().get(0);
+    let start = std::time::Instant::now();
+    loop {
+        let caught_up: bool =
+            standby.query_one("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", &[&target]).unwrap().get(0);
+        if caught_up {
+            return;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(30), "standby never caught up");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

@@ -5,7 +5,6 @@
 use pg_lease_sessions::postgres::Client;
 use pg_lease_sessions::*;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 fn setup(c: &mut Client) {
     c.batch_execute(&format!("CREATE EXTENSION pg_lease; {POKER}")).unwrap();
@@ -98,20 +97,6 @@ fn tokens_and_fences_survive_dump_and_restore() {
     expect_error(&mut r, "ALTER TABLE payouts DISABLE TRIGGER pg_lease_fence", "LF008");
     let after = take(&mut r);
     assert!(after > before);
-}
-
-fn wait_for_replay(primary: &mut Client, standby: &mut Client) {
-    let target: String = primary.query_one("SELECT pg_current_wal_lsn()::text", &[]).unwrap().get(0);
-    let start = Instant::now();
-    loop {
-        let caught_up: bool =
-            standby.query_one("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", &[&target]).unwrap().get(0);
-        if caught_up {
-            return;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "standby never caught up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]

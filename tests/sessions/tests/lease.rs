@@ -457,20 +457,30 @@ fn token_ceiling_and_issue_tokens_above() {
     assert!(ceiling > bound, "above every token issued: what the top lease would get next");
     assert_eq!(one_i64(&mut c, "SELECT lease.token_ceiling()"), ceiling, "reading it issues nothing");
 
-    // A lower or equal value is a no-op: the lowest token a fresh lease would
-    // get (the epoch issued above raises every lease's).
-    assert_eq!(one_i64(&mut c, "SELECT lease.issue_tokens_above(0)"), ceiling);
-    assert_eq!(one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({base})")), ceiling);
-    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.token_epoch"), 0);
+    // The base goes to the first band (a multiple of 1,024 epochs) above
+    // the token's epoch unless it is there already: even a token below
+    // every one issued here moves it there, once (so that the same call
+    // after a failover that lost it raises again: README, Tokens only rise);
+    // a token of that band again is a no-op.
+    let band = 1024i64;
+    let counter = ceiling & ((1 << 40) - 1);
+    let lowest0 = one_i64(&mut c, "SELECT lease.issue_tokens_above(0)");
+    assert_eq!(lowest0, ((band + 1) << 40) | counter, "the next counter, in epoch 1024 + timeline 1");
+    assert_eq!(one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({base})")), lowest0, "the same band");
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.token_epoch"), 1);
     // A token of another cluster, in an epoch above this one's: every lease
     // now issues above it.
-    let blue = (4i64 << 40) + 5_000;
+    let blue = (1500i64 << 40) + 5_000;
     let lowest = one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({blue})"));
-    assert_eq!(lowest, (5 << 40) | (ceiling & ((1 << 40) - 1)), "the next counter, in epoch 4 + timeline 1");
-    assert_eq!(one_i64(&mut c, "SELECT base FROM lease.token_epoch"), 4, "recorded as acquire's own raises are");
+    assert_eq!(lowest, ((2 * band + 1) << 40) | counter, "the next counter, in epoch 2048 + timeline 1");
+    assert_eq!(
+        one_i64(&mut c, "SELECT max(base) FROM lease.token_epoch"),
+        2 * band,
+        "recorded as acquire's own raises are"
+    );
     assert_eq!(one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({blue})")), lowest, "idempotent");
     assert_eq!(one_i64(&mut c, "SELECT lease.issue_tokens_above(1)"), lowest, "never lowers");
-    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.token_epoch"), 1);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.token_epoch"), 2);
     assert_eq!(acquire(&mut c, "fresh", "host-a", 60_000).unwrap(), lowest, "a fresh lease's first token");
     assert!(acquire(&mut c, "x", "host-a", 60_000).unwrap() > blue, "an unbound lease with older tokens");
     let rebound: i64 = c
@@ -482,8 +492,8 @@ fn token_ceiling_and_issue_tokens_above() {
     // The fence follows: the old holder of table:1 is stale now.
     expect_error(&mut c, &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {bound})"), "LF001");
     // Raising again, from a later epoch, moves the base up once more.
-    let far = (7i64 << 40) + 3;
-    assert_eq!(one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({far})")) >> 40, 8);
+    let far = (3000i64 << 40) + 3;
+    assert_eq!(one_i64(&mut c, &format!("SELECT lease.issue_tokens_above({far})")) >> 40, 3 * band + 1);
     assert!(acquire(&mut c, "x", "host-a", 60_000).unwrap() > far);
 
     // Bad input: standard codes, pg_lease's messages, no CONTEXT.
@@ -499,7 +509,7 @@ fn token_ceiling_and_issue_tokens_above() {
             "22003",
             "lease.issue_tokens_above: no fencing token is left above 9223372036854775807",
         ),
-        // The last epoch (2^23 - 1) cannot be reached: epoch = base + timeline.
+        // The last band (2^23 - 1024) is the highest base: epoch = base + timeline.
         (
             "SELECT lease.issue_tokens_above(8388607::bigint << 40)",
             "22003",
@@ -510,10 +520,10 @@ fn token_ceiling_and_issue_tokens_above() {
         assert_eq!((e.code().code(), e.message()), (code, text), "{sql}");
         assert_eq!(e.where_(), None, "{sql}: no CONTEXT");
     }
-    assert_eq!(one_i64(&mut c, "SELECT max(base) FROM lease.token_epoch"), 7, "refusals change nothing");
-    // The highest reachable epoch: tokens are issued there, and the ceiling says so.
-    let top = one_i64(&mut c, "SELECT lease.issue_tokens_above(8388606::bigint << 40)");
-    assert_eq!(top >> 40, 8388607);
+    assert_eq!(one_i64(&mut c, "SELECT max(base) FROM lease.token_epoch"), 3 * band, "refusals change nothing");
+    // The highest band: tokens are issued there, and the ceiling says so.
+    let top = one_i64(&mut c, "SELECT lease.issue_tokens_above(8387583::bigint << 40)");
+    assert_eq!(top >> 40, (1 << 23) - band + 1);
     assert_eq!(acquire(&mut c, "top", "host-a", 60_000).unwrap(), top);
     // A lease at bigint's top has no token left: the ceiling cannot exist.
     c.batch_execute("UPDATE lease.lease_state SET token = 9223372036854775807 WHERE name = 'top'").unwrap();
@@ -561,6 +571,6 @@ fn token_ceiling_and_issue_tokens_above_wait_for_acquires_in_flight() {
     wait_until_blocked(&mut observer, pid);
     assert!(old_epoch < target);
     c.batch_execute("COMMIT").unwrap();
-    assert_eq!(raised.join().unwrap() >> 40, 4);
+    assert_eq!(raised.join().unwrap() >> 40, 1024 + 1, "the first band above epoch 3, timeline 1");
     assert!(acquire(&mut c, "y", "host-a", 60_000).unwrap() > target);
 }

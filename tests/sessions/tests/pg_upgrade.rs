@@ -105,19 +105,6 @@ fn recorded_when_drained(c: &mut Client) -> i64 {
     one_i64(c, "SELECT count(*) FROM lease.rejected_writes")
 }
 
-fn wait_for_replay(primary: &mut Client, standby: &mut Client) {
-    let target: String = primary.query_one("SELECT pg_current_wal_lsn()::text", &[]).unwrap().get(0);
-    let start = Instant::now();
-    while !standby
-        .query_one("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", &[&target])
-        .unwrap()
-        .get::<_, bool>(0)
-    {
-        assert!(start.elapsed() < Duration::from_secs(30), "standby never caught up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn timeline(c: &mut Client) -> i64 {
     // The control file's timeline is the last checkpoint's: a promotion
     // only requests its end-of-recovery checkpoint, which a busy machine

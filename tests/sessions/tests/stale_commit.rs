@@ -396,69 +396,6 @@ fn a_token_set_for_the_session_binds_nothing_in_the_next_transaction() {
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM bound"), 1);
 }
 
-/// A real PgBouncer in transaction mode in front of the test cluster.
-struct Bouncer {
-    child: std::process::Child,
-    dir: std::path::PathBuf,
-    listen: u16,
-}
-
-impl Bouncer {
-    fn start(listen: u16, pool_size: u32) -> Bouncer {
-        let dir = std::env::temp_dir().join(format!("pg_lease_bouncer_{}_{listen}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("userlist.txt"), "\"postgres\" \"\"\n").unwrap();
-        std::fs::write(
-            dir.join("pgbouncer.ini"),
-            format!(
-                "[databases]\n* = host=127.0.0.1 port={}\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {listen}\n\
-                 unix_socket_dir =\nauth_type = trust\nauth_file = {}/userlist.txt\npool_mode = transaction\n\
-                 default_pool_size = {pool_size}\nmin_pool_size = 0\nmax_client_conn = 100\nserver_reset_query =\n\
-                 ignore_startup_parameters = extra_float_digits,options\nlogfile = {}/pgbouncer.log\n",
-                port(),
-                dir.display(),
-                dir.display()
-            ),
-        )
-        .unwrap();
-        std::process::Command::new("chown").args(["-R", "postgres:"]).arg(&dir).status().unwrap();
-        // PgBouncer refuses to run as root.
-        let child = std::process::Command::new("sudo")
-            .args(["-u", "postgres", "pgbouncer"])
-            .arg(dir.join("pgbouncer.ini"))
-            .stderr(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("pgbouncer (Debian package pgbouncer, installed by scripts/setup.sh)");
-        let start = std::time::Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", listen)).is_err() {
-            assert!(start.elapsed() < std::time::Duration::from_secs(10), "pgbouncer did not start");
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        Bouncer { child, dir, listen }
-    }
-
-    fn connect(&self, dbname: &str) -> Client {
-        postgres::Config::new()
-            .host("127.0.0.1")
-            .port(self.listen)
-            .user("postgres")
-            .dbname(dbname)
-            .connect(postgres::NoTls)
-            .expect("connect through pgbouncer")
-    }
-}
-
-impl Drop for Bouncer {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("pkill")
-            .args(["-f", &self.dir.join("pgbouncer.ini").display().to_string()])
-            .status();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 #[test]
 fn behind_a_transaction_pooler_every_forgetful_client_gets_lf003() {
     let (db, mut c) = poker("tx_pooler");

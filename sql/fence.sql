@@ -542,6 +542,13 @@ BEGIN
             format('pg_lease: %s already has a trigger %I that is not pg_lease''s (it runs %s)', rel, tgname, existing),
             NULL, 'Rename or drop that trigger: the pg_lease_* trigger names are pg_lease''s.');
     END IF;
+    -- A clone of a parent's trigger goes with the parent (DETACH drops it):
+    -- never pg_lease's guard of this table.
+    IF EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = _create_trigger.tgname AND t.tgparentid <> 0) THEN
+        PERFORM lease._fail('42710',
+            format('pg_lease: %s already has a trigger %I, cloned from its parent table''s', rel, tgname),
+            NULL, 'Drop that trigger from the parent table (or protect the parent instead): the pg_lease_* trigger names are pg_lease''s.');
+    END IF;
     -- Already there as this would leave it: defined exactly so (timing and
     -- body are written as pg_get_triggerdef writes them), ENABLE ALWAYS, and
     -- a row trigger's clone on every partition below as enabled. Nothing to

@@ -69,11 +69,16 @@ SELECT pg_catalog.pg_extension_config_dump('lease.token_epoch', '');
 -- which raises the base above it: a token lost in a failover before the upgrade
 -- or dump cannot be issued again, as long as one token was issued on the
 -- timeline the failover started (see lease.acquire and README, Upgrades).
+-- origin (since 0.9.2): the incarnation (lease._origin()) whose acquire
+-- wrote the row; another's, or NULL (written before 0.9.2, or restored from
+-- a 0.9.1 dump), makes the next acquire raise the base two bands, as a
+-- foreign row of lease.token_origin does (below).
 CREATE TABLE lease.token_epoch_issued (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    epoch     bigint  NOT NULL
+    epoch     bigint  NOT NULL,
+    origin    bigint
 );
-COMMENT ON TABLE lease.token_epoch_issued IS 'The highest fencing-token epoch issued so far (one row).';
+COMMENT ON TABLE lease.token_epoch_issued IS 'The highest fencing-token epoch issued so far (one row), and the database incarnation that issued it.';
 REVOKE ALL ON lease.token_epoch_issued FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('lease.token_epoch_issued', '');
 
@@ -303,7 +308,8 @@ BEGIN
         -- The new epoch counts as issued (only ever higher: a later timeline
         -- restart still goes above it), and writing the row makes an acquire
         -- whose snapshot predates this raise fail to serialize (see acquire).
-        INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES (new_base + timeline)
+        -- (A row another incarnation wrote keeps saying so: lease::foreign_origin.)
+        INSERT INTO lease.token_epoch_issued AS i (epoch, origin) VALUES (new_base + timeline, lease._origin())
         ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
     END IF;
     SELECT n.token INTO lowest FROM lease._next_token(0, timeline) n;

@@ -1006,6 +1006,13 @@ BEGIN
             format('pg_lease: %s already has a trigger %I that is not pg_lease''s (it runs %s)', rel, tgname, existing),
             NULL, 'Rename or drop that trigger: the pg_lease_* trigger names are pg_lease''s.');
     END IF;
+    -- A clone of a parent's trigger goes with the parent (DETACH drops it):
+    -- never pg_lease's guard of this table.
+    IF EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = _create_trigger.tgname AND t.tgparentid <> 0) THEN
+        PERFORM lease._fail('42710',
+            format('pg_lease: %s already has a trigger %I, cloned from its parent table''s', rel, tgname),
+            NULL, 'Drop that trigger from the parent table (or protect the parent instead): the pg_lease_* trigger names are pg_lease''s.');
+    END IF;
     -- Already there as this would leave it: defined exactly so (timing and
     -- body are written as pg_get_triggerdef writes them), ENABLE ALWAYS, and
     -- a row trigger's clone on every partition below as enabled. Nothing to
@@ -1085,7 +1092,8 @@ BEGIN
         -- The new epoch counts as issued (only ever higher: a later timeline
         -- restart still goes above it), and writing the row makes an acquire
         -- whose snapshot predates this raise fail to serialize (see acquire).
-        INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES (new_base + timeline)
+        -- (A row another incarnation wrote keeps saying so: lease::foreign_origin.)
+        INSERT INTO lease.token_epoch_issued AS i (epoch, origin) VALUES (new_base + timeline, lease._origin())
         ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
     END IF;
     SELECT n.token INTO lowest FROM lease._next_token(0, timeline) n;
@@ -1112,6 +1120,12 @@ CREATE FUNCTION lease."_origin"() RETURNS bigint /* i64 */
 STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'origin_sql_wrapper';
+-- The issued epoch's row names the incarnation that wrote it; the row an
+-- update in place finds was written before 0.9.2 (origin NULL), as is one
+-- restored from a 0.9.1 dump: the next acquire raises the base two bands
+-- once (an update in place cannot tell its database from a copy of it).
+ALTER TABLE lease.token_epoch_issued ADD COLUMN origin bigint;
+COMMENT ON TABLE lease.token_epoch_issued IS 'The highest fencing-token epoch issued so far (one row), and the database incarnation that issued it.';
 -- The database incarnations whose lease state this database holds (since
 -- 0.9.2), each as lease._origin() gives it: the cluster's system identifier
 -- with the database's and pg_lease's OIDs. CREATE EXTENSION records its own.

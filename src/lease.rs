@@ -94,16 +94,23 @@ pub fn origin_sql() -> i64 {
     origin()
 }
 
-/// Whether `lease.token_origin` holds another incarnation's row: this
-/// database's lease state came from a dump or through pg_upgrade, and its
-/// source may have issued tokens since that this state does not record.
-/// (No such table before `ALTER EXTENSION pg_lease UPDATE` to 0.9.2: none.)
-fn foreign_origin() -> bool {
+/// Whether this database's lease state came from another incarnation (a
+/// dump, pg_upgrade, a template copy), whose source may have issued tokens
+/// since that this state does not record: `lease.token_origin` holds
+/// another incarnation's row, or the issued epoch's row (`issued`: it
+/// exists) was written by another one, or before 0.9.2 (origin NULL: a
+/// 0.9.1 dump restored, or an update in place, which cannot tell itself
+/// from a copy's). (Neither column nor table before `ALTER EXTENSION
+/// pg_lease UPDATE` to 0.9.2: not foreign.)
+fn foreign_origin(issued: Option<i64>) -> bool {
     let Some(relid) = crate::pg::lease_relid_if_any(c"token_origin") else {
         return false;
     };
     let here = origin();
     crate::pg::own_table_int8s(relid, c"token_origin", 1).into_iter().any(|o| o != here)
+        || (issued.is_some()
+            && crate::pg::own_table_int8s(crate::pg::lease_relid(c"token_epoch_issued"), c"token_epoch_issued", 3)
+                != [here])
 }
 
 /// What the token rule gives for one lease.
@@ -181,11 +188,8 @@ pub fn token_rule(
 /// COMMITTED: read after the lease row's lock wait): the highest base, the
 /// issued epoch, whether the lease state is another incarnation's.
 fn epoch_tables() -> (Option<i64>, Option<i64>, bool) {
-    (
-        crate::pg::own_table_max_int8(c"token_epoch", 1),
-        crate::pg::own_table_max_int8(c"token_epoch_issued", 2),
-        foreign_origin(),
-    )
+    let issued = crate::pg::own_table_max_int8(c"token_epoch_issued", 2);
+    (crate::pg::own_table_max_int8(c"token_epoch", 1), issued, foreign_origin(issued))
 }
 
 /// The next token [`token_rule`] would issue now, without issuing it (the

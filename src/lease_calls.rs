@@ -436,6 +436,32 @@ struct AcquirePlans {
 thread_local! {
     static ACQUIRE_PLANS: Cell<Option<AcquirePlans>> = const { Cell::new(None) };
     static ABSORB_PLAN: Cell<Option<pg_sys::SPIPlanPtr>> = const { Cell::new(None) };
+    static ISSUED_PLAN: Cell<Option<pg_sys::SPIPlanPtr>> = const { Cell::new(None) };
+}
+
+/// Records the epoch an acquire issued in as the highest issued, written by
+/// this incarnation (`lease::foreign_origin` reads the origin back). With a
+/// schema before 0.9.2 (the library updated, `ALTER EXTENSION pg_lease
+/// UPDATE` not run yet: no `lease.token_origin`, no origin column), the
+/// epoch alone. Call inside an SPI connection.
+fn record_issued(a: &AcquirePlans, epoch: i64) {
+    if crate::pg::lease_relid_if_any(c"token_origin").is_none() {
+        // SAFETY: a saved plan of one int8 parameter, inside SPI.
+        unsafe { exec_saved(a.issued, &[Some(epoch.into())], "lease.acquire") };
+        return;
+    }
+    let plan = ISSUED_PLAN.with(|p| p.get()).unwrap_or_else(|| {
+        let p = prepare_saved(
+            c"INSERT INTO lease.token_epoch_issued AS i (epoch, origin) VALUES ($1, $2)
+              ON CONFLICT (singleton) DO UPDATE SET epoch = GREATEST(i.epoch, excluded.epoch), origin = excluded.origin",
+            &mut [pg_sys::INT8OID, pg_sys::INT8OID],
+            "lease.acquire",
+        );
+        ISSUED_PLAN.with(|c| c.set(Some(p)));
+        p
+    });
+    // SAFETY: a saved plan of two int8 parameters, inside SPI.
+    unsafe { exec_saved(plan, &[Some(epoch.into()), Some(crate::lease::origin().into())], "lease.acquire") };
 }
 
 /// The saved plan that forgets another incarnation's lease state once an
@@ -517,6 +543,7 @@ fn acquire_plans() -> AcquirePlans {
             WHAT,
         ),
         issued: prepare_saved(
+            // (Before 0.9.2's schema: no origin column; see issued_plan.)
             c"INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES ($1)
               ON CONFLICT (singleton) DO UPDATE SET epoch = GREATEST(i.epoch, excluded.epoch)",
             &mut [INT8OID],
@@ -842,9 +869,25 @@ fn acquire_connected(call: &Acquire, caller: pg_sys::Oid) -> Result<Acquired, Fa
         let crate::lease::NextToken { token: new_token, epoch, issued, raise_base: high, foreign } =
             crate::lease::issue_token(stored, call.timeline);
         let Some(new_token) = new_token else {
-            let mut e =
-                invalid("22003", format!("pg_lease: lease \"{name}\" has no fencing token left (current {stored})"));
-            e.hint = Some("Fencing tokens are bigints; this resource's token is at the top of their range.".into());
+            let e = if stored == i64::MAX {
+                let mut e = invalid(
+                    "22003",
+                    format!("pg_lease: lease \"{name}\" has no fencing token left (current {stored})"),
+                );
+                e.hint = Some("Fencing tokens are bigints; this resource's token is at the top of their range.".into());
+                e
+            } else {
+                let mut e = invalid(
+                    "22003",
+                    format!("pg_lease: this database has no fencing token epoch left for lease \"{name}\""),
+                );
+                e.detail = Some(format!("The next epoch would be {epoch}; epochs stay below 2^23."));
+                e.hint = Some(format!(
+                    "Every cutover raise (lease.issue_tokens_above) and every restored or upgraded copy takes a band of {} epochs.",
+                    crate::lease::EPOCH_BAND
+                ));
+                e
+            };
             return Err(e.into());
         };
         let mut acquired = None;
@@ -867,8 +910,7 @@ fn acquire_connected(call: &Acquire, caller: pg_sys::Oid) -> Result<Acquired, Fa
             unsafe { exec_saved(absorb_plan(), &[Some(crate::lease::origin().into())], "lease.acquire") };
         }
         if epoch > issued.unwrap_or(0) {
-            // SAFETY: as above.
-            unsafe { exec_saved(a.issued, &[Some(epoch.into())], "lease.acquire") };
+            record_issued(&a, epoch);
         }
         if let Some((table, key, _, key_values)) = &bound {
             let landed = bump_owner_row(*table, key_values, new_token)?;

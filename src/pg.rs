@@ -1133,9 +1133,7 @@ pub struct RowPlace {
     relid: pg_sys::Oid,
     block: u32,
     offset: u16,
-    xid: pg_sys::TransactionId,
     subxact: pg_sys::SubTransactionId,
-    command: pg_sys::CommandId,
 }
 
 /// What fired a row or statement trigger.
@@ -1216,9 +1214,13 @@ impl<'a> TriggerCall<'a> {
         (!self.td.tg_trigtuple.is_null()).then(|| unsafe { Row::new(self.td.tg_trigtuple, self.desc()) })
     }
 
-    /// Where the row the trigger fired for (`trigtuple`) is: this relation,
-    /// its tuple's ctid, in this command of this (sub)transaction. Two
-    /// calls with the same place are about the same row version.
+    /// Where the row the trigger fired for (`trigtuple`) is: this relation
+    /// and its tuple's ctid, in this subtransaction. Two calls of one
+    /// transaction with the same place are about the same row version while
+    /// it is live (a version this transaction updated or deleted is dead to
+    /// it from then on, and its slot cannot be reused before the
+    /// transaction ends). The command counter is not part of it: a trigger
+    /// that runs SQL in between advances it.
     pub fn row_place(&self) -> Option<RowPlace> {
         if self.td.tg_trigtuple.is_null() {
             return None;
@@ -1232,9 +1234,7 @@ impl<'a> TriggerCall<'a> {
                 relid: self.relid(),
                 block: (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo),
                 offset: tid.ip_posid,
-                xid: pg_sys::GetTopTransactionIdIfAny(),
                 subxact: pg_sys::GetCurrentSubTransactionId(),
-                command: pg_sys::GetCurrentCommandId(false),
             })
         }
     }

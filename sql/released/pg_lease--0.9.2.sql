@@ -149,7 +149,7 @@ AS 'MODULE_PATHNAME', 'is_token_type_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/register.rs:124
+-- src/fence/register.rs:133
 -- pg_lease::fence::register::_judge_replicated
 CREATE  FUNCTION "_judge_replicated"(
 	"target" oid, /* pg_sys :: Oid */
@@ -225,7 +225,7 @@ AS 'MODULE_PATHNAME', 'next_token_sql_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lease.rs:96
+-- src/lease.rs:92
 -- pg_lease::lease::_origin
 CREATE  FUNCTION "_origin"() RETURNS bigint /* i64 */
 STRICT STABLE PARALLEL SAFE 
@@ -352,7 +352,7 @@ AS 'MODULE_PATHNAME', 'token_floor_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/register.rs:106
+-- src/fence/register.rs:115
 -- pg_lease::fence::register::_unregister
 CREATE  FUNCTION "_unregister"(
 	"target" oid /* pg_sys :: Oid */
@@ -921,6 +921,13 @@ BEGIN
         PERFORM lease._fail('42710',
             format('pg_lease: %s already has a trigger %I that is not pg_lease''s (it runs %s)', rel, tgname, existing),
             NULL, 'Rename or drop that trigger: the pg_lease_* trigger names are pg_lease''s.');
+    END IF;
+    -- A clone of a parent's trigger goes with the parent (DETACH drops it):
+    -- never pg_lease's guard of this table.
+    IF EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = _create_trigger.tgname AND t.tgparentid <> 0) THEN
+        PERFORM lease._fail('42710',
+            format('pg_lease: %s already has a trigger %I, cloned from its parent table''s', rel, tgname),
+            NULL, 'Drop that trigger from the parent table (or protect the parent instead): the pg_lease_* trigger names are pg_lease''s.');
     END IF;
     -- Already there as this would leave it: defined exactly so (timing and
     -- body are written as pg_get_triggerdef writes them), ENABLE ALWAYS, and
@@ -2268,11 +2275,16 @@ SELECT pg_catalog.pg_extension_config_dump('lease.token_epoch', '');
 -- which raises the base above it: a token lost in a failover before the upgrade
 -- or dump cannot be issued again, as long as one token was issued on the
 -- timeline the failover started (see lease.acquire and README, Upgrades).
+-- origin (since 0.9.2): the incarnation (lease._origin()) whose acquire
+-- wrote the row; another's, or NULL (written before 0.9.2, or restored from
+-- a 0.9.1 dump), makes the next acquire raise the base two bands, as a
+-- foreign row of lease.token_origin does (below).
 CREATE TABLE lease.token_epoch_issued (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    epoch     bigint  NOT NULL
+    epoch     bigint  NOT NULL,
+    origin    bigint
 );
-COMMENT ON TABLE lease.token_epoch_issued IS 'The highest fencing-token epoch issued so far (one row).';
+COMMENT ON TABLE lease.token_epoch_issued IS 'The highest fencing-token epoch issued so far (one row), and the database incarnation that issued it.';
 REVOKE ALL ON lease.token_epoch_issued FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('lease.token_epoch_issued', '');
 
@@ -2502,7 +2514,8 @@ BEGIN
         -- The new epoch counts as issued (only ever higher: a later timeline
         -- restart still goes above it), and writing the row makes an acquire
         -- whose snapshot predates this raise fail to serialize (see acquire).
-        INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES (new_base + timeline)
+        -- (A row another incarnation wrote keeps saying so: lease::foreign_origin.)
+        INSERT INTO lease.token_epoch_issued AS i (epoch, origin) VALUES (new_base + timeline, lease._origin())
         ON CONFLICT (singleton) DO UPDATE SET epoch = greatest(i.epoch, excluded.epoch);
     END IF;
     SELECT n.token INTO lowest FROM lease._next_token(0, timeline) n;
@@ -2859,7 +2872,7 @@ END $$;
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:63
+-- src/lib.rs:69
 -- requires:
 --   schema
 --   fence

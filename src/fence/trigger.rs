@@ -13,20 +13,12 @@ use crate::errors::{LeaseError, Refusal};
 use crate::fence::config::{self, FenceConfig, Mode, TokenSource};
 use crate::fence::{high_water, key, owner, refusal, replication, verified};
 use crate::gucs;
-use crate::pg::{token_from_datum, Row, RowPlace, TriggerCall, TriggerOp};
-use std::cell::{Cell, RefCell};
+use crate::pg::{token_from_datum, Row, TriggerCall, TriggerOp};
+use std::cell::RefCell;
 
 thread_local! {
     /// Reused for every row's key encoding, so the hot path does not allocate.
     static KEY_BUF: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(64));
-    /// The row the last UPDATE let through, with the token it presented.
-    /// An UPDATE that moves a row to another partition deletes it from this
-    /// one next: BEFORE DELETE fires for the very same row version, in the
-    /// same command (then BEFORE INSERT on the new partition). That DELETE
-    /// is the UPDATE's, presenting the UPDATE's token (README: an UPDATE's
-    /// token is its new row's), not the bound one. Nothing else deletes a
-    /// row version an UPDATE of the same command has just passed.
-    static MOVING: Cell<Option<(RowPlace, Option<i64>)>> = const { Cell::new(None) };
 }
 
 /// BEFORE INSERT OR UPDATE OR DELETE, FOR EACH ROW: the row passes, or the
@@ -70,14 +62,13 @@ fn judge(cfg: &FenceConfig, call: &TriggerCall, adopting: bool) -> Result<(), Re
                 // Moving a row between resources needs the right to write both.
                 check(cfg, old, token, op, adopting)?;
             }
-            MOVING.set(call.row_place().map(|at| (at, token)));
+            verified::passed_update(call.row_place(), token);
             Ok(())
         }
         TriggerOp::Delete => {
-            let token = match (MOVING.take(), call.row_place()) {
-                (Some((moving, token)), Some(here)) if moving == here => token,
-                _ => gucs::bound_token(),
-            };
+            // (The DELETE half of an UPDATE moving the row to another
+            // partition presents that UPDATE's token.)
+            let token = verified::update_deleting(call.row_place()).unwrap_or_else(gucs::bound_token);
             check(cfg, old, token, op, adopting)
         }
         TriggerOp::Truncate => pgrx::error!("lease.fence_trigger() does not handle TRUNCATE"),

@@ -9,8 +9,9 @@
 //! raised high-water mark also drops entries, so the next row re-reads.
 
 use crate::fence::FastMap;
+use crate::pg::RowPlace;
 use pgrx::pg_sys;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 #[derive(Clone, Copy)]
 struct Entry {
@@ -21,6 +22,31 @@ struct Entry {
 
 thread_local! {
     static VERIFIED: RefCell<FastMap<Box<[u8]>, Entry>> = RefCell::new(FastMap::default());
+    /// The row version the last UPDATE let through, with the token it
+    /// presented (see [`passed_update`]); forgotten at transaction end.
+    static UPDATED: Cell<Option<(RowPlace, Option<i64>)>> = const { Cell::new(None) };
+}
+
+/// An UPDATE let the row version at `at` through with `token`. An UPDATE
+/// that moves a row to another partition deletes it from this one next:
+/// BEFORE DELETE fires for the very same row version, in the same
+/// subtransaction (then BEFORE INSERT on the new partition). That DELETE is
+/// the UPDATE's and presents its token (README: an UPDATE's token is its new
+/// row's), not the bound one ([`update_deleting`]). Nothing else deletes a
+/// row version an UPDATE has passed: the UPDATE goes on with it (no BEFORE
+/// row trigger may run after the fence's: the DDL guard), and a version
+/// this transaction updated is dead to it. Forgotten at transaction end.
+pub fn passed_update(at: Option<RowPlace>, token: Option<i64>) {
+    UPDATED.set(at.map(|at| (at, token)));
+}
+
+/// The token of the UPDATE that passed the row version at `at` just before
+/// this DELETE of it (a move between partitions), if it was one; forgets it.
+pub fn update_deleting(at: Option<RowPlace>) -> Option<Option<i64>> {
+    match (UPDATED.take(), at) {
+        (Some((passed, token)), Some(here)) if passed == here => Some(token),
+        _ => None,
+    }
 }
 
 /// The verified current token for this resource key, if this transaction holds its lock.
@@ -39,6 +65,7 @@ pub fn remember(key: &[u8], current: Option<i64>) {
 }
 
 pub fn forget_all() {
+    UPDATED.set(None);
     VERIFIED.with(|v| {
         if let Ok(mut map) = v.try_borrow_mut() {
             map.clear()

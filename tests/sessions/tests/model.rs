@@ -25,9 +25,9 @@
 //! fenced columns, `ALTER COLUMN` of other columns, BEFORE row triggers named
 //! before or after pg_lease's, `CREATE OR REPLACE TRIGGER` of its triggers,
 //! ATTACH/DETACH PARTITION of plain and partitioned tables with current or
-//! stale rows; owner rows on a hash-partitioned owner table written by the
-//! application role: extreme tokens, deletes, key moves through partition
-//! routing). `lease.acquire` (the real bump path) runs in the owner and
+//! stale rows; UPDATEs that move fenced rows between partitions; owner rows
+//! on a hash-partitioned owner table written by the application role:
+//! extreme tokens, deletes, key moves through partition routing). `lease.acquire` (the real bump path) runs in the owner and
 //! tampering families: its token must be above every token issued or stored
 //! for the resource, and the owner row must then hold exactly that token.
 //!
@@ -55,6 +55,9 @@ use std::time::Instant;
 
 /// Sessions a case runs on (plus the admin connection for setup and DDL).
 const SESSIONS: usize = 3;
+/// The fenced table's second permanent partition (Tamper family), which
+/// UPDATEs move rows into and out of; ATTACH steps use 1, 2, ...
+const MOVED_PART: u32 = 1_000_000;
 /// Resource slots; slots 0..3 start with an owner row, slot 3 without.
 const NRES: usize = 4;
 /// The key value only swaps use, as the temporary parking place.
@@ -2282,6 +2285,11 @@ struct Runner<'a> {
     /// Highest committed owner token seen per slot (Tamper family: owner
     /// tokens only rise).
     owner_seen: BTreeMap<usize, i64>,
+    /// Tamper family: an UPDATE of the (partitioned) fenced table also moves
+    /// its rows between the partitions for `part` 0 and MOVED_PART, which
+    /// PostgreSQL runs as a DELETE from one and an INSERT into the other: the
+    /// verdict is the UPDATE's (attack review 25).
+    moves: bool,
 }
 
 type StepResult = Result<(), String>;
@@ -2332,8 +2340,15 @@ impl Runner<'_> {
                 } else {
                     format!("tok = {}", num(*token))
                 };
+                // (The model keeps such a row at part 0: neither partition is
+                // ever detached.)
+                let moved = if self.moves && *tab == Tab::Fenced {
+                    format!(", part = CASE part WHEN 0 THEN {MOVED_PART} WHEN {MOVED_PART} THEN 0 ELSE part END")
+                } else {
+                    String::new()
+                };
                 format!(
-                    "UPDATE {} SET {}, {token}, v = v + 1 WHERE id IN ({})",
+                    "UPDATE {} SET {}, {token}, v = v + 1{moved} WHERE id IN ({})",
                     n.tab(*tab),
                     key.assignment(*slot, *form),
                     ids(list)
@@ -3180,6 +3195,7 @@ impl FamilyEnv {
                      v int NOT NULL DEFAULT 0, PRIMARY KEY (id, part)) PARTITION BY LIST (part)"
                 ),
                 format!("CREATE TABLE {schema}.fenced_p0 PARTITION OF {schema}.fenced FOR VALUES IN (0) {opts}"),
+                format!("CREATE TABLE {schema}.fenced_pm PARTITION OF {schema}.fenced FOR VALUES IN ({MOVED_PART}) {opts}"),
             ]);
         } else {
             let (constraint, after) = index.sql(schema, &key.column_names());
@@ -3263,6 +3279,7 @@ impl FamilyEnv {
             wrapped: [false; 2],
             attached: Vec::new(),
             owner_seen: BTreeMap::new(),
+            moves: self.family == Family::Tamper,
         };
         runner.model.strict = self.family == Family::Tamper;
         let mut outcome = Ok(());

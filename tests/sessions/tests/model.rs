@@ -2341,8 +2341,10 @@ impl Runner<'_> {
                     format!("tok = {}", num(*token))
                 };
                 // (The model keeps such a row at part 0: neither partition is
-                // ever detached.)
-                let moved = if self.moves && *tab == Tab::Fenced {
+                // ever detached. Not while a BEFORE row trigger of the
+                // tamper steps changes rows: PostgreSQL fires it again for
+                // the moved row's INSERT into the other partition.)
+                let moved = if self.moves && *tab == Tab::Fenced && self.model.fence_mods.is_empty() {
                     format!(", part = CASE part WHEN 0 THEN {MOVED_PART} WHEN {MOVED_PART} THEN 0 ELSE part END")
                 } else {
                     String::new()
@@ -3242,6 +3244,17 @@ impl FamilyEnv {
                 format!("GRANT SELECT ON {schema}.owners TO {role}")
             },
         ]);
+        if tamper {
+            // A committed row per resource with its current token from the
+            // start, so that UPDATE steps (which move rows between
+            // partitions here) find rows to move (registered in run_case).
+            let rows: Vec<String> = INITIAL_TOKENS
+                .iter()
+                .enumerate()
+                .map(|(slot, tok)| format!("({}, 0, {}, {tok})", -(slot as i64) - 1, key.literals(slot, 0).join(", ")))
+                .collect();
+            sql.push(format!("INSERT INTO {schema}.fenced (id, part, {keys}, tok) VALUES {}", rows.join(", ")));
+        }
         sql
     }
 
@@ -3282,6 +3295,16 @@ impl FamilyEnv {
             moves: self.family == Family::Tamper,
         };
         runner.model.strict = self.family == Family::Tamper;
+        if self.family == Family::Tamper {
+            // The rows setup_sql inserted, committed before every step.
+            let rows: Vec<(i64, FRow)> = (0..INITIAL_TOKENS.len())
+                .map(|slot| {
+                    let row = FRow { tab: Tab::Fenced, slot, tok: Some(INITIAL_TOKENS[slot]), part: 0 };
+                    (-(slot as i64) - 1, row)
+                })
+                .collect();
+            runner.model.attach(0, &rows);
+        }
         let mut outcome = Ok(());
         for (i, step) in case.steps.iter().enumerate() {
             if let Err(e) = runner.step(step).and_then(|_| runner.check_committed()) {

@@ -411,10 +411,15 @@ mod tests {
         assert_eq!(next(), n, "nothing drawn");
         Spi::run("INSERT INTO lease.token_epoch (base) VALUES (4)").unwrap();
         assert_eq!(row("SELECT token, epoch FROM lease._next_token(0, 1)"), (Some((5 << 40) | n), Some(5)));
-        Spi::run("INSERT INTO lease.token_epoch_issued (epoch) VALUES (9)").unwrap();
+        Spi::run("INSERT INTO lease.token_epoch_issued (epoch, origin) VALUES (9, lease._origin())").unwrap();
         let raised = Spi::get_one::<i64>("SELECT raise_base FROM lease._next_token(0, 1)").unwrap();
         assert_eq!(raised, Some(9));
         assert_eq!(row("SELECT token, epoch FROM lease._next_token(0, 1)"), (Some((10 << 40) | n), Some(10)));
+        // Written by another incarnation (or before 0.9.2: NULL): two bands
+        // above every epoch seen.
+        Spi::run("UPDATE lease.token_epoch_issued SET origin = NULL").unwrap();
+        assert_eq!(row("SELECT token, epoch FROM lease._next_token(0, 1)"), (Some((2049 << 40) | n), Some(2049)));
+        assert_eq!(next(), n, "nothing drawn");
     }
 
     #[pg_test]

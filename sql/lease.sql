@@ -66,9 +66,8 @@ SELECT pg_catalog.pg_extension_config_dump('lease.token_epoch', '');
 -- The highest token epoch issued so far (since 0.4.0), written when an acquire
 -- first issues a token in a higher epoch. A timeline that restarts below it
 -- (pg_upgrade, a restore into a new cluster) is detected by the next acquire,
--- which raises the base above it: a token lost in a failover before the upgrade
--- or dump cannot be issued again, as long as one token was issued on the
--- timeline the failover started (see lease.acquire and README, Upgrades).
+-- which raises the base above it (since 0.9.2 also by the origin below, two
+-- bands above it: see lease.token_origin and README, Upgrades).
 -- origin (since 0.9.2): the incarnation (lease._origin()) whose acquire
 -- wrote the row; another's, or NULL (written before 0.9.2, or restored from
 -- a 0.9.1 dump), makes the next acquire raise the base two bands, as a

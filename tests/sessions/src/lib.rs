@@ -168,6 +168,20 @@ pub fn pg_bin(program: &str) -> std::path::PathBuf {
     pg_bin_of(&pg_config(), program)
 }
 
+/// Runs a PostgreSQL client program of the suite's installation (pg_dump,
+/// pg_restore, ...) and returns its stdout; panics with its output unless
+/// it succeeds.
+pub fn run_client(program: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(pg_bin(program)).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Added to every [`Cluster`] port, so that two checkouts can run their
 /// suites on one machine at once (`PG_LEASE_PORT_OFFSET`, default 0). An
 /// offset such as 6600 also lifts the ports above Linux's ephemeral range

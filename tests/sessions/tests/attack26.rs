@@ -123,19 +123,6 @@ fn take(c: &mut Client, owner: &str) -> i64 {
         .get(0)
 }
 
-/// Runs a PostgreSQL client program of the suite's installation; panics
-/// with its stderr unless it succeeds.
-fn run(program: &str, args: &[&str]) -> String {
-    let out = Command::new(pg_bin(program)).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn scratch_file(name: &str) -> String {
     let dir = std::env::temp_dir().join(format!("a26_{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -203,7 +190,7 @@ fn a_restored_dump_never_reissues_a_token_the_original_handed_out_after_the_dump
     let dumped = take(&mut c, "host-a");
     let dump = scratch_file("nightly.dump");
     let port = port().to_string();
-    run("pg_dump", &["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-Fc", "-f", &dump, &src.name]);
+    run_client("pg_dump", &["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-Fc", "-f", &dump, &src.name]);
 
     // After the nightly dump, host-a's new process re-takes table 1 and pays.
     let after = take(&mut c, "host-a");
@@ -214,7 +201,10 @@ fn a_restored_dump_never_reissues_a_token_the_original_handed_out_after_the_dump
     // rising from where they were").
     let dst = TestDb { name: format!("{}_restored", src.name) };
     connect_to("postgres", "postgres").batch_execute(&format!("CREATE DATABASE {}", dst.name)).unwrap();
-    run("pg_restore", &["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "--exit-on-error", "-d", &dst.name, &dump]);
+    run_client(
+        "pg_restore",
+        &["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "--exit-on-error", "-d", &dst.name, &dump],
+    );
     let _ = std::fs::remove_file(&dump);
     let mut r = dst.connect();
     assert_eq!(one_i64(&mut r, "SELECT token FROM lease.leases WHERE name = 'table:1'"), dumped);
@@ -345,7 +335,7 @@ fn a_data_only_restore_into_a_database_with_newer_tokens_never_lowers_the_counte
     let mut issued = vec![take(&mut c, "host-a")];
     let dump = scratch_file("dataonly.dump");
     let port = port().to_string();
-    run("pg_dump", &["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-Fc", "-f", &dump, &db.name]);
+    run_client("pg_dump", &["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-Fc", "-f", &dump, &db.name]);
     for i in 0..3 {
         issued.push(
             c.query_one(&format!("SELECT token FROM lease.acquire('room:{i}', 'host-a', 60000)"), &[]).unwrap().get(0),

@@ -112,18 +112,6 @@
 
 use pg_lease_sessions::postgres::Client;
 use pg_lease_sessions::*;
-use std::process::Command;
-
-fn run(program: &str, args: &[&str]) -> String {
-    let out = Command::new(pg_bin(program)).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 fn scratch_file(name: &str) -> String {
     let base = std::env::var("PG_LEASE_SCRATCH").map(std::path::PathBuf::from).unwrap_or_else(|_| std::env::temp_dir());
@@ -151,14 +139,17 @@ fn a_restored_091_dump_never_reissues_a_token_the_source_issued_after_the_dump()
     let dumped = acquire(&mut c, "table:1", "host-a");
     let dump = scratch_file("src091.dump");
     let port = port().to_string();
-    run("pg_dump", &["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-Fc", "-f", &dump, &src.name]);
+    run_client("pg_dump", &["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-Fc", "-f", &dump, &src.name]);
     // The source goes on issuing after the dump.
     let after = acquire(&mut c, "table:2", "host-a");
     assert!(after > dumped);
 
     let dst = TestDb { name: format!("{}_restored", src.name) };
     connect_to("postgres", "postgres").batch_execute(&format!("CREATE DATABASE {}", dst.name)).unwrap();
-    run("pg_restore", &["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "--exit-on-error", "-d", &dst.name, &dump]);
+    run_client(
+        "pg_restore",
+        &["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "--exit-on-error", "-d", &dst.name, &dump],
+    );
     let _ = std::fs::remove_file(&dump);
     let mut r = dst.connect();
     let version: String =

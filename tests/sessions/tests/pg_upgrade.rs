@@ -209,7 +209,12 @@ fn pg_upgrade_keeps_every_fence_raises_every_token_and_continues_the_audit() {
     // of timeline 1 (the lost one was issued there too), and a new lease.
     let a1 = acquire(&mut n, "table:1", "tables", "{1}");
     assert!(a1 > issued_max, "table:1 after pg_upgrade: {a1:#x} <= {issued_max:#x}, issued before");
-    assert_eq!(a1 >> 40, 3, "epoch: the old cluster's (2) carried over as base, + timeline 1");
+    assert_eq!(
+        a1 >> 40,
+        2049,
+        "epoch: the lease state is the old cluster's incarnation (another system identifier): two bands \
+         (1,024 epochs each) above its epoch 2, + timeline 1"
+    );
     for (name, table, key) in
         [("table:2", "tables", "{2}"), ("room:us", "rooms", "{us,1}"), ("room:eu", "rooms", "{eu,1}")]
     {
@@ -227,9 +232,9 @@ fn pg_upgrade_keeps_every_fence_raises_every_token_and_continues_the_audit() {
 /// The steps README's Upgrades section asks for on the old cluster right
 /// before it stops, in every database with pg_lease.
 ///
-/// The token epoch is not carried over by hand here: tokens were issued on
-/// timeline 2, so lease.token_epoch_issued records epoch 2, and the first
-/// acquire on the new cluster (timeline 1) raises the base above it.
+/// The token epoch is not carried over by hand: lease.token_origin names the
+/// old cluster's incarnation, so the first acquire on the new cluster
+/// (timeline 1) raises the base two bands above every epoch it knows.
 const PRE_UPGRADE: &str = "
     -- Debian's PostgreSQL 15.20 stamps every column with an attribute option
     -- (pg_attver) that PostgreSQL 18.6 rejects, failing pg_upgrade on any table.

@@ -1542,52 +1542,59 @@ COMMENT ON VIEW lease.protected_tables IS 'What pg_lease protects and how; enfor
 -- that snapshot reads this as the latest does (lease._fresh_catalog,
 -- src/fence/ddl.rs).
 CREATE FUNCTION lease._catalog_version(touched oid[], whole boolean) RETURNS text
-    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
-    WITH RECURSIVE related (rels) AS MATERIALIZED (SELECT lease._related(touched)),
-    fences AS (
-        SELECT p.relid, p.owner_table, p.xmin::text || p.ctid::text AS version FROM lease.protected p, related r
-         WHERE whole OR p.relid::oid = ANY (r.rels) OR p.owner_table::oid = ANY (r.rels)
-    ),
-    roots (r) AS (
-        SELECT f.relid::oid FROM fences f
-        UNION
-        SELECT f.owner_table::oid FROM fences f WHERE f.owner_table IS NOT NULL
-    ),
-    up (r) AS (SELECT r FROM roots UNION SELECT i.inhparent FROM pg_inherits i JOIN up ON i.inhrelid = up.r),
-    down (r) AS (SELECT r FROM roots UNION SELECT i.inhrelid FROM pg_inherits i JOIN down ON i.inhparent = down.r),
-    family (r) AS (SELECT r FROM up UNION SELECT r FROM down)
-    -- (Each catalog read by its index, table by table: LATERAL ... OFFSET 0
-    -- keeps the planner from scanning a whole catalog for a few tables.)
-    SELECT concat_ws(';',
-        (SELECT string_agg(f.version, ',' ORDER BY f.relid::oid) FROM fences f),
-        (SELECT string_agg(i.inhparent::text || '>' || i.inhrelid::text || '/' || i.xmin::text, ',' ORDER BY i.inhparent, i.inhrelid)
-           FROM family f
-          CROSS JOIN LATERAL (SELECT y.inhparent, y.inhrelid, y.xmin FROM pg_inherits y WHERE y.inhparent = f.r
-                              UNION ALL
-                              SELECT y.inhparent, y.inhrelid, y.xmin FROM pg_inherits y WHERE y.inhrelid = f.r OFFSET 0) i),
-        (SELECT string_agg(concat_ws('/', c.oid, c.relname, c.relnamespace, c.relkind, c.relpersistence, c.reloftype, c.relispartition), ','
-                           ORDER BY c.oid)
-           FROM family f
-          CROSS JOIN LATERAL (SELECT x.* FROM pg_class x WHERE x.oid = f.r OFFSET 0) c),
-        (SELECT string_agg(concat_ws('/', a.attrelid, a.attnum, a.attname, a.atttypid, a.attgenerated, a.attidentity, a.attisdropped), ','
-                           ORDER BY a.attrelid, a.attnum)
-           FROM family f
-          CROSS JOIN LATERAL (SELECT x.* FROM pg_attribute x WHERE x.attrelid = f.r AND x.attnum > 0 OFFSET 0) a),
-        (SELECT string_agg(g.oid::text || '/' || g.xmin::text, ',' ORDER BY g.oid)
-           FROM family f
-          CROSS JOIN LATERAL (SELECT x.oid, x.xmin FROM pg_trigger x WHERE x.tgrelid = f.r OFFSET 0) g),
-        -- pg_lease's triggers anywhere (a guard left on a table that has
-        -- left every family, or one created since on a table about to join),
-        -- as one count and sum.
-        (SELECT count(*)::text || '/' || coalesce(sum(g.oid::text::bigint * 4294967296 + g.xmin::text::bigint), 0)::text
-           FROM pg_trigger g
-          WHERE g.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)),
-        (SELECT string_agg(d.objid::text || '/' || d.refobjid::text, ',' ORDER BY d.objid, d.refobjid)
-           FROM family f
-          CROSS JOIN LATERAL (SELECT x.objid, x.refobjid FROM pg_depend x
-                               WHERE x.classid = 'pg_class'::regclass AND x.objid = f.r
-                                 AND x.refclassid = 'pg_extension'::regclass AND x.deptype = 'e' OFFSET 0) d))
-$$;
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp SET jit = off SET plan_cache_mode = force_generic_plan AS $$
+-- (PL/pgSQL, not SQL: its query is planned once per session; PostgreSQL 15
+-- plans a SQL function's query at every call, which cost 10-20 ms here.
+-- STABLE: its query reads the snapshot lease._fresh_catalog runs it under.)
+BEGIN
+    RETURN (
+        WITH RECURSIVE related (rels) AS MATERIALIZED (SELECT lease._related(touched)),
+        fences AS (
+            SELECT p.relid, p.owner_table, p.xmin::text || p.ctid::text AS version FROM lease.protected p, related r
+             WHERE whole OR p.relid::oid = ANY (r.rels) OR p.owner_table::oid = ANY (r.rels)
+        ),
+        roots (r) AS (
+            SELECT f.relid::oid FROM fences f
+            UNION
+            SELECT f.owner_table::oid FROM fences f WHERE f.owner_table IS NOT NULL
+        ),
+        up (r) AS (SELECT r FROM roots UNION SELECT i.inhparent FROM pg_inherits i JOIN up ON i.inhrelid = up.r),
+        down (r) AS (SELECT r FROM roots UNION SELECT i.inhrelid FROM pg_inherits i JOIN down ON i.inhparent = down.r),
+        family (r) AS (SELECT r FROM up UNION SELECT r FROM down)
+        -- (Each catalog read by its index, table by table: LATERAL ... OFFSET 0
+        -- keeps the planner from scanning a whole catalog for a few tables.)
+        SELECT concat_ws(';',
+            (SELECT string_agg(f.version, ',' ORDER BY f.relid::oid) FROM fences f),
+            (SELECT string_agg(i.inhparent::text || '>' || i.inhrelid::text || '/' || i.xmin::text, ',' ORDER BY i.inhparent, i.inhrelid)
+               FROM family f
+              CROSS JOIN LATERAL (SELECT y.inhparent, y.inhrelid, y.xmin FROM pg_inherits y WHERE y.inhparent = f.r
+                                  UNION ALL
+                                  SELECT y.inhparent, y.inhrelid, y.xmin FROM pg_inherits y WHERE y.inhrelid = f.r OFFSET 0) i),
+            (SELECT string_agg(concat_ws('/', c.oid, c.relname, c.relnamespace, c.relkind, c.relpersistence, c.reloftype, c.relispartition), ','
+                               ORDER BY c.oid)
+               FROM family f
+              CROSS JOIN LATERAL (SELECT x.* FROM pg_class x WHERE x.oid = f.r OFFSET 0) c),
+            (SELECT string_agg(concat_ws('/', a.attrelid, a.attnum, a.attname, a.atttypid, a.attgenerated, a.attidentity, a.attisdropped), ','
+                               ORDER BY a.attrelid, a.attnum)
+               FROM family f
+              CROSS JOIN LATERAL (SELECT x.* FROM pg_attribute x WHERE x.attrelid = f.r AND x.attnum > 0 OFFSET 0) a),
+            (SELECT string_agg(g.oid::text || '/' || g.xmin::text, ',' ORDER BY g.oid)
+               FROM family f
+              CROSS JOIN LATERAL (SELECT x.oid, x.xmin FROM pg_trigger x WHERE x.tgrelid = f.r OFFSET 0) g),
+            -- pg_lease's triggers anywhere (a guard left on a table that has
+            -- left every family, or one created since on a table about to join),
+            -- as one count and sum.
+            (SELECT count(*)::text || '/' || coalesce(sum(g.oid::text::bigint * 4294967296 + g.xmin::text::bigint), 0)::text
+               FROM pg_trigger g
+              WHERE g.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)),
+            (SELECT string_agg(d.objid::text || '/' || d.refobjid::text, ',' ORDER BY d.objid, d.refobjid)
+               FROM family f
+              CROSS JOIN LATERAL (SELECT x.objid, x.refobjid FROM pg_depend x
+                                   WHERE x.classid = 'pg_class'::regclass AND x.objid = f.r
+                                     AND x.refclassid = 'pg_extension'::regclass AND x.deptype = 'e' OFFSET 0) d))
+    );
+END $$;
 REVOKE EXECUTE ON FUNCTION lease._catalog_version(oid[], boolean) FROM PUBLIC;
 
 -- The tables a command on `rels` changes: each of them, the typed tables
@@ -1602,8 +1609,11 @@ CREATE FUNCTION lease._reached(rels oid[]) RETURNS oid[]
     WITH RECURSIVE down (r) AS (
         SELECT unnest(rels)
         UNION
-        SELECT t.oid FROM pg_class t
-         WHERE t.reloftype IN (SELECT c.reltype FROM pg_class c WHERE c.oid = ANY (rels) AND c.relkind = 'c')
+        -- (pg_class has no index on reloftype: scanned only for a composite
+        -- type among rels, never for a command on tables.)
+        SELECT t.oid FROM pg_class c
+         CROSS JOIN LATERAL (SELECT x.oid FROM pg_class x WHERE x.reloftype = c.reltype OFFSET 0) t
+         WHERE c.oid = ANY (rels) AND c.relkind = 'c'
         UNION
         SELECT i.inhrelid FROM pg_inherits i JOIN down ON i.inhparent = down.r
     )

@@ -486,8 +486,11 @@ fn attach_check_sees_rows_hidden_by_forced_row_security() {
 /// run once per concerned fence, each over every owner partition; protect
 /// re-creates the owner guard and each partition's TRUNCATE guard, each
 /// such command judged over all of it.) Expected (README, Limits): a DDL
-/// command touching an owner table costs a few ms; say 10 ms for the
-/// COMMENT and 100 ms for the protect.
+/// command touching an owner table costs a few ms; say the COMMENT within
+/// 4 times what it costs on a like owner table with one fence (measured in
+/// turn in the same run, so that a loaded machine slows both; session 14:
+/// 1.6 times on PostgreSQL 15, 2 on 18, before its fix about 6), and
+/// 100 ms for the protect.
 #[test]
 fn ddl_on_an_owner_table_shared_by_many_fences_stays_fast() {
     let db = TestDb::new("a24_many_fences");
@@ -495,20 +498,29 @@ fn ddl_on_an_owner_table_shared_by_many_fences_stays_fast() {
     must_run(
         &mut c,
         "CREATE TABLE own (k int, owner_fencing_token bigint, PRIMARY KEY (k)) PARTITION BY RANGE (k);
+         CREATE TABLE own1 (k int, owner_fencing_token bigint, PRIMARY KEY (k)) PARTITION BY RANGE (k);
          DO $$ BEGIN FOR i IN 0..11 LOOP
            EXECUTE format('CREATE TABLE own_%s PARTITION OF own FOR VALUES FROM (%s) TO (%s)', i, i * 100, i * 100 + 100);
+           EXECUTE format('CREATE TABLE own1_%s PARTITION OF own1 FOR VALUES FROM (%s) TO (%s)', i, i * 100, i * 100 + 100);
          END LOOP; END $$;
          DO $$ BEGIN FOR i IN 1..12 LOOP
            EXECUTE format('CREATE TABLE pay%s (k int, tok bigint)', i);
            PERFORM lease.protect(format('pay%s', i)::regclass, '{k}', 'tok', 'own', '{k}');
          END LOOP; END $$;
+         CREATE TABLE solo (k int, tok bigint);
+         SELECT lease.protect('solo', '{k}', 'tok', 'own1', '{k}');
          CREATE TABLE payx (k int, tok bigint);",
     );
-    let comment = (0..3).map(|_| timed(&mut c, "COMMENT ON TABLE own IS 'x'")).min().unwrap();
+    let (mut one, mut twelve) = (Duration::MAX, Duration::MAX);
+    for _ in 0..5 {
+        one = one.min(timed(&mut c, "COMMENT ON TABLE own1 IS 'x'"));
+        twelve = twelve.min(timed(&mut c, "COMMENT ON TABLE own IS 'x'"));
+    }
     let protect = timed(&mut c, "SELECT lease.protect('payx', '{k}', 'tok', 'own', '{k}')");
     assert!(
-        comment < Duration::from_millis(10) && protect < Duration::from_millis(100),
-        "owner table of 12 partitions, 12 fences against it: COMMENT ON TABLE own {comment:?}, a 13th protect {protect:?}"
+        twelve < one * 4 && protect < Duration::from_millis(100),
+        "owner table of 12 partitions: COMMENT ON TABLE with 12 fences against it {twelve:?}, with one {one:?}; \
+         a 13th protect {protect:?}"
     );
 }
 

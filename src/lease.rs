@@ -94,25 +94,6 @@ pub fn origin_sql() -> i64 {
     origin()
 }
 
-/// Whether this database's lease state came from another incarnation (a
-/// dump, pg_upgrade, a template copy), whose source may have issued tokens
-/// since that this state does not record: `lease.token_origin` holds
-/// another incarnation's row, or the issued epoch's row (`issued`: it
-/// exists) was written by another one, or before 0.9.2 (origin NULL: a
-/// 0.9.1 dump restored, or an update in place, which cannot tell itself
-/// from a copy's). (Neither column nor table before `ALTER EXTENSION
-/// pg_lease UPDATE` to 0.9.2: not foreign.)
-fn foreign_origin(issued: Option<i64>) -> bool {
-    let Some(relid) = crate::pg::lease_relid_if_any(c"token_origin") else {
-        return false;
-    };
-    let here = origin();
-    crate::pg::own_table_int8s(relid, c"token_origin", 1).into_iter().any(|o| o != here)
-        || (issued.is_some()
-            && crate::pg::own_table_int8s(crate::pg::lease_relid(c"token_epoch_issued"), c"token_epoch_issued", 3)
-                != [here])
-}
-
 /// What the token rule gives for one lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NextToken {
@@ -186,10 +167,26 @@ pub fn token_rule(
 
 /// The epoch tables as a statement run now reads them (fresh at READ
 /// COMMITTED: read after the lease row's lock wait): the highest base, the
-/// issued epoch, whether the lease state is another incarnation's.
+/// issued epoch, and whether this database's lease state came from another
+/// incarnation (a dump, pg_upgrade, a template copy), whose source may have
+/// issued tokens since that this state does not record: `lease.token_origin`
+/// holds another incarnation's row, or the issued epoch's row was written by
+/// another one, or before 0.9.2 (origin NULL: a 0.9.1 dump restored, or an
+/// update in place, which cannot tell itself from a copy's). Before `ALTER
+/// EXTENSION pg_lease UPDATE` to 0.9.2 there is neither table nor column:
+/// not foreign. The issued row (epoch, origin) is read in one scan.
 fn epoch_tables() -> (Option<i64>, Option<i64>, bool) {
-    let issued = crate::pg::own_table_max_int8(c"token_epoch_issued", 2);
-    (crate::pg::own_table_max_int8(c"token_epoch", 1), issued, foreign_origin(issued))
+    let origins = crate::pg::lease_relid_if_any(c"token_origin");
+    let columns: &[i16] = if origins.is_some() { &[2, 3] } else { &[2] };
+    let issued_rows =
+        crate::pg::own_table_int8_rows(crate::pg::lease_relid(c"token_epoch_issued"), c"token_epoch_issued", columns);
+    let issued = issued_rows.iter().filter_map(|row| row[0]).max();
+    let foreign = origins.is_some_and(|relid| {
+        let here = Some(origin());
+        crate::pg::own_table_int8_rows(relid, c"token_origin", &[1]).iter().any(|row| row[0] != here)
+            || issued_rows.iter().any(|row| row[1] != here)
+    });
+    (crate::pg::own_table_max_int8(c"token_epoch", 1), issued, foreign)
 }
 
 /// The next token [`token_rule`] would issue now, without issuing it (the

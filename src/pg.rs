@@ -919,22 +919,23 @@ pub fn key_match<S: AsRef<str>>(columns: &[S]) -> String {
 /// code reading its own tables. A sequential scan, for the token-epoch
 /// tables (a row or two each), without SPI.
 pub fn own_table_max_int8(name: &CStr, attnum: i16) -> Option<i64> {
-    own_table_int8s(lease_relid(name), name, attnum).into_iter().max()
+    own_table_int8_rows(lease_relid(name), name, &[attnum]).into_iter().filter_map(|row| row[0]).max()
 }
 
-/// Every non-NULL value of bigint column `attnum` of pg_lease's own table
-/// `relid` (`lease.<name>`), read as [`own_table_max_int8`] reads them.
-pub fn own_table_int8s(relid: pg_sys::Oid, name: &CStr, attnum: i16) -> Vec<i64> {
+/// Bigint columns `attnums` of every row of pg_lease's own table `relid`
+/// (`lease.<name>`), each value None when NULL, read in one scan as
+/// [`own_table_max_int8`] reads them.
+pub fn own_table_int8_rows(relid: pg_sys::Oid, name: &CStr, attnums: &[i16]) -> Vec<Vec<Option<i64>>> {
     // SAFETY: the relation is opened (an ERROR if it vanished) and
     // kept locked to transaction end; the snapshot is pushed, with the
     // command counter advanced, as SPI does for a statement, and popped
     // before return (an ERROR in between unwinds the snapshot stack, the scan,
     // the slot and the relation reference at (sub)transaction abort); the
-    // column is read only from rows with at least `attnum` columns of type
-    // int8 (checked against the tuple descriptor first).
+    // columns are read only from rows with at least `attnum` columns of type
+    // int8 (each checked against the tuple descriptor first).
     unsafe {
         let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
-        if attnum < 1 || pg_sys::get_atttype(relid, attnum) != pg_sys::INT8OID {
+        if let Some(&attnum) = attnums.iter().find(|&&a| a < 1 || pg_sys::get_atttype(relid, a) != pg_sys::INT8OID) {
             pg_sys::table_close(rel, pg_sys::NoLock as _);
             pgrx::error!("pg_lease: column {attnum} of lease.{} is not a bigint", name.to_string_lossy());
         }
@@ -943,17 +944,15 @@ pub fn own_table_int8s(relid: pg_sys::Oid, name: &CStr, attnum: i16) -> Vec<i64>
         pg_sys::UpdateActiveSnapshotCommandId();
         let scan = pg_sys::table_beginscan(rel, pg_sys::GetActiveSnapshot(), 0, std::ptr::null_mut());
         let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
-        let mut values = Vec::new();
+        let mut rows = Vec::new();
         while pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
-            if let Some(v) = slot_attr(slot, attnum) {
-                values.push(v.value() as i64);
-            }
+            rows.push(attnums.iter().map(|&a| slot_attr(slot, a).map(|v| v.value() as i64)).collect());
         }
         pg_sys::ExecDropSingleTupleTableSlot(slot);
         pg_sys::table_endscan(scan);
         pg_sys::PopActiveSnapshot();
         pg_sys::table_close(rel, pg_sys::NoLock as _);
-        values
+        rows
     }
 }
 

@@ -121,6 +121,27 @@ pub fn one_i64(c: &mut Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
 }
 
+/// The work one SQL command does, as the tuples it reads from tables and
+/// catalogs (sequential reads and index fetches, `pg_stat_xact_all_tables`):
+/// the fewest of three runs, each rolled back (the first may fill caches).
+/// Unlike its time this count is the same on an idle and on a loaded
+/// machine, so cost tests compare it, with a reference command's, instead of
+/// timing either (timings belong to `make bench`).
+pub fn tuples_read(c: &mut Client, sql: &str) -> i64 {
+    const READ: &str = "SELECT sum(seq_tup_read + idx_tup_fetch)::bigint FROM pg_stat_xact_all_tables";
+    (0..3)
+        .map(|_| {
+            must_run(c, "BEGIN");
+            let before = one_i64(c, READ);
+            must_run(c, sql);
+            let after = one_i64(c, READ);
+            must_run(c, "ROLLBACK");
+            after - before
+        })
+        .min()
+        .unwrap()
+}
+
 /// The poker schema from the incident: owner rows in `tables`, fenced `payouts`.
 pub const POKER: &str = "
     CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint);

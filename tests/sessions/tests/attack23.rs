@@ -119,7 +119,6 @@
 //! terminated by a signal.
 
 use pg_lease_sessions::*;
-use std::time::{Duration, Instant};
 
 /// Partitioned owner table `own` (partition `own_a`, row `a` at token 5),
 /// partitioned `pay` fenced against it (partition `pay_a`).
@@ -134,18 +133,14 @@ const PART_OWN_PAY: &str = "
 
 /// Creates `n` range partitions `<t>_<i>` of `t` (by `r int`) in one
 /// transaction (one DO block); how long it took.
-fn create_partitions(c: &mut postgres::Client, t: &str, n: i32) -> Duration {
-    let start = Instant::now();
-    must_run(
-        c,
-        &format!(
-            "DO $$ BEGIN FOR i IN 0..{} LOOP
-               EXECUTE format('CREATE TABLE {t}_%s PARTITION OF {t} FOR VALUES FROM (%s) TO (%s)', i, i * 10, i * 10 + 10);
-             END LOOP; END $$",
-            n - 1
-        ),
-    );
-    start.elapsed()
+/// One statement creating partitions `{t}_0` .. `{t}_{n-1}` of `t`.
+fn partitions_sql(t: &str, n: i32) -> String {
+    format!(
+        "DO $$ BEGIN FOR i IN 0..{} LOOP
+           EXECUTE format('CREATE TABLE {t}_%s PARTITION OF {t} FOR VALUES FROM (%s) TO (%s)', i, i * 10, i * 10 + 10);
+         END LOOP; END $$",
+        n - 1
+    )
 }
 
 /// **Hole (high): owner tokens rewritten by a REPEATABLE READ transaction
@@ -389,9 +384,10 @@ fn partitions_created_in_one_transaction_stay_fast() {
          SELECT lease.protect('pay', '{k}', 'tok', 'own', '{k}');
          CREATE TABLE big (r int, k text, v int, tok bigint) PARTITION BY RANGE (r);",
     );
-    let plain = create_partitions(&mut c, "big", 100);
-    let fenced = create_partitions(&mut c, "pay", 100);
-    eprintln!("100 partitions in one transaction: fenced {fenced:?}, unprotected {plain:?}");
+    let plain = tuples_read(&mut c, &partitions_sql("big", 100));
+    let fenced = tuples_read(&mut c, &partitions_sql("pay", 100));
+    eprintln!("tuples read by 100 partitions in one transaction: fenced {fenced}, unprotected {plain}");
+    must_run(&mut c, &partitions_sql("pay", 100));
     assert_eq!(one_i64(&mut c, "SELECT partitions::bigint FROM lease.protected_tables"), 100);
     assert_eq!(
         one_i64(&mut c, "SELECT count(*) FROM lease.protected_tables WHERE enforced"),
@@ -399,8 +395,8 @@ fn partitions_created_in_one_transaction_stay_fast() {
         "the fence should be complete"
     );
     assert!(
-        fenced < Duration::from_secs(3),
-        "100 partitions of a fenced table in one transaction took {fenced:?} (unprotected: {plain:?})"
+        fenced < plain * 20,
+        "tuples read by 100 partitions of a fenced table in one transaction: {fenced} (unprotected: {plain})"
     );
 }
 
@@ -471,42 +467,37 @@ fn identity_owner_token_column_is_refused() {
 /// for any command. README (Limits): "a DDL command that touches a
 /// protected or owner table runs pg_lease's guard, which re-checks the
 /// fences concerned (a few ms)". Expected: a new partition of a
-/// 1000-partition fenced table in under 50 ms.
+/// 1000-partition fenced table, and a COMMENT on its owner table, read under
+/// 10 tuples more per partition than on a 10-partition fence (`tuples_read`;
+/// PostgreSQL 15: about 5 and 3; a check of each partition reads at least
+/// its triggers and its `pg_class` row).
 #[test]
 fn ddl_on_fenced_table_with_many_partitions_stays_fast() {
     let (_db, mut c) = db_with(
         "a23_per_stmt",
         "",
         "CREATE TABLE own (k text PRIMARY KEY, owner_fencing_token bigint);
-         CREATE TABLE pay (r int, k text, v int, tok bigint) PARTITION BY RANGE (r);",
+         CREATE TABLE pay (r int, k text, v int, tok bigint) PARTITION BY RANGE (r);
+         CREATE TABLE own10 (k text PRIMARY KEY, owner_fencing_token bigint);
+         CREATE TABLE pay10 (r int, k text, v int, tok bigint) PARTITION BY RANGE (r);",
     );
-    create_partitions(&mut c, "pay", 1000);
-    must_run(&mut c, "SELECT lease.protect('pay', '{k}', 'tok', 'own', '{k}')");
-    let best = |c: &mut postgres::Client, f: &dyn Fn(i32) -> String| {
-        (0..3)
-            .map(|i| {
-                let start = Instant::now();
-                must_run(c, &f(i));
-                start.elapsed()
-            })
-            .min()
-            .unwrap()
-    };
-    let create = best(&mut c, &|i| {
-        format!(
-            "CREATE TABLE pay_new_{i} PARTITION OF pay FOR VALUES FROM ({}) TO ({})",
-            100_000 + i * 10,
-            100_010 + i * 10
-        )
-    });
-    let comment = best(&mut c, &|i| format!("COMMENT ON TABLE own IS 'c{i}'"));
-    eprintln!("1000 partitions: CREATE TABLE ... PARTITION OF {create:?}, COMMENT ON TABLE own {comment:?}");
-    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected_tables WHERE enforced"), 1);
+    must_run(&mut c, &partitions_sql("pay", 1000));
+    must_run(&mut c, &partitions_sql("pay10", 10));
+    must_run(
+        &mut c,
+        "SELECT lease.protect('pay', '{k}', 'tok', 'own', '{k}');
+         SELECT lease.protect('pay10', '{k}', 'tok', 'own10', '{k}');",
+    );
+    let new_partition = |t: &str| format!("CREATE TABLE {t}_new PARTITION OF {t} FOR VALUES FROM (100000) TO (100010)");
+    let create = tuples_read(&mut c, &new_partition("pay"));
+    let create10 = tuples_read(&mut c, &new_partition("pay10"));
+    let comment = tuples_read(&mut c, "COMMENT ON TABLE own IS 'c'");
+    let comment10 = tuples_read(&mut c, "COMMENT ON TABLE own10 IS 'c'");
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected_tables WHERE enforced"), 2);
     assert!(
-        // (Measured after the fix: about 30 ms and 10-20 ms on a 2-core VM;
-        // the bound leaves room for a loaded CI machine.)
-        create < Duration::from_millis(120) && comment < Duration::from_millis(120),
-        "one DDL command with a 1000-partition fenced table: CREATE TABLE ... PARTITION OF {create:?}, COMMENT ON TABLE own {comment:?}"
+        create < create10 + 10 * 990 && comment < comment10 + 10 * 990,
+        "tuples read by one DDL command with a 1000-partition fenced table (with a 10-partition one): \
+         CREATE TABLE ... PARTITION OF {create} ({create10}), COMMENT ON TABLE own {comment} ({comment10})"
     );
 }
 

@@ -195,7 +195,10 @@ fn timed(c: &mut postgres::Client, sql: &str) -> Duration {
 /// minute, 30: most of an hour, holding an ACCESS EXCLUSIVE lock where the
 /// command takes one); with nothing protected, 0.3 ms. Expected (README,
 /// Limits): commands that touch no fenced or owner table pay well under a
-/// millisecond; say a generous 50 ms here.
+/// millisecond. Measured as tuples read (`tuples_read`): under 10 times what
+/// the COMMENT reads on a table outside any hierarchy (PostgreSQL 15: 1.0
+/// times on the top, 2.5 on the bottom; each path enumerated reads at least
+/// one `pg_inherits` row, 2^17 of them).
 #[test]
 fn ddl_on_deep_multiple_inheritance_stays_fast() {
     let db = TestDb::new("a24_diamonds");
@@ -207,14 +210,14 @@ fn ddl_on_deep_multiple_inheritance_stays_fast() {
          SELECT lease.protect('pay', '{k}', 'tok', 'own', '{k}');",
     );
     diamonds(&mut c, 17);
-    let down = timed(&mut c, "COMMENT ON TABLE d0 IS 'x'");
-    let up = timed(&mut c, "COMMENT ON TABLE d17 IS 'x'");
-    must_run(&mut c, "SELECT lease.unprotect('pay')");
-    let unprotected = timed(&mut c, "COMMENT ON TABLE d0 IS 'y'");
+    must_run(&mut c, "CREATE TABLE lone (x int)");
+    let lone = tuples_read(&mut c, "COMMENT ON TABLE lone IS 'x'");
+    let down = tuples_read(&mut c, "COMMENT ON TABLE d0 IS 'x'");
+    let up = tuples_read(&mut c, "COMMENT ON TABLE d17 IS 'x'");
     assert!(
-        down < Duration::from_millis(50) && up < Duration::from_millis(50),
-        "COMMENT ON TABLE beside 17 inheritance diamonds, a fence elsewhere in the database: \
-         on the top {down:?}, on the bottom {up:?}; with nothing protected {unprotected:?}"
+        down < lone * 10 && up < lone * 10,
+        "tuples read by COMMENT ON TABLE beside 17 inheritance diamonds, a fence elsewhere in the database: \
+         on the top {down}, on the bottom {up}; on a table outside any hierarchy {lone}"
     );
 }
 
@@ -348,7 +351,10 @@ fn single_transaction_restore_of_a_partitioned_fence_with_history_succeeds() {
 /// the sql_drop guard sees a dropped index, cannot tell its table any more,
 /// and runs `lease._fence_problems()` over every fence and every partition;
 /// 1000 partitions: 130 ms. Expected (README, Limits): commands that touch
-/// no fenced or owner table pay well under a millisecond; say 10 ms here.
+/// no fenced or owner table pay well under a millisecond. Measured as
+/// tuples read (`tuples_read`): under 4 times what `DROP TABLE plain` reads
+/// (PostgreSQL 15: 2.7 times, 3,179 against 1,179; a fence check of every
+/// partition reads at least their triggers, thousands of rows).
 #[test]
 fn dropping_an_unrelated_index_stays_fast_beside_a_large_fence() {
     let db = TestDb::new("a24_drop_index");
@@ -364,19 +370,12 @@ fn dropping_an_unrelated_index_stays_fast_beside_a_large_fence() {
          CREATE TABLE unrelated (x int PRIMARY KEY);
          CREATE TABLE plain (x int);",
     );
-    // (Best of three: the first may pay for cold caches.)
-    let with_index = (0..3)
-        .map(|_| {
-            must_run(&mut c, "CREATE TABLE IF NOT EXISTS unrelated (x int PRIMARY KEY)");
-            timed(&mut c, "DROP TABLE unrelated")
-        })
-        .min()
-        .unwrap();
-    let without = timed(&mut c, "DROP TABLE plain");
+    let with_index = tuples_read(&mut c, "DROP TABLE unrelated");
+    let without = tuples_read(&mut c, "DROP TABLE plain");
     assert!(
-        with_index < Duration::from_millis(10),
-        "DROP TABLE of an unrelated table with a primary key beside a fenced table of 500 partitions: \
-         {with_index:?} (without an index: {without:?})"
+        with_index < without * 4,
+        "tuples read by DROP TABLE of an unrelated table with a primary key beside a fenced table of 500 partitions: \
+         {with_index} (without an index: {without})"
     );
 }
 
@@ -486,11 +485,13 @@ fn attach_check_sees_rows_hidden_by_forced_row_security() {
 /// run once per concerned fence, each over every owner partition; protect
 /// re-creates the owner guard and each partition's TRUNCATE guard, each
 /// such command judged over all of it.) Expected (README, Limits): a DDL
-/// command touching an owner table costs a few ms; say the COMMENT within
-/// 4 times what it costs on a like owner table with one fence (measured in
-/// turn in the same run, so that a loaded machine slows both; session 14:
-/// 1.6 times on PostgreSQL 15, 2 on 18, before its fix about 6), and
-/// 100 ms for the protect.
+/// command touching an owner table costs a few ms, whatever the number of
+/// fences against it. Measured as tuples read (`tuples_read`; a timed bound
+/// of 4 times failed under CI load at 4.06, with 1.6 measured idle): the
+/// COMMENT reads under 3 times what it reads on a like owner table with one
+/// fence (PostgreSQL 15: 1.7 times; before session 14's fix 9.9), and the
+/// 13th protect under 1.5 times what a second one reads (1.0; before, 2.4
+/// times, and 9 times more to begin with).
 #[test]
 fn ddl_on_an_owner_table_shared_by_many_fences_stays_fast() {
     let db = TestDb::new("a24_many_fences");
@@ -511,16 +512,14 @@ fn ddl_on_an_owner_table_shared_by_many_fences_stays_fast() {
          SELECT lease.protect('solo', '{k}', 'tok', 'own1', '{k}');
          CREATE TABLE payx (k int, tok bigint);",
     );
-    let (mut one, mut twelve) = (Duration::MAX, Duration::MAX);
-    for _ in 0..5 {
-        one = one.min(timed(&mut c, "COMMENT ON TABLE own1 IS 'x'"));
-        twelve = twelve.min(timed(&mut c, "COMMENT ON TABLE own IS 'x'"));
-    }
-    let protect = timed(&mut c, "SELECT lease.protect('payx', '{k}', 'tok', 'own', '{k}')");
+    let one = tuples_read(&mut c, "COMMENT ON TABLE own1 IS 'x'");
+    let twelve = tuples_read(&mut c, "COMMENT ON TABLE own IS 'x'");
+    let protect_one = tuples_read(&mut c, "SELECT lease.protect('payx', '{k}', 'tok', 'own1', '{k}')");
+    let protect_thirteenth = tuples_read(&mut c, "SELECT lease.protect('payx', '{k}', 'tok', 'own', '{k}')");
     assert!(
-        twelve < one * 4 && protect < Duration::from_millis(100),
-        "owner table of 12 partitions: COMMENT ON TABLE with 12 fences against it {twelve:?}, with one {one:?}; \
-         a 13th protect {protect:?}"
+        twelve < one * 3 && protect_thirteenth * 2 < protect_one * 3,
+        "tuples read, owner table of 12 partitions: COMMENT ON TABLE with 12 fences against it {twelve}, \
+         with one {one}; protect against it as the 13th fence {protect_thirteenth}, as the second {protect_one}"
     );
 }
 

@@ -534,17 +534,19 @@ END $$;
 CREATE FUNCTION lease._create_trigger(rel regclass, tgname name, func regproc, timing text, body text) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    existing regproc;
+    -- The trigger of that name on rel (read once; its fields NULL if none).
+    existing record;
 BEGIN
-    SELECT t.tgfoid INTO existing FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = _create_trigger.tgname;
-    IF existing IS NOT NULL AND existing <> func THEN
+    SELECT t.oid, t.tgfoid, t.tgparentid, t.tgenabled, t.tgtype, t.tgargs INTO existing
+      FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = _create_trigger.tgname;
+    IF existing.tgfoid <> func THEN
         PERFORM lease._fail('42710',
-            format('pg_lease: %s already has a trigger %I that is not pg_lease''s (it runs %s)', rel, tgname, existing),
+            format('pg_lease: %s already has a trigger %I that is not pg_lease''s (it runs %s)', rel, tgname, existing.tgfoid::regproc),
             NULL, 'Rename or drop that trigger: the pg_lease_* trigger names are pg_lease''s.');
     END IF;
     -- A clone of a parent's trigger goes with the parent (DETACH drops it):
     -- never pg_lease's guard of this table.
-    IF EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = _create_trigger.tgname AND t.tgparentid <> 0) THEN
+    IF existing.tgparentid <> 0 THEN
         PERFORM lease._fail('42710',
             format('pg_lease: %s already has a trigger %I, cloned from its parent table''s', rel, tgname),
             NULL, 'Drop that trigger from the parent table (or protect the parent instead): the pg_lease_* trigger names are pg_lease''s.');
@@ -555,20 +557,18 @@ BEGIN
     -- do: one more table fenced against a shared owner table re-creates no
     -- owner guard (each such command fires the DDL guard over every fence it
     -- concerns). Not on Citus, where the copies on other nodes are not seen.
-    IF existing IS NOT NULL AND (lease._citus_table(rel)).kind IS NULL AND EXISTS (
-           SELECT 1 FROM pg_trigger t
-            WHERE t.tgrelid = rel AND t.tgname = _create_trigger.tgname AND t.tgenabled = 'A'
-              AND pg_get_triggerdef(t.oid) = format('CREATE TRIGGER %I %s ON %s %s', _create_trigger.tgname, timing, rel, body)
-              AND NOT EXISTS (
-                  SELECT 1 FROM pg_partition_tree(rel) p
-                    LEFT JOIN pg_trigger c ON c.tgrelid = p.relid AND c.tgname = t.tgname
-                   WHERE t.tgtype & 1 = 1 AND p.relid <> rel
-                     AND (c.oid IS NULL OR c.tgenabled <> 'A' OR c.tgfoid <> t.tgfoid OR c.tgtype <> t.tgtype
-                          OR c.tgargs <> t.tgargs OR c.tgqual IS NOT NULL OR cardinality(c.tgattr::int2[]) > 0))) THEN
+    IF existing.tgenabled = 'A' AND (lease._citus_table(rel)).kind IS NULL
+       AND pg_get_triggerdef(existing.oid) = format('CREATE TRIGGER %I %s ON %s %s', _create_trigger.tgname, timing, rel, body)
+       AND NOT EXISTS (
+           SELECT 1 FROM pg_partition_tree(rel) p
+             LEFT JOIN pg_trigger c ON c.tgrelid = p.relid AND c.tgname = _create_trigger.tgname
+            WHERE existing.tgtype & 1 = 1 AND p.relid <> rel
+              AND (c.oid IS NULL OR c.tgenabled <> 'A' OR c.tgfoid <> existing.tgfoid OR c.tgtype <> existing.tgtype
+                   OR c.tgargs <> existing.tgargs OR c.tgqual IS NOT NULL OR cardinality(c.tgattr::int2[]) > 0)) THEN
         RETURN;
     END IF;
     PERFORM lease._trigger_ddl(rel, format('CREATE %sTRIGGER %I %s ON %s %s',
-                   CASE WHEN existing IS NULL THEN '' ELSE 'OR REPLACE ' END, tgname, timing, rel, body));
+                   CASE WHEN existing.oid IS NULL THEN '' ELSE 'OR REPLACE ' END, tgname, timing, rel, body));
     PERFORM lease._trigger_ddl(rel, format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I', rel, tgname));
 END $$;
 -- The last step of protect: the fence it set up is whole (a trigger of

@@ -110,6 +110,11 @@ pub struct NextToken {
     /// The lease state came from another incarnation (`lease.token_origin`):
     /// the caller that issues forgets those rows with the raise.
     pub foreign: bool,
+    /// This incarnation ([`origin`]) when the 0.9.2 schema is installed
+    /// (`lease.token_origin` exists), which the caller records with what it
+    /// issues; None before `ALTER EXTENSION pg_lease UPDATE` (and from
+    /// [`token_rule`] itself, which reads no table).
+    pub origin: Option<i64>,
 }
 
 /// A token's counter: its low 40 bits.
@@ -162,45 +167,68 @@ pub fn token_rule(
         epoch += 1;
     }
     let token = (epoch < EPOCH_LIMIT).then_some((epoch << EPOCH_SHIFT) | counter);
-    NextToken { token, epoch, issued, raise_base, foreign }
+    NextToken { token, epoch, issued, raise_base, foreign, origin: None }
 }
 
 /// The epoch tables as a statement run now reads them (fresh at READ
-/// COMMITTED: read after the lease row's lock wait): the highest base, the
-/// issued epoch, and whether this database's lease state came from another
-/// incarnation (a dump, pg_upgrade, a template copy), whose source may have
-/// issued tokens since that this state does not record: `lease.token_origin`
-/// holds another incarnation's row, or the issued epoch's row was written by
-/// another one, or before 0.9.2 (origin NULL: a 0.9.1 dump restored, or an
-/// update in place, which cannot tell itself from a copy's). Before `ALTER
-/// EXTENSION pg_lease UPDATE` to 0.9.2 there is neither table nor column:
-/// not foreign. The issued row (epoch, origin) is read in one scan.
-fn epoch_tables() -> (Option<i64>, Option<i64>, bool) {
+/// COMMITTED: read after the lease row's lock wait).
+struct EpochTables {
+    /// The highest base in `lease.token_epoch`.
+    max_base: Option<i64>,
+    /// `lease.token_epoch_issued`'s epoch.
+    issued: Option<i64>,
+    /// This incarnation ([`origin`]), None before the 0.9.2 schema.
+    origin: Option<i64>,
+    /// This database's lease state came from another incarnation (a dump,
+    /// pg_upgrade, a template copy), whose source may have issued tokens
+    /// since that this state does not record: `lease.token_origin` holds
+    /// another incarnation's row, or the issued epoch's row was written by
+    /// another one, or before 0.9.2 (origin NULL: a 0.9.1 dump restored, or
+    /// an update in place, which cannot tell itself from a copy's). Before
+    /// `ALTER EXTENSION pg_lease UPDATE` to 0.9.2 there is neither table nor
+    /// column: not foreign.
+    foreign: bool,
+}
+
+/// Reads [`EpochTables`]; the issued row (epoch, origin) in one scan, this
+/// incarnation's origin looked up once.
+fn epoch_tables() -> EpochTables {
     let origins = crate::pg::lease_relid_if_any(c"token_origin");
     let columns: &[i16] = if origins.is_some() { &[2, 3] } else { &[2] };
     let issued_rows =
         crate::pg::own_table_int8_rows(crate::pg::lease_relid(c"token_epoch_issued"), c"token_epoch_issued", columns);
-    let issued = issued_rows.iter().filter_map(|row| row[0]).max();
+    let origin = origins.map(|_| origin());
     let foreign = origins.is_some_and(|relid| {
-        let here = Some(origin());
-        crate::pg::own_table_int8_rows(relid, c"token_origin", &[1]).iter().any(|row| row[0] != here)
-            || issued_rows.iter().any(|row| row[1] != here)
+        crate::pg::own_table_int8_rows(relid, c"token_origin", &[1]).iter().any(|row| row[0] != origin)
+            || issued_rows.iter().any(|row| row[1] != origin)
     });
-    (crate::pg::own_table_max_int8(c"token_epoch", 1), issued, foreign)
+    EpochTables {
+        max_base: crate::pg::own_table_max_int8(c"token_epoch", 1),
+        issued: issued_rows.iter().filter_map(|row| row[0]).max(),
+        origin,
+        foreign,
+    }
+}
+
+/// [`token_rule`] over the epoch tables read now, then the counter value
+/// `counter` gives (in that order, as ever).
+fn rule_now(stored: i64, timeline: i64, counter: impl FnOnce() -> i64) -> NextToken {
+    let t = epoch_tables();
+    NextToken { origin: t.origin, ..token_rule(stored, timeline, t.max_base, t.issued, counter(), t.foreign) }
 }
 
 /// The next token [`token_rule`] would issue now, without issuing it (the
 /// counter's next value, read, not drawn): for lease.token_ceiling and
 /// lease.issue_tokens_above.
 pub fn next_token(stored: i64, timeline: i64) -> NextToken {
-    let (max_base, issued, foreign) = epoch_tables();
-    let counter = pgrx::spi::Spi::get_one::<i64>(
-        "SELECT CASE WHEN c.is_called THEN c.last_value OPERATOR(pg_catalog.+) 1 ELSE c.last_value END
-           FROM lease.token_counter c",
-    )
-    .unwrap_or_else(|e| error!("pg_lease: reading lease.token_counter: {e}"))
-    .unwrap_or(1);
-    token_rule(stored, timeline, max_base, issued, counter, foreign)
+    rule_now(stored, timeline, || {
+        pgrx::spi::Spi::get_one::<i64>(
+            "SELECT CASE WHEN c.is_called THEN c.last_value OPERATOR(pg_catalog.+) 1 ELSE c.last_value END
+               FROM lease.token_counter c",
+        )
+        .unwrap_or_else(|e| error!("pg_lease: reading lease.token_counter: {e}"))
+        .unwrap_or(1)
+    })
 }
 
 /// Issues a token by [`token_rule`] (lease.acquire): its counter drawn from
@@ -210,9 +238,8 @@ pub fn next_token(stored: i64, timeline: i64) -> NextToken {
 /// sequence's last change (a record every 32 values) before the token is
 /// returned, so no crash gives a counter value back either.
 pub fn issue_token(stored: i64, timeline: i64) -> NextToken {
-    let (max_base, issued, foreign) = epoch_tables();
     let counter = crate::pg::own_sequence(c"token_counter");
-    let next = token_rule(stored, timeline, max_base, issued, counter.next(), foreign);
+    let next = rule_now(stored, timeline, || counter.next());
     // The record that covers the value drawn may be another backend's, not
     // flushed yet: flush up to the sequence page's LSN (nothing to do, and
     // no I/O, when a commit since has flushed past it, which is the rule).

@@ -21,6 +21,7 @@ use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::FromDatum;
 use std::cell::Cell;
+use std::ffi::CStr;
 
 /// A lease name or owner argument that passed `lease::check_label`: its
 /// datum, handed to the plans as it came (text, the default collation).
@@ -439,48 +440,58 @@ thread_local! {
     static ISSUED_PLAN: Cell<Option<pg_sys::SPIPlanPtr>> = const { Cell::new(None) };
 }
 
+/// The saved plan in `cell`, prepared from `sql` on first use (a plan only
+/// some acquires need: it is not prepared by [`acquire_plans`], and it may
+/// name a table that a schema before 0.9.2 lacks). Call inside an SPI
+/// connection.
+fn lazy_saved(
+    cell: &'static std::thread::LocalKey<Cell<Option<pg_sys::SPIPlanPtr>>>,
+    sql: &CStr,
+    types: &mut [pg_sys::Oid],
+) -> pg_sys::SPIPlanPtr {
+    cell.with(|c| {
+        c.get().unwrap_or_else(|| {
+            let p = prepare_saved(sql, types, "lease.acquire");
+            c.set(Some(p));
+            p
+        })
+    })
+}
+
 /// Records the epoch an acquire issued in as the highest issued, written by
-/// this incarnation (`lease::foreign_origin` reads the origin back). With a
-/// schema before 0.9.2 (the library updated, `ALTER EXTENSION pg_lease
-/// UPDATE` not run yet: no `lease.token_origin`, no origin column), the
-/// epoch alone. Call inside an SPI connection.
-fn record_issued(a: &AcquirePlans, epoch: i64) {
-    if crate::pg::lease_relid_if_any(c"token_origin").is_none() {
+/// this incarnation `origin` (`lease::epoch_tables` reads the origin back).
+/// With a schema before 0.9.2 (the library updated, `ALTER EXTENSION
+/// pg_lease UPDATE` not run yet: no `lease.token_origin`, no origin column,
+/// `origin` None), the epoch alone. Call inside an SPI connection.
+fn record_issued(a: &AcquirePlans, epoch: i64, origin: Option<i64>) {
+    let Some(origin) = origin else {
         // SAFETY: a saved plan of one int8 parameter, inside SPI.
         unsafe { exec_saved(a.issued, &[Some(epoch.into())], "lease.acquire") };
         return;
-    }
-    let plan = ISSUED_PLAN.with(|p| p.get()).unwrap_or_else(|| {
-        let p = prepare_saved(
-            c"INSERT INTO lease.token_epoch_issued AS i (epoch, origin) VALUES ($1, $2)
-              ON CONFLICT (singleton) DO UPDATE SET epoch = GREATEST(i.epoch, excluded.epoch), origin = excluded.origin",
-            &mut [pg_sys::INT8OID, pg_sys::INT8OID],
-            "lease.acquire",
-        );
-        ISSUED_PLAN.with(|c| c.set(Some(p)));
-        p
-    });
+    };
+    let plan = lazy_saved(
+        &ISSUED_PLAN,
+        c"INSERT INTO lease.token_epoch_issued AS i (epoch, origin) VALUES ($1, $2)
+          ON CONFLICT (singleton) DO UPDATE SET epoch = GREATEST(i.epoch, excluded.epoch), origin = excluded.origin",
+        &mut [pg_sys::INT8OID, pg_sys::INT8OID],
+    );
     // SAFETY: a saved plan of two int8 parameters, inside SPI.
-    unsafe { exec_saved(plan, &[Some(epoch.into()), Some(crate::lease::origin().into())], "lease.acquire") };
+    unsafe { exec_saved(plan, &[Some(epoch.into()), Some(origin.into())], "lease.acquire") };
 }
 
-/// The saved plan that forgets another incarnation's lease state once an
-/// acquire's raise has taken the epoch past it (lease::token_rule): only
-/// this database's own incarnation is left in lease.token_origin. Prepared
-/// on first use (an acquire that found such a row: the table exists); call
-/// inside an SPI connection.
-fn absorb_plan() -> pg_sys::SPIPlanPtr {
-    if let Some(p) = ABSORB_PLAN.with(|p| p.get()) {
-        return p;
-    }
-    let p = prepare_saved(
+/// Forgets another incarnation's lease state once an acquire's raise has
+/// taken the epoch past it (lease::token_rule): only this database's own
+/// incarnation `origin` is left in lease.token_origin. Call inside an SPI
+/// connection.
+fn absorb_foreign(origin: i64) {
+    let plan = lazy_saved(
+        &ABSORB_PLAN,
         c"WITH gone AS (DELETE FROM lease.token_origin o WHERE o.origin OPERATOR(pg_catalog.<>) $1)
           INSERT INTO lease.token_origin (origin) VALUES ($1) ON CONFLICT DO NOTHING",
         &mut [pg_sys::INT8OID],
-        "lease.acquire",
     );
-    ABSORB_PLAN.with(|c| c.set(Some(p)));
-    p
+    // SAFETY: a saved plan of one int8 parameter, inside SPI.
+    unsafe { exec_saved(plan, &[Some(origin.into())], "lease.acquire") };
 }
 
 /// The saved plans of acquire; call inside an SPI connection.
@@ -866,7 +877,7 @@ fn acquire_connected(call: &Acquire, caller: pg_sys::Oid) -> Result<Acquired, Fa
             unsafe { exec_saved(a.issued_share, &[], "lease.acquire") };
         }
         // The epoch tables read as a statement now would (after the lock waits).
-        let crate::lease::NextToken { token: new_token, epoch, issued, raise_base: high, foreign } =
+        let crate::lease::NextToken { token: new_token, epoch, issued, raise_base: high, foreign, origin } =
             crate::lease::issue_token(stored, call.timeline);
         let Some(new_token) = new_token else {
             let e = if stored == i64::MAX {
@@ -905,12 +916,11 @@ fn acquire_connected(call: &Acquire, caller: pg_sys::Oid) -> Result<Acquired, Fa
             // SAFETY: as above.
             unsafe { exec_saved(a.raise_base, &[Some(base.into())], "lease.acquire") };
         }
-        if foreign {
-            // SAFETY: as above.
-            unsafe { exec_saved(absorb_plan(), &[Some(crate::lease::origin().into())], "lease.acquire") };
+        if let (true, Some(origin)) = (foreign, origin) {
+            absorb_foreign(origin);
         }
         if epoch > issued.unwrap_or(0) {
-            record_issued(&a, epoch);
+            record_issued(&a, epoch, origin);
         }
         if let Some((table, key, _, key_values)) = &bound {
             let landed = bump_owner_row(*table, key_values, new_token)?;

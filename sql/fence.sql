@@ -1800,6 +1800,12 @@ CREATE EVENT TRIGGER pg_lease_guard_ddl_start ON ddl_command_start
     EXECUTE FUNCTION lease._guard_ddl_start();
 CREATE EVENT TRIGGER pg_lease_guard_drop ON sql_drop
     EXECUTE FUNCTION lease._guard_drop();
+-- Fired whatever session_replication_role says: an event trigger is
+-- ENABLE ORIGIN by default, so a role allowed to SET session_replication_role
+-- = replica (GRANT SET ON PARAMETER) would otherwise silence the guard.
+ALTER EVENT TRIGGER pg_lease_guard_ddl ENABLE ALWAYS;
+ALTER EVENT TRIGGER pg_lease_guard_ddl_start ENABLE ALWAYS;
+ALTER EVENT TRIGGER pg_lease_guard_drop ENABLE ALWAYS;
 
 -- The hand-boundary write: inserts a JSON array of row objects into a
 -- protected table under one fencing token, all or nothing.

@@ -1170,3 +1170,10 @@ BEGIN
         FOR EACH STATEMENT EXECUTE FUNCTION lease._local_state();
     ALTER TABLE lease.token_origin ENABLE ALWAYS TRIGGER pg_lease_local_truncate;
 END $$;
+
+-- Fired whatever session_replication_role says: an event trigger is
+-- ENABLE ORIGIN by default, so a role allowed to SET session_replication_role
+-- = replica (GRANT SET ON PARAMETER) would otherwise silence the guard.
+ALTER EVENT TRIGGER pg_lease_guard_ddl ENABLE ALWAYS;
+ALTER EVENT TRIGGER pg_lease_guard_ddl_start ENABLE ALWAYS;
+ALTER EVENT TRIGGER pg_lease_guard_drop ENABLE ALWAYS;

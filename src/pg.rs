@@ -860,6 +860,69 @@ pub unsafe fn desc_attribute<'a>(desc: pg_sys::TupleDesc, i: usize) -> &'a pg_sy
     }
 }
 
+/// The `i`th (0-based) attribute of a tuple descriptor, to change (a copy
+/// this code made; [`desc_attribute`]).
+///
+/// # Safety
+/// `desc` is a valid tuple descriptor no one else uses and `i` < its `natts`.
+unsafe fn desc_attribute_mut<'a>(desc: pg_sys::TupleDesc, i: usize) -> &'a mut pg_sys::FormData_pg_attribute {
+    #[cfg(feature = "pg18")]
+    {
+        // SAFETY: the caller's contract.
+        unsafe { &mut *pg_sys::TupleDescAttr(desc, i as i32) }
+    }
+    #[cfg(not(feature = "pg18"))]
+    {
+        // SAFETY: the caller's contract: `attrs` holds `natts` attributes.
+        unsafe { &mut (*desc).attrs.as_mut_slice((*desc).natts as usize)[i] }
+    }
+}
+
+/// A copy of `desc` as an anonymous record type, blessed (a composite datum
+/// made with it can be read back, by row_to_json for one), with the live
+/// columns `leave_out` picks marked dropped, so that readers of the datum
+/// skip them; None when it picks none. The copy is in the current memory
+/// context; the blessed type, one per distinct shape, lives as long as the
+/// backend (PostgreSQL's record type cache).
+///
+/// # Safety
+/// `desc` is a valid tuple descriptor.
+pub unsafe fn record_desc_without(
+    desc: pg_sys::TupleDesc,
+    leave_out: impl Fn(&pg_sys::FormData_pg_attribute) -> bool,
+) -> Option<pg_sys::TupleDesc> {
+    // SAFETY: the caller's contract; every index is below natts.
+    let natts = unsafe { (*desc).natts } as usize;
+    // (Picked in `desc` itself: CreateTupleDescCopy clears attgenerated and
+    // attidentity in its copy.)
+    let picked: Vec<usize> = (0..natts)
+        .filter(|&i| {
+            // SAFETY: i < natts.
+            let a = unsafe { desc_attribute(desc, i) };
+            !a.attisdropped && leave_out(a)
+        })
+        .collect();
+    if picked.is_empty() {
+        return None;
+    }
+    // SAFETY: CreateTupleDescCopy copies a valid descriptor (without its
+    // constraints) into the current memory context; the copy is this
+    // function's alone until blessed. PostgreSQL 18 keeps a compact copy of
+    // each attribute, refreshed after the change. BlessTupleDesc registers
+    // an anonymous record type (RECORDOID, typmod -1) and sets its typmod.
+    unsafe {
+        let copy = pg_sys::CreateTupleDescCopy(desc);
+        for i in picked {
+            desc_attribute_mut(copy, i).attisdropped = true;
+            #[cfg(feature = "pg18")]
+            pg_sys::populate_compact_attribute(copy, i as i32);
+        }
+        (*copy).tdtypeid = pg_sys::RECORDOID;
+        (*copy).tdtypmod = -1;
+        Some(pg_sys::BlessTupleDesc(copy))
+    }
+}
+
 /// The attnum of the live (not dropped) column `name` of tuple descriptor
 /// `desc`, None when it has none of that name or its type is not `typid`.
 ///

@@ -74,10 +74,15 @@ pub fn row_json(row: Row) -> Option<String> {
     }
     // SAFETY: `row` is a valid tuple with its descriptor (Row's contract);
     // heap_copy_tuple_as_datum makes a composite datum of it in the current
-    // memory context, row_to_json(record) returns a text datum, and
-    // text_to_cstring a palloc'd copy, read before this returns.
+    // memory context (described by the row's own descriptor or by a copy of
+    // it with the same attributes), row_to_json(record) returns a text
+    // datum, and text_to_cstring a palloc'd copy, read before this returns.
     unsafe {
-        let record = pg_sys::heap_copy_tuple_as_datum(row.tuple(), row.desc());
+        // Generated columns left out: the fence is a BEFORE trigger, which
+        // sees them NULL (stored ones not computed yet; virtual ones, on
+        // PostgreSQL 18, never stored), not as the row would have held them.
+        let desc = pg::record_desc_without(row.desc(), |a| a.attgenerated != 0).unwrap_or(row.desc());
+        let record = pg_sys::heap_copy_tuple_as_datum(row.tuple(), desc);
         let json =
             pg_sys::OidFunctionCall1Coll(pg_sys::Oid::from(pg_sys::F_ROW_TO_JSON_RECORD), pg_sys::InvalidOid, record);
         let text = std::ffi::CStr::from_ptr(pg_sys::text_to_cstring(json.cast_mut_ptr()));

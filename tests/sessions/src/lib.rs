@@ -121,6 +121,12 @@ pub fn one_i64(c: &mut Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
 }
 
+/// The test cluster's `server_version_num` (150007, 180001, ...), for tests
+/// of features an older major lacks.
+pub fn server_version_num() -> i64 {
+    one_i64(&mut connect_to("postgres", "postgres"), "SELECT current_setting('server_version_num')::bigint")
+}
+
 /// The work one SQL command does, as the tuples it reads from tables and
 /// catalogs (sequential reads and index fetches, `pg_stat_xact_all_tables`):
 /// the fewest of three runs, each rolled back (the first may fill caches).

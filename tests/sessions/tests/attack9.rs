@@ -103,13 +103,18 @@ fn pair(name: &str, port: u16, owned: &[&str], attacker_sql: &str) -> Pair {
             // Since 7a9ab54 the DDL guard refuses a BEFORE row trigger that
             // fires in replication workers ahead of pg_lease's (LF008). One
             // that predates it (made before an upgrade from 0.6.0) is made
-            // here the only way left, by a superuser with event triggers
-            // asleep (replica mode): the fence must still judge the rows it
-            // could rewrite.
+            // here the only way left, by a superuser with pg_lease's DDL
+            // guard disabled for the moment: the fence must still judge the
+            // rows it could rewrite.
             assert_eq!(e.as_db_error().map(|d| d.code().code()), Some("LF008"), "{e:?}");
             s.batch_execute(&format!(
-                "SET session_replication_role = replica; SET ROLE migrator; {attacker_sql}
-                 RESET ROLE; RESET session_replication_role;"
+                "BEGIN;
+                 ALTER EVENT TRIGGER pg_lease_guard_ddl DISABLE; ALTER EVENT TRIGGER pg_lease_guard_ddl_start DISABLE;
+                 ALTER EVENT TRIGGER pg_lease_guard_drop DISABLE;
+                 SET LOCAL ROLE migrator; {attacker_sql} RESET ROLE;
+                 ALTER EVENT TRIGGER pg_lease_guard_ddl ENABLE ALWAYS; ALTER EVENT TRIGGER pg_lease_guard_ddl_start ENABLE ALWAYS;
+                 ALTER EVENT TRIGGER pg_lease_guard_drop ENABLE ALWAYS;
+                 COMMIT;"
             ))
             .unwrap();
         }

@@ -554,7 +554,7 @@ fn acquire_plans() -> AcquirePlans {
             WHAT,
         ),
         issued: prepare_saved(
-            // (Before 0.9.2's schema: no origin column; see issued_plan.)
+            // (Before 0.9.2's schema: no origin column; see record_issued.)
             c"INSERT INTO lease.token_epoch_issued AS i (epoch) VALUES ($1)
               ON CONFLICT (singleton) DO UPDATE SET epoch = GREATEST(i.epoch, excluded.epoch)",
             &mut [INT8OID],

@@ -1189,6 +1189,12 @@ pub struct TriggerCall<'a> {
     td: &'a pg_sys::TriggerData,
 }
 
+/// A tuple identifier's block number and offset (ItemPointerGetBlockNumber
+/// and ItemPointerGetOffsetNumber, which are inline C).
+pub fn tid_parts(tid: &pg_sys::ItemPointerData) -> (u32, u16) {
+    ((u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo), tid.ip_posid)
+}
+
 /// A row version as one trigger call met it ([`TriggerCall::row_place`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct RowPlace {
@@ -1291,13 +1297,8 @@ impl<'a> TriggerCall<'a> {
         // (as in `trigtuple`); the rest reads this backend's transaction
         // state.
         unsafe {
-            let tid = (*self.td.tg_trigtuple).t_self;
-            Some(RowPlace {
-                relid: self.relid(),
-                block: (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo),
-                offset: tid.ip_posid,
-                subxact: pg_sys::GetCurrentSubTransactionId(),
-            })
+            let (block, offset) = tid_parts(&(*self.td.tg_trigtuple).t_self);
+            Some(RowPlace { relid: self.relid(), block, offset, subxact: pg_sys::GetCurrentSubTransactionId() })
         }
     }
 

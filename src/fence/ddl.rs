@@ -99,12 +99,8 @@ pub unsafe fn first_judgment(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys:
     // an ItemPointerData alive for the call.
     let (xmin, block, offset) = unsafe {
         let args = (*fcinfo).args.as_slice(2);
-        let tid = &*args[1].value.cast_mut_ptr::<pg_sys::ItemPointerData>();
-        (
-            args[0].value.value() as u32,
-            (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo),
-            tid.ip_posid,
-        )
+        let (block, offset) = crate::pg::tid_parts(&*args[1].value.cast_mut_ptr::<pg_sys::ItemPointerData>());
+        (args[0].value.value() as u32, block, offset)
     };
     // SAFETY: reads this backend's transaction state.
     let xact = unsafe { pg_sys::GetTopTransactionIdIfAny() };

@@ -53,7 +53,9 @@ CREATE FUNCTION lease.purge_rejected_writes(older_than interval) RETURNS bigint
 DECLARE
     purged bigint;
 BEGIN
-    IF older_than IS NULL OR older_than < interval '0' THEN
+    -- (Compared as the DELETE uses it: '-1 year 360 days' is not below
+    -- interval '0', which counts a month as 30 days, yet reaches days ahead.)
+    IF older_than IS NULL OR now() OPERATOR(pg_catalog.-) older_than OPERATOR(pg_catalog.>) now() THEN
         PERFORM lease._fail('22023', 'lease.purge_rejected_writes: older_than must be a non-negative interval');
     END IF;
     DELETE FROM lease.rejected_writes WHERE rejected_at < now() - older_than;

@@ -8,8 +8,9 @@
 -- tables renewals and heartbeats update, lease.lease_state and
 -- lease.session_state, take no BEFORE UPDATE trigger (it would lock every
 -- renewed row once more): a replicated UPDATE finds no row there unless this
--- node took a lease or session of the same name, and then it is refused
--- after the fact, naming the subscription. TRUNCATE, which no row trigger
+-- node holds one of the same name (it took a lease or session under it, or
+-- a pg_createsubscriber conversion copied it), and then its AFTER UPDATE
+-- trigger writes the old row back, which skips the change. TRUNCATE, which no row trigger
 -- sees and a publication replicates as is, is refused on every one of them.
 CREATE FUNCTION lease._local_state() RETURNS trigger
     LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_local_state';

@@ -1177,3 +1177,18 @@ END $$;
 ALTER EVENT TRIGGER pg_lease_guard_ddl ENABLE ALWAYS;
 ALTER EVENT TRIGGER pg_lease_guard_ddl_start ENABLE ALWAYS;
 ALTER EVENT TRIGGER pg_lease_guard_drop ENABLE ALWAYS;
+
+CREATE OR REPLACE FUNCTION lease.purge_rejected_writes(older_than interval) RETURNS bigint
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    purged bigint;
+BEGIN
+    -- (Compared as the DELETE uses it: '-1 year 360 days' is not below
+    -- interval '0', which counts a month as 30 days, yet reaches days ahead.)
+    IF older_than IS NULL OR now() OPERATOR(pg_catalog.-) older_than OPERATOR(pg_catalog.>) now() THEN
+        PERFORM lease._fail('22023', 'lease.purge_rejected_writes: older_than must be a non-negative interval');
+    END IF;
+    DELETE FROM lease.rejected_writes WHERE rejected_at < now() - older_than;
+    GET DIAGNOSTICS purged = ROW_COUNT;
+    RETURN purged;
+END $$;

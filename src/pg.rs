@@ -737,6 +737,70 @@ pub unsafe fn result_datum(col: i32) -> Option<pg_sys::Datum> {
     unsafe { row_datum(0, col) }
 }
 
+/// Writes `old`'s values back into the row version at `at` of `relid`: one
+/// `UPDATE ... SET (every live, not generated column) = ROW($1, ...) WHERE
+/// ctid = $n`, through SPI, as the table's owner ([`as_table_owner`]). An
+/// AFTER UPDATE row trigger's way to undo the update it fired for. Whether
+/// it found the row (the version at `at` is the one this transaction sees).
+pub fn put_back_row(relid: pg_sys::Oid, old: Row, at: pg_sys::ItemPointerData) -> bool {
+    let desc = old.desc();
+    // SAFETY: a Row's descriptor is valid (Row::new's contract).
+    let natts = unsafe { (*desc).natts } as usize;
+    let mut columns = Vec::new();
+    let mut types = Vec::new();
+    let mut values = Vec::new();
+    for i in 0..natts {
+        // SAFETY: i < natts.
+        let a = unsafe { desc_attribute(desc, i) };
+        if a.attisdropped || a.attgenerated != 0 {
+            continue;
+        }
+        // SAFETY: attname is a NUL-terminated NameData.
+        let name = unsafe { CStr::from_ptr(a.attname.data.as_ptr()) };
+        columns.push(quote_ident(&from_server(name.to_bytes())));
+        types.push(a.atttypid);
+        values.push(old.attr(a.attnum));
+    }
+    let n = columns.len();
+    let placeholders: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
+    let sql = server_cstring(&format!(
+        "UPDATE {} AS t SET ({}) = ROW({}) WHERE t.ctid OPERATOR(pg_catalog.=) ${}",
+        sql_name(relid),
+        columns.join(", "),
+        placeholders.join(", "),
+        n + 1
+    ));
+    let mut tid = at;
+    types.push(pg_sys::TIDOID);
+    values.push(Some(pg_sys::Datum::from(&mut tid as *mut pg_sys::ItemPointerData)));
+    let mut datums: Vec<pg_sys::Datum> = values.iter().map(|v| v.unwrap_or(pg_sys::Datum::from(0))).collect();
+    let nulls: Vec<std::ffi::c_char> =
+        values.iter().map(|v| if v.is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
+    as_table_owner(relid, || {
+        spi_connected(|| {
+            // SAFETY: `sql` is NUL-terminated; `types`, `datums` and `nulls`
+            // hold one entry per parameter, each datum of its type (read from
+            // `old`, valid for the call, or `tid`, on this frame); SPI only
+            // reads them during the call.
+            let rc = unsafe {
+                pg_sys::SPI_execute_with_args(
+                    sql.as_ptr(),
+                    types.len() as i32,
+                    types.as_mut_ptr(),
+                    datums.as_mut_ptr(),
+                    nulls.as_ptr(),
+                    false,
+                    0,
+                )
+            };
+            if rc < 0 {
+                pgrx::error!("pg_lease: writing a row of {} back failed (SPI code {rc})", display(relid));
+            }
+            result_rows() == 1
+        })
+    })
+}
+
 /// How many rows the last [`exec_saved`] returned (or changed).
 pub fn result_rows() -> usize {
     // SAFETY: SPI's global row count, set by the last statement.
@@ -2105,10 +2169,38 @@ pub fn set_guc(name: &CStr, value: &CStr, action: pg_sys::GucAction::Type) {
 /// declared with that SET clause runs its body: a GUC nest level of its own,
 /// closed afterwards (on error, by the (sub)transaction abort).
 pub fn with_pinned_search_path<R>(f: impl FnOnce() -> R) -> R {
+    with_settings(&[(c"search_path", c"pg_catalog, pg_temp")], f)
+}
+
+/// Runs `f` with the settings that shape values' text output fixed
+/// (DateStyle, IntervalStyle, TimeZone, extra_float_digits, bytea_output,
+/// lc_monetary), as [`with_pinned_search_path`] pins its setting: text a
+/// value of a key is shown as then depends on the value alone, not on the
+/// session that shows it.
+pub fn with_stable_output<R>(f: impl FnOnce() -> R) -> R {
+    with_settings(
+        &[
+            (c"DateStyle", c"ISO, YMD"),
+            (c"IntervalStyle", c"postgres"),
+            (c"TimeZone", c"UTC"),
+            (c"extra_float_digits", c"1"),
+            (c"bytea_output", c"hex"),
+            (c"lc_monetary", c"C"),
+        ],
+        f,
+    )
+}
+
+/// Runs `f` with `settings` made as a function's SET clauses make them: a
+/// GUC nest level of its own, closed afterwards (on error, by the
+/// (sub)transaction abort).
+fn with_settings<R>(settings: &[(&CStr, &CStr)], f: impl FnOnce() -> R) -> R {
     // SAFETY: NewGUCNestLevel only increments guc.c's nest counter; the
     // level is closed below, or by abort if `f` raises.
     let nest = unsafe { pg_sys::NewGUCNestLevel() };
-    set_guc(c"search_path", c"pg_catalog, pg_temp", pg_sys::GucAction::GUC_ACTION_SAVE);
+    for (name, value) in settings {
+        set_guc(name, value, pg_sys::GucAction::GUC_ACTION_SAVE);
+    }
     let r = f();
     // SAFETY: `nest` is the level opened above, still the innermost one: `f`
     // returned normally, so any level it opened it also closed.

@@ -82,7 +82,7 @@ AS 'MODULE_PATHNAME', 'band_above_sql_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:176
+-- src/fence/ddl.rs:172
 -- pg_lease::fence::ddl::_exists_as_owner
 CREATE  FUNCTION "_exists_as_owner"(
 	"rel" oid, /* pg_sys :: Oid */
@@ -94,7 +94,7 @@ AS 'MODULE_PATHNAME', 'exists_as_owner_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:196
+-- src/fence/ddl.rs:192
 -- pg_lease::fence::ddl::_exists_latest
 CREATE  FUNCTION "_exists_latest"(
 	"query" TEXT /* crate :: pg :: ServerBytes */
@@ -105,7 +105,7 @@ AS 'MODULE_PATHNAME', 'exists_latest_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:211
+-- src/fence/ddl.rs:207
 -- pg_lease::fence::ddl::_fresh_catalog
 CREATE  FUNCTION "_fresh_catalog"(
 	"tag" TEXT, /* crate :: pg :: ShownText */
@@ -118,7 +118,7 @@ AS 'MODULE_PATHNAME', 'fresh_catalog_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:147
+-- src/fence/ddl.rs:143
 -- pg_lease::fence::ddl::_in_internal_ddl
 CREATE  FUNCTION "_in_internal_ddl"() RETURNS bool /* bool */
 STRICT VOLATILE PARALLEL UNSAFE 
@@ -127,7 +127,7 @@ AS 'MODULE_PATHNAME', 'in_internal_ddl_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:140
+-- src/fence/ddl.rs:136
 -- pg_lease::fence::ddl::_internal_ddl
 CREATE  FUNCTION "_internal_ddl"(
 	"running" bool /* bool */
@@ -161,7 +161,7 @@ AS 'MODULE_PATHNAME', 'judge_replicated_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:451
+-- src/fence/ddl.rs:447
 -- pg_lease::fence::ddl::_key_equality
 CREATE  FUNCTION "_key_equality"(
 	"left" oid, /* pg_sys :: Oid */
@@ -197,7 +197,7 @@ AS 'MODULE_PATHNAME', 'lock_owner_row_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:243
+-- src/fence/ddl.rs:239
 -- pg_lease::fence::ddl::_name_problem
 CREATE  FUNCTION "_name_problem"(
 	"rel" oid /* pg_sys :: Oid */
@@ -234,7 +234,7 @@ AS 'MODULE_PATHNAME', 'origin_sql_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:406
+-- src/fence/ddl.rs:402
 -- pg_lease::fence::ddl::_owner_key_index
 CREATE  FUNCTION "_owner_key_index"(
 	"owner" oid, /* pg_sys :: Oid */
@@ -2746,7 +2746,9 @@ CREATE FUNCTION lease.purge_rejected_writes(older_than interval) RETURNS bigint
 DECLARE
     purged bigint;
 BEGIN
-    IF older_than IS NULL OR older_than < interval '0' THEN
+    -- (Compared as the DELETE uses it: '-1 year 360 days' is not below
+    -- interval '0', which counts a month as 30 days, yet reaches days ahead.)
+    IF older_than IS NULL OR now() OPERATOR(pg_catalog.-) older_than OPERATOR(pg_catalog.>) now() THEN
         PERFORM lease._fail('22023', 'lease.purge_rejected_writes: older_than must be a non-negative interval');
     END IF;
     DELETE FROM lease.rejected_writes WHERE rejected_at < now() - older_than;
@@ -2904,8 +2906,9 @@ END $$;
 -- tables renewals and heartbeats update, lease.lease_state and
 -- lease.session_state, take no BEFORE UPDATE trigger (it would lock every
 -- renewed row once more): a replicated UPDATE finds no row there unless this
--- node took a lease or session of the same name, and then it is refused
--- after the fact, naming the subscription. TRUNCATE, which no row trigger
+-- node holds one of the same name (it took a lease or session under it, or
+-- a pg_createsubscriber conversion copied it), and then its AFTER UPDATE
+-- trigger writes the old row back, which skips the change. TRUNCATE, which no row trigger
 -- sees and a publication replicates as is, is refused on every one of them.
 CREATE FUNCTION lease._local_state() RETURNS trigger
     LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_local_state';

@@ -72,22 +72,55 @@ pub fn row_json(row: Row) -> Option<String> {
     if size > sanitize::ROW_SERIALIZE_MAX {
         return Some(sanitize::truncated(size));
     }
-    // SAFETY: `row` is a valid tuple with its descriptor (Row's contract);
-    // heap_copy_tuple_as_datum makes a composite datum of it in the current
-    // memory context (described by the row's own descriptor or by a copy of
-    // it with the same attributes), row_to_json(record) returns a text
-    // datum, and text_to_cstring a palloc'd copy, read before this returns.
-    unsafe {
-        // Generated columns left out: the fence is a BEFORE trigger, which
-        // sees them NULL (stored ones not computed yet; virtual ones, on
-        // PostgreSQL 18, never stored), not as the row would have held them.
-        let desc = pg::record_desc_without(row.desc(), |a| a.attgenerated != 0).unwrap_or(row.desc());
-        let record = pg_sys::heap_copy_tuple_as_datum(row.tuple(), desc);
-        let json =
-            pg_sys::OidFunctionCall1Coll(pg_sys::Oid::from(pg_sys::F_ROW_TO_JSON_RECORD), pg_sys::InvalidOid, record);
-        let text = std::ffi::CStr::from_ptr(pg_sys::text_to_cstring(json.cast_mut_ptr()));
-        Some(sanitize::row_data(&crate::pg::from_server_json(text.to_bytes())))
-    }
+    // In a subtransaction of its own: row_to_json runs the casts to json
+    // the columns' types have, which their owners may have made, and an
+    // error there must not take the refusal's place (nor its count).
+    let made = pg::subtransaction(|| {
+        // SAFETY: `row` is a valid tuple with its descriptor (Row's
+        // contract), which has as many attributes as the copy
+        // record_desc_without makes of it (heap_deform_tuple fills `natts`
+        // entries, NULL past the tuple's own); heap_copy_tuple_as_datum makes
+        // a composite datum of the row in the current memory context
+        // (described by the row's own descriptor or by that copy),
+        // row_to_json(record) returns a text datum, and text_to_cstring a
+        // palloc'd copy, read before this returns.
+        Ok::<_, ()>(unsafe {
+            // Generated columns left out: the fence is a BEFORE trigger,
+            // which sees them NULL (stored ones not computed yet; virtual
+            // ones, on PostgreSQL 18, never stored), not as the row would
+            // have held them.
+            let record = match pg::record_desc_without(row.desc(), |a| a.attgenerated != 0) {
+                // The row formed again with those columns NULL (an UPDATE's
+                // row carries their stored values, which a column the
+                // descriptor calls dropped must not hold).
+                Some(desc) => {
+                    let natts = (*desc).natts as usize;
+                    let mut values = vec![pg_sys::Datum::from(0usize); natts];
+                    let mut nulls = vec![true; natts];
+                    pg_sys::heap_deform_tuple(row.tuple(), row.desc(), values.as_mut_ptr(), nulls.as_mut_ptr());
+                    for (i, null) in nulls.iter_mut().enumerate() {
+                        if pg::desc_attribute(desc, i).attisdropped {
+                            *null = true;
+                        }
+                    }
+                    let tuple = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+                    pg_sys::heap_copy_tuple_as_datum(tuple, desc)
+                }
+                None => pg_sys::heap_copy_tuple_as_datum(row.tuple(), row.desc()),
+            };
+            let json = pg_sys::OidFunctionCall1Coll(
+                pg_sys::Oid::from(pg_sys::F_ROW_TO_JSON_RECORD),
+                pg_sys::InvalidOid,
+                record,
+            );
+            let text = std::ffi::CStr::from_ptr(pg_sys::text_to_cstring(json.cast_mut_ptr()));
+            sanitize::row_data(&crate::pg::from_server_json(text.to_bytes()))
+        })
+    });
+    Some(match made {
+        Ok(Ok(doc)) => doc,
+        _ => sanitize::UNSERIALIZABLE.to_owned(),
+    })
 }
 
 /// The size of a row's data, values counted uncompressed and detoasted
@@ -148,9 +181,12 @@ fn session() -> Session {
         })
         .clone()
     });
-    // SAFETY: GetUserId reads this backend's current role; application_name
+    // The role the session writes as (its SET ROLE), not the owner of a
+    // SECURITY DEFINER function it called, nor a role pg_lease switched to.
+    // SAFETY: GetOuterUserId reads this backend's outer role; application_name
     // is the GUC's current string (NULL or valid).
-    let (role, application_name) = unsafe { (pg::role_name(pg_sys::GetUserId()), owned(pg_sys::application_name)) };
+    let (role, application_name) =
+        unsafe { (pg::role_name(pg_sys::GetOuterUserId()), owned(pg_sys::application_name)) };
     Session { database, role, application_name, client_addr, pid: pg::my_pid() }
 }
 

@@ -51,6 +51,10 @@ pub fn json_string(s: &str, ascii: bool) -> String {
     out
 }
 
+/// The `row_data` of a row that could not be turned into JSON (a cast to
+/// json of one of its columns' types raised an error).
+pub const UNSERIALIZABLE: &str = "{\"unserializable\": true}";
+
 /// The marker stored instead of a row too large to keep.
 pub fn truncated(bytes: usize) -> String {
     format!("{{\"truncated\": true, \"bytes\": {bytes}}}")

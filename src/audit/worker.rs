@@ -99,9 +99,16 @@ fn set_worker_gucs() {
         // Nothing a role created in the audit database resolves the
         // writer's (superuser) statements.
         (c"search_path", c"pg_catalog, pg_temp"),
-        // A database owner's ALTER DATABASE ... SET cannot stall the audit.
+        // A database owner's ALTER DATABASE ... SET cannot stall the audit
+        // (nor make its commits asynchronous, or its role another).
         (c"default_transaction_read_only", c"off"),
         (c"statement_timeout", c"0"),
+        (c"idle_in_transaction_session_timeout", c"0"),
+        (c"default_transaction_isolation", c"read committed"),
+        (c"synchronous_commit", c"on"),
+        (c"role", c"none"),
+        #[cfg(feature = "pg18")]
+        (c"transaction_timeout", c"0"),
     ] {
         // SAFETY: two static NUL-terminated strings naming a setting and a
         // valid value; SetConfigOption raises on anything else.

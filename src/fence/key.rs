@@ -85,7 +85,12 @@ pub fn args(cfg: &FenceConfig, row: Row) -> Vec<pg_sys::Datum> {
 }
 
 /// `(table_id, seat)=(7, 2)`, the way Postgres prints keys in its own errors:
-/// each column `(attnum, type)` of `row` under its name.
+/// each column `(attnum, type)` of `row` under its name. Values are shown
+/// as the session-independent output of their type ([`pg::with_stable_output`]:
+/// no DateStyle or TimeZone of the writer's), and one that could read as
+/// something else (empty, `NULL`, holding a comma, a parenthesis, a quote or
+/// white space) in double quotes, its quotes doubled: two keys that differ
+/// are shown differently.
 ///
 /// Every `(attnum, type)` must be a column of the relation `row` belongs to,
 /// with that column's type (as [`config::column`] gives it for that
@@ -93,18 +98,37 @@ pub fn args(cfg: &FenceConfig, row: Row) -> Vec<pg_sys::Datum> {
 /// reads the value as that type.
 ///
 /// [`config::column`]: crate::fence::config::column
+/// [`pg::with_stable_output`]: crate::pg::with_stable_output
 pub fn describe<'a>(row: Row, columns: impl Iterator<Item = (&'a str, i16, pg_sys::Oid)>) -> String {
-    let (names, values): (Vec<String>, Vec<String>) = columns
-        .map(|(name, attnum, typid)| {
-            // SAFETY: a non-NULL column `attnum` of `row`, whose type is
-            // `typid` (this function's documented requirement, which both
-            // callers meet: guards.rs with config::column of the trigger's
-            // relation, describe_resource with the row's own config); the
-            // value lives in the row, valid for the call.
-            (quote_ident(name), row.attr(attnum).map_or_else(|| "NULL".to_owned(), |d| unsafe { datum_text(d, typid) }))
-        })
-        .unzip();
+    let (names, values): (Vec<String>, Vec<String>) = crate::pg::with_stable_output(|| {
+        columns
+            .map(|(name, attnum, typid)| {
+                // SAFETY: a non-NULL column `attnum` of `row`, whose type is
+                // `typid` (this function's documented requirement, which both
+                // callers meet: guards.rs with config::column of the
+                // trigger's relation, describe_resource with the row's own
+                // config); the value lives in the row, valid for the call.
+                let value = row
+                    .attr(attnum)
+                    .map_or_else(|| "NULL".to_owned(), |d| quoted_value(unsafe { datum_text(d, typid) }));
+                (quote_ident(name), value)
+            })
+            .unzip()
+    });
     format!("({})=({})", names.join(", "), values.join(", "))
+}
+
+/// A key value's text for [`describe`]: as it is, or in double quotes with
+/// its quotes doubled when it could be read as something else.
+fn quoted_value(text: String) -> String {
+    let ambiguous = text.is_empty()
+        || text.eq_ignore_ascii_case("null")
+        || text.chars().any(|c| matches!(c, '"' | '(' | ')' | ',') || c.is_whitespace());
+    if ambiguous {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text
+    }
 }
 
 /// [`describe`] for the fenced row's resource key.

@@ -370,7 +370,8 @@ pub fn note_refusal() {
 /// `lease._local_state()` on pg_lease's own tables (sql/local.sql): a
 /// logical replication worker's own changes to them are skipped (BEFORE row
 /// triggers) or, where only an AFTER UPDATE trigger watches (the tables
-/// renewals update), refused; TRUNCATE is refused from everyone.
+/// renewals update), undone (the old row written back); TRUNCATE is
+/// refused from everyone.
 pub fn local_state(call: &TriggerCall) -> Result<pg_sys::Datum, Invalid> {
     let table = display(call.relid());
     if call.op() == TriggerOp::Truncate {
@@ -401,28 +402,41 @@ pub fn local_state(call: &TriggerCall) -> Result<pg_sys::Datum, Invalid> {
     let sub = subscription();
     let name = sub.as_ref().map_or("(unknown)", |s| s.name.as_str()).to_owned();
     if call.is_before_row() {
-        if !SKIP_LOGGED.with(|l| l.replace(true)) {
-            pgrx::log!(
-                "pg_lease: logical replication subscription \"{name}\" publishes pg_lease's own tables (first: {table}); their changes are skipped here, each node keeps its own"
-            );
-        }
+        log_skipping(&name, &table);
         // NULL: the row is skipped.
         return Ok(pg_sys::Datum::from(0usize));
     }
-    if let Some(sub) = &sub {
-        note(sub);
+    // AFTER UPDATE (lease_state and session_state, which take no BEFORE
+    // UPDATE trigger: sql/local.sql): the worker's update is made. Writing
+    // the old values back undoes it, which is skipping it: the row this node
+    // holds stays as it was, whether this node wrote it or it came with a
+    // physical copy (pg_createsubscriber), and the rest of the remote
+    // transaction (the owner-row bump of an acquire among it) applies.
+    let (Some(old), Some(new)) = (call.trigtuple(), call.newtuple()) else {
+        return Ok(pg_sys::Datum::from(0usize));
+    };
+    // SAFETY: a trigger's new tuple is valid for the call (TriggerCall).
+    let at = unsafe { (*new.tuple()).t_self };
+    if !crate::pg::put_back_row(call.relid(), old, at) {
+        if let Some(sub) = &sub {
+            note(sub);
+        }
+        return Err(Invalid::new(
+            "55000",
+            format!("pg_lease: logical replication subscription \"{name}\" updated a row of {table} that could not be put back"),
+        )
+        .expect("a valid SQLSTATE")
+        .with_detail(format!("{table} never takes replicated changes: each node's leases and tokens are its own.")));
     }
-    let mut refusal = Invalid::new(
-        "55000",
-        format!("pg_lease: logical replication subscription \"{name}\" would overwrite a row of {table} this node wrote"),
-    )
-    .expect("a valid SQLSTATE")
-    .with_detail(format!(
-        "The publisher publishes pg_lease's own tables, and this node took a lease or heartbeat session under a name the publisher's change is for. Each node's leases and tokens are its own: {table} never takes replicated changes."
-    ));
-    refusal.hint = Some(format!(
-        "Publish only your own tables on the publisher (FOR TABLE ... or FOR TABLES IN SCHEMA ...) and ALTER SUBSCRIPTION {0} REFRESH PUBLICATION, or skip the change (ALTER SUBSCRIPTION {0} SKIP (lsn = ...)); the worker retries it until then.",
-        quote_ident(&name)
-    ));
-    Err(refusal)
+    log_skipping(&name, &table);
+    Ok(pg_sys::Datum::from(0usize))
+}
+
+/// Logs, once per worker, that it skips changes to pg_lease's tables.
+fn log_skipping(subscription: &str, table: &str) {
+    if !SKIP_LOGGED.with(|l| l.replace(true)) {
+        pgrx::log!(
+            "pg_lease: logical replication subscription \"{subscription}\" publishes pg_lease's own tables (first: {table}); their changes are skipped here, each node keeps its own"
+        );
+    }
 }

@@ -27,7 +27,19 @@
 //! ATTACH/DETACH PARTITION of plain and partitioned tables with current or
 //! stale rows; UPDATEs that move fenced rows between partitions; owner rows
 //! on a hash-partitioned owner table written by the application role:
-//! extreme tokens, deletes, key moves through partition routing). `lease.acquire` (the real bump path) runs in the owner and
+//! extreme tokens, deletes, key moves through partition routing; stored
+//! generated columns added to the fenced or owner table; every DDL step
+//! optionally under `session_replication_role = replica`, by `SET LOCAL` or
+//! by a session-level `SET` and `RESET`: pg_lease's event triggers are
+//! `ENABLE ALWAYS`, so the outcome must be the same). Sessions of the owner
+//! and tampering families switch `session_replication_role` too (the app
+//! role has `SET ON PARAMETER` for it): pg_lease's triggers still judge, the
+//! steps' own triggers and rule (`ENABLE ORIGIN`) then do not fire. In the
+//! tampering family `pg_lease.audit_row` is on, and a fifth of the cases
+//! (`Case::audit`) end by waiting for the audit: every fenced write refused
+//! with a verdict must leave exactly one `lease.rejected_writes` row with its
+//! table, SQLSTATE, presented token and, in `row_data`, its key and no
+//! generated column. `lease.acquire` (the real bump path) runs in the owner and
 //! tampering families: its token must be above every token issued or stored
 //! for the resource, and the owner row must then hold exactly that token.
 //!
@@ -38,7 +50,9 @@
 //! per family on a scratch cluster of its own. `PG_LEASE_MODEL_EXPERIMENTAL=0`
 //! leaves out the generators that once found wrong error codes (see `tamper`
 //! and `owner_mod`: a `DO INSTEAD NOTHING` rule on the owner table, and an
-//! owner-table trigger lowering acquire's bump); they are on by default.
+//! owner-table trigger lowering acquire's bump, and `Tamper::GenCol`, whose
+//! refused UPDATEs fail with 42804 while `pg_lease.audit_row` is on); they
+//! are on by default.
 
 use pg_lease_sessions::postgres::{Client, SimpleQueryMessage};
 use pg_lease_sessions::{connect_to, port, TestDb};
@@ -86,6 +100,12 @@ const UNIQUE: &str = "23505";
 const PRIVILEGE: &str = "42501";
 const OWNED_ELSEWHERE: &str = "LF005";
 const OUT_OF_RANGE: &str = "22003";
+/// `ALTER COLUMN ... TYPE` of a column a generated column uses.
+const USED_BY_GENERATED: &str = "0A000";
+/// `ADD COLUMN` to a table attached as a partition (`Tamper::Parent`).
+const PARTITION_COLUMN: &str = "42809";
+/// ATTACH PARTITION of a table missing one of the parent's columns.
+const MISSING_COLUMN: &str = "42804";
 /// The highest owner token a role other than a superuser may write.
 const APP_TOKEN_CAP: i64 = (1 << 62) - 1;
 /// Extreme owner tokens an INSERT may carry (`InsertOwnerExtreme`).
@@ -514,8 +534,29 @@ enum Step {
         slot: usize,
         which: u8,
     },
-    /// Admin DDL on the fenced and owner tables between steps.
-    Tamper(Tamper),
+    /// Admin DDL on the fenced and owner tables between steps, optionally
+    /// under `session_replication_role = replica` (same outcome expected).
+    Tamper(Tamper, Replica),
+    /// `SET [LOCAL] session_replication_role = replica` (`on`), or back to
+    /// `origin` (`RESET`, `SET LOCAL ... = origin`): pg_lease's triggers are
+    /// `ENABLE ALWAYS` and judge as before; the tamper steps' own triggers
+    /// and rule (`ENABLE ORIGIN`) then do not fire.
+    Replica {
+        s: usize,
+        on: bool,
+        local: bool,
+    },
+}
+
+/// How a `Tamper` step's DDL runs on the admin connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Replica {
+    /// `session_replication_role` as it is (origin).
+    Off,
+    /// `SET LOCAL session_replication_role = replica` in the DDL's transaction.
+    Local,
+    /// `SET session_replication_role = replica` before, `RESET` after.
+    Session,
 }
 
 /// A fenced-table BEFORE row trigger's change to NEW.
@@ -587,6 +628,14 @@ enum Tamper {
     },
     /// DETACH PARTITION of the newest attached partition.
     Detach,
+    /// `ADD COLUMN g<n> bigint GENERATED ALWAYS AS (tok % 7 | id/note % 7)
+    /// STORED` on the fenced or owner table: accepted (42809 on a table
+    /// attached to a parent); writes keep their outcomes, and refused rows
+    /// are audited without the generated columns (`Case::audit`).
+    GenCol {
+        owners: bool,
+        on_token: bool,
+    },
 }
 
 /// What `Tamper::Parent` does to the parent.
@@ -639,6 +688,11 @@ struct Case {
     /// through a unique index it finds itself).
     index: OwnerIndex,
     steps: Vec<Step>,
+    /// Tamper family: at the end of the case, wait for the audit and check
+    /// that every refused fenced write left exactly one row in
+    /// `lease.rejected_writes` (a fraction of the cases: the audit is written
+    /// within `pg_lease.audit_flush_ms`, which a case then waits for).
+    audit: bool,
 }
 
 /// The owner table's unique index on its key.
@@ -825,7 +879,9 @@ fn owner_mod(experimental: bool) -> BoxedStrategy<OwnerMod> {
 /// DDL between steps; `experimental` adds the generators that found wrong
 /// error codes in acquire (on unless `PG_LEASE_MODEL_EXPERIMENTAL=0`).
 fn tamper(experimental: bool) -> Arms {
-    let t = |x: BoxedStrategy<Tamper>| x.prop_map(Step::Tamper).boxed();
+    // Off first: a failing case shrinks to DDL without replica mode.
+    let replica = || prop_oneof![3 => Just(Replica::Off), 1 => Just(Replica::Local), 1 => Just(Replica::Session)];
+    let t = move |x: BoxedStrategy<Tamper>| (x, replica()).prop_map(|(t, r)| Step::Tamper(t, r)).boxed();
     let mut arms: Arms = vec![
         (2, t((any::<bool>(), any::<bool>()).prop_map(|(owners, key)| Tamper::Retype { owners, key }).boxed())),
         (1, t(any::<bool>().prop_map(|owners| Tamper::AlterOther { owners }).boxed())),
@@ -867,6 +923,11 @@ fn tamper(experimental: bool) -> Arms {
     ];
     if experimental {
         arms.push((1, t(Just(Tamper::Rule).boxed())));
+        // Found that a refused UPDATE of a table with a stored generated
+        // column fails with 42804 ("datum attribute ... does not match
+        // deforming descriptor's attisdropped") while pg_lease.audit_row is on.
+        let gen = (any::<bool>(), any::<bool>()).prop_map(|(owners, on_token)| Tamper::GenCol { owners, on_token });
+        arms.push((2, t(gen.boxed())));
     }
     arms
 }
@@ -891,6 +952,14 @@ fn owner_tampering() -> Arms {
     ]
 }
 
+/// A session switching `session_replication_role` (the app role may: it
+/// has `SET ON PARAMETER session_replication_role`, as loaders ask for).
+fn replica_role() -> BoxedStrategy<Step> {
+    (session(), prop::bool::weighted(0.7), any::<bool>())
+        .prop_map(|(s, on, local)| Step::Replica { s, on, local })
+        .boxed()
+}
+
 fn experimental() -> bool {
     std::env::var("PG_LEASE_MODEL_EXPERIMENTAL").map_or(true, |v| v.trim() != "0")
 }
@@ -908,6 +977,7 @@ fn family_steps(family: Family) -> BoxedStrategy<Step> {
             arms.push((1, role()));
             arms.push((1, truncate(&[Rel::Owners, Rel::T(Tab::Fenced)])));
             arms.push((2, acquire()));
+            arms.push((1, replica_role()));
         }
         Family::HighWater => {
             arms.push((12, write(HW_TABS, true)));
@@ -935,20 +1005,22 @@ fn family_steps(family: Family) -> BoxedStrategy<Step> {
             arms.push((2, role()));
             arms.extend(owner_tampering());
             arms.extend(tamper(experimental()));
+            arms.push((2, replica_role()));
         }
     }
     prop::strategy::Union::new_weighted(arms).boxed()
 }
 
 fn case_strategy(family: Family, max_steps: usize) -> impl Strategy<Value = Case> {
-    (key_type(), owner_index(), prop::collection::vec(family_steps(family), 1..=max_steps)).prop_map(
-        |(key, index, mut steps)| {
+    let audit = prop::bool::weighted(if family == Family::Tamper { 0.2 } else { 0.0 });
+    (key_type(), owner_index(), prop::collection::vec(family_steps(family), 1..=max_steps), audit).prop_map(
+        |(key, index, mut steps, audit)| {
             // A nondeterministic collation has no canonical form: pg_lease refuses
             // it as a high-water key (checked in setup), so those tables stay out.
             if !key.high_water_capable() {
                 steps.retain(|s| !s.touches_high_water());
             }
-            Case { key, index, steps }
+            Case { key, index, steps, audit }
         },
     )
 }
@@ -1028,6 +1100,11 @@ enum Prim {
     ResetToken,
     SetRole {
         role: Role,
+        local: bool,
+    },
+    /// `SET [LOCAL] session_replication_role`.
+    SetReplica {
+        on: bool,
         local: bool,
     },
     /// Admin DDL; `blocked_by` is the relation whose locks it waits for.
@@ -1178,6 +1255,9 @@ struct Frame {
     bound: Option<i64>,
     session_role: Role,
     local_role: Option<Role>,
+    /// `session_replication_role = replica`, as SET and SET LOCAL left it.
+    session_replica: bool,
+    local_replica: Option<bool>,
     /// Accepted fence checks: (scope, slot, token), for the commit-time invariant.
     writes: Vec<(Scope, usize, i64)>,
     /// Lease rows written by lease.acquire (slot -> (host, token)), locked.
@@ -1185,7 +1265,7 @@ struct Frame {
 }
 
 impl Frame {
-    fn new(role: Role) -> Frame {
+    fn new(role: Role, replica: bool) -> Frame {
         Frame {
             owners: BTreeMap::new(),
             owner_share: BTreeSet::new(),
@@ -1197,12 +1277,17 @@ impl Frame {
             bound: None,
             session_role: role,
             local_role: None,
+            session_replica: replica,
+            local_replica: None,
             writes: Vec::new(),
             leases: BTreeMap::new(),
         }
     }
     fn role(&self) -> Role {
         self.local_role.unwrap_or(self.session_role)
+    }
+    fn replica(&self) -> bool {
+        self.local_replica.unwrap_or(self.session_replica)
     }
 }
 
@@ -1220,6 +1305,8 @@ struct Txn {
 #[derive(Clone, Debug)]
 struct Sess {
     role: Role,
+    /// `session_replication_role = replica` outside a transaction.
+    replica: bool,
     txn: Option<Txn>,
 }
 
@@ -1285,6 +1372,7 @@ enum Effect {
     Release,
     RollbackTo,
     SessionRole(Role),
+    SessionReplica(bool),
     /// An owner INSERT: the frame, and a new row id was used.
     NewOwner(Box<Frame>),
     /// lease.acquire: the frame before the bump; the returned token must be
@@ -1366,7 +1454,7 @@ impl Model {
             marks: BTreeMap::new(),
             rows: BTreeMap::new(),
             row_floor: BTreeMap::new(),
-            sessions: (0..SESSIONS).map(|_| Sess { role: Role::Me, txn: None }).collect(),
+            sessions: (0..SESSIONS).map(|_| Sess { role: Role::Me, replica: false, txn: None }).collect(),
             bump_log: Vec::new(),
             drifted: false,
             strict: false,
@@ -1395,7 +1483,7 @@ impl Model {
     fn frame(&self, s: usize) -> Frame {
         match &self.sessions[s].txn {
             Some(t) => t.frame.clone(),
-            None => Frame::new(self.sessions[s].role),
+            None => Frame::new(self.sessions[s].role, self.sessions[s].replica),
         }
     }
 
@@ -1543,6 +1631,19 @@ impl Model {
                 }
                 None => Eval::ok(Effect::SessionRole(*role)),
             },
+            Prim::SetReplica { on, local } => match &self.sessions[s].txn {
+                Some(t) => {
+                    let mut f = t.frame.clone();
+                    if *local {
+                        f.local_replica = Some(*on);
+                    } else {
+                        f.session_replica = *on;
+                        f.local_replica = None;
+                    }
+                    Eval::ok(Effect::Frame(Box::new(f)))
+                }
+                None => Eval::ok(Effect::SessionReplica(*on)),
+            },
             Prim::Ddl { .. } | Prim::Tamper { .. } => unreachable!("DDL runs on the admin connection"),
         };
         if let Some(t) = &self.sessions[s].txn {
@@ -1586,16 +1687,27 @@ impl Model {
 
     /// INSERT, UPDATE or DELETE of fenced rows.
     fn eval_write(&self, s: usize, p: &Prim) -> Eval {
-        let txn = self.txn(s);
-        let f = &txn.frame;
-        let (tab, order, presented, slot) = match p {
+        let (tab, order, presented, slot) = self.write_view(s, p);
+        let scope = tab.scope();
+        let mut e = self.judge_write(s, p, tab, &order, presented, slot);
+        e.other_err = self.drifted && scope == Scope::Owner;
+        e
+    }
+
+    /// What the fence judges of an INSERT, UPDATE or DELETE of fenced rows:
+    /// the table, the resources in check order, the presented token and the
+    /// resource of the row it sees (NEW after the BEFORE row triggers that
+    /// run before it, OLD for a DELETE).
+    fn write_view(&self, s: usize, p: &Prim) -> (Tab, Vec<usize>, Option<i64>, usize) {
+        let f = &self.txn(s).frame;
+        match p {
             Prim::Insert { tab, slot, token, .. } => {
-                let (slot, token) = self.fence_mods(*tab, *slot, *token);
+                let (slot, token) = self.fence_mods(s, *tab, *slot, *token);
                 (*tab, vec![slot], if tab.bound() { f.bound } else { token }, slot)
             }
             Prim::Update { tab, ids, slot, token, .. } => {
                 let old = self.row_visible(s, f, ids[0]).expect("picked rows are visible").slot;
-                let (slot, token) = self.fence_mods(*tab, *slot, *token);
+                let (slot, token) = self.fence_mods(s, *tab, *slot, *token);
                 let order = if old == slot { vec![slot] } else { vec![slot, old] };
                 (*tab, order, if tab.bound() { f.bound } else { token }, slot)
             }
@@ -1604,17 +1716,14 @@ impl Model {
                 (*tab, vec![old], f.bound, old)
             }
             _ => unreachable!(),
-        };
-        let scope = tab.scope();
-        let mut e = self.judge_write(s, p, tab, &order, presented, slot);
-        e.other_err = self.drifted && scope == Scope::Owner;
-        e
+        }
     }
 
     /// What the accepted BEFORE row triggers (named to run before the fence)
     /// make of an INSERT or UPDATE of the fenced table: the row the fence judges.
-    fn fence_mods(&self, tab: Tab, slot: usize, token: Option<i64>) -> (usize, Option<i64>) {
-        if tab != Tab::Fenced {
+    fn fence_mods(&self, s: usize, tab: Tab, slot: usize, token: Option<i64>) -> (usize, Option<i64>) {
+        // The steps' triggers are ENABLE ORIGIN: not fired in replica mode.
+        if tab != Tab::Fenced || self.replica(s) {
             return (slot, token);
         }
         self.fence_mods.iter().fold((slot, token), |(slot, token), m| match *m {
@@ -1821,8 +1930,32 @@ impl Model {
 
     /// What the accepted BEFORE UPDATE triggers on the owner table make of
     /// a new token (Err: bigint overflow in a trigger, 22003).
-    fn owner_mods(&self, new: Option<i64>, old: i64) -> Result<Option<i64>, ()> {
-        self.owner_mods.iter().try_fold(new, |v, m| match m {
+    /// `session_replication_role = replica` in session `s`.
+    fn replica(&self, s: usize) -> bool {
+        match &self.sessions[s].txn {
+            Some(t) => t.frame.replica(),
+            None => self.sessions[s].replica,
+        }
+    }
+
+    /// The owner-table triggers that fire for session `s` (ENABLE ORIGIN:
+    /// none in replica mode).
+    fn active_owner_mods(&self, s: usize) -> &[OwnerMod] {
+        if self.replica(s) {
+            &[]
+        } else {
+            &self.owner_mods
+        }
+    }
+
+    /// The DO INSTEAD NOTHING rule applies to session `s` (rules are ENABLE
+    /// ORIGIN too: not in replica mode).
+    fn owner_rule(&self, s: usize) -> bool {
+        self.owner_rule && !self.replica(s)
+    }
+
+    fn owner_mods(&self, s: usize, new: Option<i64>, old: i64) -> Result<Option<i64>, ()> {
+        self.active_owner_mods(s).iter().try_fold(new, |v, m| match m {
             OwnerMod::KeepOld => Ok(Some(old)),
             OwnerMod::Plus => v.map_or(Ok(None), |t| t.checked_add(1).map(Some).ok_or(())),
             OwnerMod::Minus => v.map_or(Ok(None), |t| t.checked_sub(2).map(Some).ok_or(())),
@@ -1845,14 +1978,14 @@ impl Model {
                 let Some(rid) = self.owner_rid_at(s, &f, *slot) else {
                     return Eval::ok(Effect::Frame(Box::new(f))).why("no owner row: 0 rows");
                 };
-                if self.owner_rule {
+                if self.owner_rule(s) {
                     return Eval::ok(Effect::Frame(Box::new(f))).why("a DO INSTEAD NOTHING rule: 0 rows");
                 }
                 if let Err(e) = self.lock_owner_row(s, &f, rid) {
                     return e;
                 }
                 let (_, old) = self.owner_visible(s, &f, rid).expect("visible");
-                let Ok(eff) = self.owner_mods(*new, old) else {
+                let Ok(eff) = self.owner_mods(s, *new, old) else {
                     return Eval::fail(&[OUT_OF_RANGE], "bigint overflow in a trigger on the owner table");
                 };
                 let mut e = match eff {
@@ -1862,7 +1995,11 @@ impl Model {
                     }
                     _ => Eval::fail(
                         &[REGRESSION],
-                        format!("owner token would go from {old} to {} (triggers: {:?})", show(eff), self.owner_mods),
+                        format!(
+                            "owner token would go from {old} to {} (triggers: {:?})",
+                            show(eff),
+                            self.active_owner_mods(s)
+                        ),
                     ),
                 };
                 if app && eff.is_some_and(|t| t > APP_TOKEN_CAP) {
@@ -1879,7 +2016,7 @@ impl Model {
                 let Some(rid) = self.owner_rid_at(s, &f, *from) else {
                     return Eval::ok(Effect::Frame(Box::new(f))).why("no owner row: 0 rows");
                 };
-                if self.owner_rule {
+                if self.owner_rule(s) {
                     return Eval::ok(Effect::Frame(Box::new(f))).why("a DO INSTEAD NOTHING rule: 0 rows");
                 }
                 if let Err(e) = self.lock_owner_row(s, &f, rid) {
@@ -1965,18 +2102,21 @@ impl Model {
         f.rels.insert(Rel::Owners);
         let above = stored.max(self.floor[slot]);
         let effect = Effect::Acquire { frame: Box::new(f), rid, slot, host, above };
-        if self.owner_rule {
+        if self.owner_rule(s) {
             return Eval::fail(&[TAMPERING], "a DO INSTEAD NOTHING rule swallows the bump");
         }
-        if self.owner_mods.is_empty() {
-            return Eval::ok(effect).why(format!("a token above {above}"));
+        let mods = self.active_owner_mods(s);
+        if mods.is_empty() {
+            let replica =
+                if self.replica(s) { " (replica mode: the steps' triggers and rule do not fire)" } else { "" };
+            return Eval::ok(effect).why(format!("a token above {above}{replica}"));
         }
         // The trigger chain on the new token t (> old): t + delta, or, after
         // the last KeepOld, old + delta.
-        let last_keep = self.owner_mods.iter().rposition(|m| *m == OwnerMod::KeepOld);
-        let tail = &self.owner_mods[last_keep.map_or(0, |i| i + 1)..];
+        let last_keep = mods.iter().rposition(|m| *m == OwnerMod::KeepOld);
+        let tail = &mods[last_keep.map_or(0, |i| i + 1)..];
         let delta: i64 = tail.iter().map(|m| if *m == OwnerMod::Minus { -2 } else { 1 }).sum();
-        let why = format!("triggers {:?} change the bump", self.owner_mods);
+        let why = format!("triggers {mods:?} change the bump");
         match last_keep {
             None if delta == 0 => Eval::ok(effect).why("the triggers' changes cancel out"),
             None if delta > 0 => Eval::fail(&[TAMPERING], why),
@@ -2080,7 +2220,7 @@ impl Model {
                     iso,
                     snapshot: None,
                     ser_overlap: false,
-                    frame: Frame::new(self.sessions[s].role),
+                    frame: Frame::new(self.sessions[s].role, self.sessions[s].replica),
                     saved: Vec::new(),
                 };
                 if iso == Iso::Serializable {
@@ -2107,6 +2247,7 @@ impl Model {
                 t.frame = t.saved.last().expect("savepoint").clone();
             }
             Effect::SessionRole(role) => self.sessions[s].role = role,
+            Effect::SessionReplica(on) => self.sessions[s].replica = on,
         }
         Ok(())
     }
@@ -2144,6 +2285,7 @@ impl Model {
             self.leases.entry(*slot).or_default().0.push((seq, Some(*lease)));
         }
         self.sessions[s].role = f.session_role;
+        self.sessions[s].replica = f.session_replica;
         if violations.is_empty() {
             Ok(())
         } else {
@@ -2290,9 +2432,27 @@ struct Runner<'a> {
     /// PostgreSQL runs as a DELETE from one and an INSERT into the other: the
     /// verdict is the UPDATE's (attack review 25).
     moves: bool,
+    /// The current Tamper step runs its DDL with `SET LOCAL
+    /// session_replication_role = replica` (`Replica::Local`).
+    replica_local: bool,
+    /// (owner table?, column) used by a generated column (`Tamper::GenCol`):
+    /// `ALTER COLUMN ... TYPE` of it fails with 0A000.
+    gen_refs: BTreeSet<(bool, &'static str)>,
+    /// Generated columns added to the fenced table, and how many of them each
+    /// partition made by ATTACH steps has (one detached before a column was
+    /// added misses it: its ATTACH fails with 42804).
+    fenced_gens: usize,
+    part_gens: BTreeMap<u32, usize>,
+    /// Fenced writes refused with a verdict (LF001/2/3/7): (table, SQLSTATE,
+    /// token the fence saw, resource of the row it judged). Each must leave
+    /// one `lease.rejected_writes` row (checked when `Case::audit`).
+    refused: Vec<(Tab, String, Option<i64>, usize)>,
 }
 
 type StepResult = Result<(), String>;
+
+/// An audited refusal: (table, SQLSTATE, presented token, resource slot).
+type AuditRecord = (Option<Tab>, String, Option<i64>, Option<usize>);
 
 impl Runner<'_> {
     fn conn(&mut self, who: Who) -> &mut Client {
@@ -2395,6 +2555,11 @@ impl Runner<'_> {
             }
             Prim::SetRole { role: Role::Me, local: true } => "SET LOCAL ROLE NONE".to_owned(),
             Prim::SetRole { role: Role::Me, local: false } => "RESET ROLE".to_owned(),
+            Prim::SetReplica { on: true, local } => {
+                format!("SET {}session_replication_role = replica", if *local { "LOCAL " } else { "" })
+            }
+            Prim::SetReplica { on: false, local: true } => "SET LOCAL session_replication_role = origin".to_owned(),
+            Prim::SetReplica { on: false, local: false } => "RESET session_replication_role".to_owned(),
             Prim::Ddl { sql, .. } | Prim::Tamper { sql, .. } => sql.clone(),
             Prim::Acquire { slot, form, host } => format!(
                 "SELECT token, expires_at FROM lease.acquire('{}:{slot}', 'h{host}', {LEASE_TTL_MS}, '{}', ARRAY[{}])",
@@ -2416,6 +2581,13 @@ impl Runner<'_> {
             }
         }
         let eval = self.model.eval(who, &p);
+        let judged = match (who, &p) {
+            (Who::S(s), Prim::Insert { .. } | Prim::Update { .. } | Prim::Delete { .. }) => {
+                let (tab, _, presented, slot) = self.model.write_view(s, &p);
+                Some((tab, presented, slot))
+            }
+            _ => None,
+        };
         let sql = self.render(&p);
         let mut resync_rows = None;
         let mut acquired = None;
@@ -2458,6 +2630,9 @@ impl Runner<'_> {
         };
         *self.stats.outcomes.entry(outcome).or_default() += 1;
         let allowed = eval.allows(&code);
+        if let Some((tab, presented, slot)) = judged.filter(|_| VERDICTS.contains(&code.as_str())) {
+            self.refused.push((tab, code.clone(), presented, slot));
+        }
         let got = if code.is_empty() { "ok".to_owned() } else { format!("{code} {message}") };
         let expected =
             if eval.why.is_empty() { eval.describe() } else { format!("{} ({})", eval.describe(), eval.why) };
@@ -2651,7 +2826,24 @@ impl Runner<'_> {
                 let token = EXTREME_TOKENS[which as usize % EXTREME_TOKENS.len()];
                 r.owner_change(s, Prim::InsertOwner { slot, form: 0, token }).map(|_| ())
             })?,
-            Step::Tamper(t) => self.tamper(t)?,
+            Step::Tamper(t, via) => {
+                let admin = |sql: &str| Prim::Ddl { sql: sql.to_owned(), blocked_by: None };
+                if via == Replica::Session {
+                    self.prim(Who::Admin, admin("SET session_replication_role = replica"))?;
+                }
+                self.replica_local = via == Replica::Local;
+                let result = self.tamper(t);
+                self.replica_local = false;
+                result?;
+                if via == Replica::Session {
+                    self.prim(Who::Admin, admin("RESET session_replication_role"))?;
+                }
+            }
+            Step::Replica { s, on, local } => {
+                if !local || self.model.in_txn(s) {
+                    self.prim(Who::S(s), Prim::SetReplica { on, local })?;
+                }
+            }
         }
         Ok(())
     }
@@ -2764,7 +2956,14 @@ impl Runner<'_> {
         errs: &[&'static str],
         why: &str,
     ) -> Result<bool, String> {
-        self.prim(Who::Admin, Prim::Tamper { sql, locks, ok, errs: errs.to_vec(), why: why.to_owned() })
+        // In replica mode pg_lease's event triggers (ENABLE ALWAYS) judge the
+        // DDL exactly as they do without it.
+        let (sql, why) = if self.replica_local {
+            (format!("SET LOCAL session_replication_role = replica; {sql}"), format!("{why}; replica mode"))
+        } else {
+            (sql, why.to_owned())
+        };
+        self.prim(Who::Admin, Prim::Tamper { sql, locks, ok, errs: errs.to_vec(), why })
     }
 
     fn tamper(&mut self, t: Tamper) -> StepResult {
@@ -2792,9 +2991,14 @@ impl Runner<'_> {
                 // attached to a parent (Tamper::Parent) has inherited
                 // columns: 42P16 first.
                 let inherited = self.wrapped[usize::from(on_owners)];
-                let errs: &[&str] =
-                    if (on_owners && on_key) || inherited { &[TAMPERING, "42P16"] } else { &[TAMPERING] };
-                self.tamper_ddl(sql, vec![rel], false, errs, "a same-type rewrite of a fenced column")?;
+                let mut errs = vec![TAMPERING];
+                if (on_owners && on_key) || inherited {
+                    errs.push("42P16");
+                }
+                if self.gen_refs.contains(&(on_owners, col)) {
+                    errs.push(USED_BY_GENERATED);
+                }
+                self.tamper_ddl(sql, vec![rel], false, &errs, "a same-type rewrite of a fenced column")?;
             }
             Tamper::AlterOther { owners: on_owners } => {
                 let (rel, sql) = if on_owners {
@@ -2806,6 +3010,8 @@ impl Runner<'_> {
                     // Attached to a parent (Tamper::Parent): PostgreSQL refuses
                     // it on an inherited column.
                     self.tamper_ddl(sql, vec![rel], false, &["42P16"], "the column is inherited from the parent")?;
+                } else if self.gen_refs.contains(&(on_owners, if on_owners { "note" } else { "v" })) {
+                    self.tamper_ddl(sql, vec![rel], false, &[USED_BY_GENERATED], "a generated column uses it")?;
                 } else {
                     self.tamper_ddl(sql, vec![rel], true, &[], "the column is not fenced")?;
                 }
@@ -2885,11 +3091,11 @@ impl Runner<'_> {
                         let table = format!("{schema}.att{part}");
                         let create = if partitioned {
                             format!(
-                                "CREATE TABLE {table} (LIKE {fenced} INCLUDING DEFAULTS) PARTITION BY LIST (id); \
+                                "CREATE TABLE {table} (LIKE {fenced} INCLUDING DEFAULTS INCLUDING GENERATED) PARTITION BY LIST (id); \
                                  CREATE TABLE {table}_all PARTITION OF {table} DEFAULT"
                             )
                         } else {
-                            format!("CREATE TABLE {table} (LIKE {fenced} INCLUDING DEFAULTS)")
+                            format!("CREATE TABLE {table} (LIKE {fenced} INCLUDING DEFAULTS INCLUDING GENERATED)")
                         };
                         let sql = format!(
                             "{create}; INSERT INTO {table} (id, part, {}, tok) VALUES ({id}, {part}, {}, {})",
@@ -2898,6 +3104,7 @@ impl Runner<'_> {
                             token.map_or_else(|| "NULL".to_owned(), |t| t.to_string())
                         );
                         self.tamper_ddl(sql, vec![], true, &[], "a table outside the fence")?;
+                        self.part_gens.insert(part, self.fenced_gens);
                         (part, vec![(id, FRow { tab: Tab::Fenced, slot, tok: token, part })])
                     }
                 };
@@ -2912,8 +3119,15 @@ impl Runner<'_> {
                 if savepoint {
                     sql = format!("DO $d$ BEGIN {sql}; EXCEPTION WHEN division_by_zero THEN NULL; END $d$");
                 }
-                let errs: &[&str] = if fresh { &[] } else { &[TAMPERING] };
-                if self.tamper_ddl(sql, vec![Rel::T(Tab::Fenced), Rel::Owners], fresh, errs, &why)? {
+                let mut errs: Vec<&str> = if fresh { vec![] } else { vec![TAMPERING] };
+                let mut ok = fresh;
+                let mut why = why;
+                if self.part_gens.get(&part).copied().unwrap_or(0) < self.fenced_gens {
+                    errs.push(MISSING_COLUMN);
+                    ok = false;
+                    why = format!("detached before a generated column was added: it misses it; {why}");
+                }
+                if self.tamper_ddl(sql, vec![Rel::T(Tab::Fenced), Rel::Owners], ok, &errs, &why)? {
                     self.model.attach(part, &rows);
                     self.attached.push(part);
                 }
@@ -2935,6 +3149,11 @@ impl Runner<'_> {
                     }
                     self.wrapped[i] = true;
                 }
+                let generated: &[&str] = if ddl == ParentDdl::Retype && self.gen_refs.contains(&(on_owners, "tok")) {
+                    &[TAMPERING, USED_BY_GENERATED]
+                } else {
+                    &[TAMPERING]
+                };
                 let (sql, why) = match ddl {
                     ParentDdl::Retype => (
                         format!("ALTER TABLE {wrap} ALTER COLUMN tok TYPE bigint USING tok - 1"),
@@ -2953,7 +3172,7 @@ impl Runner<'_> {
                         "a trigger cloned from a parent, named to run after pg_lease's",
                     ),
                 };
-                self.tamper_ddl(sql, vec![rel], false, &[TAMPERING], why)?;
+                self.tamper_ddl(sql, vec![rel], false, generated, why)?;
             }
             Tamper::Detach => {
                 if let Some(part) = self.attached.last().copied() {
@@ -2961,6 +3180,26 @@ impl Runner<'_> {
                     if self.tamper_ddl(sql, fenced_rels, true, &[], "the partition leaves the fence")? {
                         self.model.detach(part);
                         self.attached.pop();
+                    }
+                }
+            }
+            Tamper::GenCol { owners: on_owners, on_token } => {
+                let (rel, table) = if on_owners { (Rel::Owners, &owners) } else { (Rel::T(Tab::Fenced), &fenced) };
+                let col = match (on_token, on_owners) {
+                    (true, _) => "tok",
+                    (false, true) => "note",
+                    (false, false) => "id",
+                };
+                let sql = format!("ALTER TABLE {table} ADD COLUMN g{n} bigint GENERATED ALWAYS AS ({col} % 7) STORED");
+                if self.wrapped[usize::from(on_owners)] {
+                    self.tamper_ddl(sql, vec![rel], false, &[PARTITION_COLUMN], "the table is a parent's partition")?;
+                } else if self.tamper_ddl(sql, vec![rel], true, &[], "a generated column pg_lease does not fence")? {
+                    self.gen_refs.insert((on_owners, col));
+                    if !on_owners {
+                        self.fenced_gens += 1;
+                        for part in &self.attached {
+                            self.part_gens.insert(*part, self.fenced_gens);
+                        }
                     }
                 }
             }
@@ -3045,6 +3284,76 @@ impl Runner<'_> {
         }
     }
 
+    /// Every fenced write refused with a verdict must leave exactly one row
+    /// in `lease.rejected_writes` (written by the audit writer within
+    /// `pg_lease.audit_flush_ms`: polled with a deadline) with its table,
+    /// SQLSTATE, presented token and, in `row_data` (`pg_lease.audit_row` is
+    /// on), the judged row's key and no generated column.
+    fn check_audit(&mut self) -> StepResult {
+        let key = self.key;
+        let schema = &self.names.base_schema;
+        let verdicts = VERDICTS.iter().map(|v| format!("'{v}'")).collect::<Vec<_>>().join(", ");
+        let join = key
+            .columns()
+            .iter()
+            .map(|(c, t)| format!("s.{c} = (r.row_data->>'{c}')::{t}"))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        let sql = format!(
+            "WITH {}, r AS (SELECT * FROM lease.rejected_writes \
+               WHERE split_part(target_table, '.', 1) = '{schema}' AND sqlstate IN ({verdicts})) \
+             SELECT split_part(r.target_table, '.', 2), r.sqlstate, r.presented_token, s.slot, \
+               r.row_data IS NOT NULL AND r.row_data ? 'id' \
+                 AND NOT EXISTS (SELECT FROM jsonb_object_keys(r.row_data) g WHERE g ~ '^g[0-9]+$'), \
+               coalesce(r.row_data::text, 'NULL') \
+             FROM r LEFT JOIN s ON {join} ORDER BY r.id",
+            key.slot_cte()
+        );
+        // A row of the partitioned fenced table is audited under its
+        // partition's name (fenced_p0, fenced_pm, att<n>, att<n>_all).
+        let fenced = &self.names.tabs[&Tab::Fenced];
+        let table_of = |name: &str| {
+            ALL_TABS.iter().copied().find(|t| self.names.tabs[t] == name).or_else(|| {
+                let part = name.starts_with(&format!("{fenced}_p")) || name.starts_with("att");
+                part.then_some(Tab::Fenced)
+            })
+        };
+        let mut expected: Vec<AuditRecord> =
+            self.refused.iter().map(|(t, c, p, s)| (Some(*t), c.clone(), *p, Some(*s))).collect();
+        expected.sort();
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let rows = self.admin.query(&sql, &[]).map_err(|e| format!("reading the audit: {e}\n{sql}"))?;
+            let mut got = Vec::new();
+            let mut bad = Vec::new();
+            for row in &rows {
+                let table: String = row.get(0);
+                let slot: Option<i32> = row.get(3);
+                let rec = (table_of(&table), row.get::<_, String>(1), row.get(2), slot.map(|s| s as usize));
+                if !row.get::<_, bool>(4) {
+                    bad.push(format!("{rec:?}: row_data {}", row.get::<_, String>(5)));
+                }
+                got.push(rec);
+            }
+            got.sort();
+            if got.len() >= expected.len() || Instant::now() > deadline {
+                let mut problems = Vec::new();
+                if got != expected {
+                    problems.push(format!(
+                        "AUDIT: refused fenced writes (table, sqlstate, presented token, slot) {expected:?}, \
+                         but lease.rejected_writes has {got:?}"
+                    ));
+                }
+                if !bad.is_empty() {
+                    problems
+                        .push(format!("AUDIT: row_data missing, or holding a generated column: {}", bad.join("; ")));
+                }
+                return if problems.is_empty() { Ok(()) } else { Err(problems.join("\n")) };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(40));
+        }
+    }
+
     fn script(&self, family: Family, case: &Case, failure: &str) -> String {
         let whos: Vec<Who> = self.lines.iter().map(|l| l.who).collect();
         let multi = whos.windows(2).any(|w| w[0] != w[1]) || whos.contains(&Who::Admin);
@@ -3075,6 +3384,7 @@ impl Runner<'_> {
             "GRANT EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]) TO {};",
             self.role
         );
+        let _ = writeln!(out, "GRANT SET ON PARAMETER session_replication_role TO {};", self.role);
         for s in &self.setup {
             let _ = writeln!(out, "{s};");
         }
@@ -3090,9 +3400,15 @@ impl Runner<'_> {
                      current_setting('port'), current_database()));"
                 );
                 let _ = writeln!(out, "SELECT dblink_exec('s{s}', $q$SET lock_timeout = '{LOCK_TIMEOUT}'$q$);");
+                if !session_setup(family).is_empty() {
+                    let _ = writeln!(out, "SELECT dblink_exec('s{s}', $q${}$q$);", session_setup(family));
+                }
             }
         } else {
             let _ = writeln!(out, "SET lock_timeout = '{LOCK_TIMEOUT}';");
+            if !session_setup(family).is_empty() {
+                let _ = writeln!(out, "{};", session_setup(family));
+            }
         }
         for l in &self.lines {
             let mark = if l.bad { "!!! MISMATCH: " } else { "" };
@@ -3130,6 +3446,14 @@ impl Runner<'_> {
 // Families
 // ---------------------------------------------------------------------------
 
+fn session_setup(family: Family) -> &'static str {
+    if family == Family::Tamper {
+        "SET pg_lease.audit_row = on"
+    } else {
+        ""
+    }
+}
+
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(default)
 }
@@ -3155,7 +3479,8 @@ impl FamilyEnv {
                 "SET jit = off;
                  CREATE COLLATION public.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
                  DROP ROLE IF EXISTS {role}; CREATE ROLE {role} NOLOGIN;
-                 GRANT EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]) TO {role};"
+                 GRANT EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]) TO {role};
+                 GRANT SET ON PARAMETER session_replication_role TO {role};"
             ))
             .expect("family setup (needs ICU)");
         FamilyEnv {
@@ -3166,6 +3491,12 @@ impl FamilyEnv {
             case_no: Cell::new(0),
             stats: RefCell::new(Stats::default()),
         }
+    }
+
+    /// What every session runs after connecting (besides its lock_timeout):
+    /// the Tamper family keeps refused rows in the audit (a superuser GUC).
+    fn session_setup(&self) -> &'static str {
+        session_setup(self.family)
     }
 
     fn setup_sql(&self, schema: &str, key: KeyType, index: OwnerIndex) -> Vec<String> {
@@ -3274,7 +3605,8 @@ impl FamilyEnv {
         let mut sessions = Vec::new();
         for _ in 0..SESSIONS {
             let mut c = db.connect();
-            c.batch_execute(&format!("SET lock_timeout = '{LOCK_TIMEOUT}'")).expect("session setup");
+            c.batch_execute(&format!("SET lock_timeout = '{LOCK_TIMEOUT}'; {}", self.session_setup()))
+                .expect("session setup");
             sessions.push(c);
         }
         let mut runner = Runner {
@@ -3293,6 +3625,11 @@ impl FamilyEnv {
             attached: Vec::new(),
             owner_seen: BTreeMap::new(),
             moves: self.family == Family::Tamper,
+            replica_local: false,
+            gen_refs: BTreeSet::new(),
+            fenced_gens: 0,
+            part_gens: BTreeMap::new(),
+            refused: Vec::new(),
         };
         runner.model.strict = self.family == Family::Tamper;
         if self.family == Family::Tamper {
@@ -3314,12 +3651,19 @@ impl FamilyEnv {
                 break;
             }
         }
+        if outcome.is_ok() && case.audit {
+            if let Err(e) = runner.check_audit() {
+                let summary = format!("after the last step: {e}");
+                outcome = Err(Failure { script: runner.script(self.family, case, &summary), summary });
+            }
+        }
         let mut schemas = runner.names.extra_schemas.clone();
         schemas.push(runner.names.schema.clone());
         drop(runner.sessions.drain(..));
         drop(runner);
         let cleanup = format!(
-            "SET lock_timeout = 0; DROP SCHEMA IF EXISTS {} CASCADE; SET lock_timeout = '{LOCK_TIMEOUT}'",
+            "RESET session_replication_role; SET lock_timeout = 0; DROP SCHEMA IF EXISTS {} CASCADE; \
+             SET lock_timeout = '{LOCK_TIMEOUT}'",
             schemas.join(", ")
         );
         if let Err(e) = admin.batch_execute(&cleanup) {
@@ -3335,7 +3679,10 @@ impl Drop for FamilyEnv {
     fn drop(&mut self) {
         drop(self.db.take());
         if let Ok(mut c) = std::panic::catch_unwind(|| connect_to("postgres", "postgres")) {
-            let _ = c.batch_execute(&format!("DROP ROLE IF EXISTS {}", self.role));
+            let _ = c.batch_execute(&format!(
+                "REVOKE SET ON PARAMETER session_replication_role FROM {0}; DROP ROLE IF EXISTS {0}",
+                self.role
+            ));
         }
     }
 }

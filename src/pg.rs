@@ -2173,13 +2173,16 @@ pub fn with_pinned_search_path<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// Runs `f` with the settings that shape values' text output fixed
-/// (DateStyle, IntervalStyle, TimeZone, extra_float_digits, bytea_output,
-/// lc_monetary), as [`with_pinned_search_path`] pins its setting: text a
+/// (search_path, DateStyle, IntervalStyle, TimeZone, extra_float_digits,
+/// bytea_output, lc_monetary), as [`with_pinned_search_path`] pins its setting: text a
 /// value of a key is shown as then depends on the value alone, not on the
 /// session that shows it.
 pub fn with_stable_output<R>(f: impl FnOnce() -> R) -> R {
     with_settings(
         &[
+            // (regclass and the other reg* types print a name without its
+            // schema when the search path finds it.)
+            (c"search_path", c"pg_catalog, pg_temp"),
             (c"DateStyle", c"ISO, YMD"),
             (c"IntervalStyle", c"postgres"),
             (c"TimeZone", c"UTC"),

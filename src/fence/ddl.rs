@@ -115,6 +115,43 @@ pub unsafe fn first_judgment(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys:
     Ok(pg_sys::Datum::from(first))
 }
 
+/// PostgreSQL 17's `event_triggers = off` silences every event trigger,
+/// the DDL guard among them: while it is off, in a database where pg_lease
+/// is installed, a command an event trigger would see is refused before it
+/// runs (from the ProcessUtility hook), except the commands of an extension
+/// script. Commands on event triggers themselves, what the setting is for
+/// (repairing a broken one), fire none and go through.
+pub fn unguarded_refusal(stmt: *mut pg_sys::Node) -> Option<Refusal> {
+    #[cfg(feature = "pg18")]
+    {
+        // SAFETY: reads two backend globals; `stmt` is the utility statement
+        // ProcessUtility was given (checked non-NULL), which CreateCommandTag
+        // only reads; get_extension_oid is a catalog lookup (missing_ok).
+        let silenced = unsafe {
+            !pg_sys::event_triggers
+                && !pg_sys::creating_extension
+                && !stmt.is_null()
+                && pg_sys::command_tag_event_trigger_ok(pg_sys::CreateCommandTag(stmt))
+                && pg_sys::get_extension_oid(c"pg_lease".as_ptr(), true) != pg_sys::InvalidOid
+        };
+        if silenced {
+            let mut refusal = Refusal::new(
+                crate::errors::LeaseError::FenceTampering,
+                "DDL is refused while event_triggers is off",
+                "pg_lease's DDL guard runs as event triggers, which event_triggers = off silences: a command could then weaken a fence unseen.",
+            );
+            refusal.hint = Some(
+                "SET event_triggers = on (ALTER EVENT TRIGGER and DROP EVENT TRIGGER, which fire no event trigger, work with it off)."
+                    .into(),
+            );
+            return Some(refusal);
+        }
+    }
+    #[cfg(not(feature = "pg18"))]
+    let _ = stmt;
+    None
+}
+
 /// The (sub)transaction in which the DDL guard is running pg_lease's own
 /// DDL (a TRUNCATE guard on a partition it judged, a stray guard dropped),
 /// if it is: that DDL fires the guard again, which has nothing to judge in

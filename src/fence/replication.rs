@@ -211,7 +211,10 @@ unsafe extern "C-unwind" fn process_utility(
     qc: *mut pg_sys::QueryCompletion,
 ) {
     // SAFETY: pstmt is the statement being run, a utility statement.
-    if let Some(refusal) = crate::fence::citus::truncate_refusal(unsafe { (*pstmt).utilityStmt }) {
+    let stmt = unsafe { (*pstmt).utilityStmt };
+    if let Some(refusal) =
+        crate::fence::ddl::unguarded_refusal(stmt).or_else(|| crate::fence::citus::truncate_refusal(stmt))
+    {
         // SAFETY: nothing of this function needs dropping, and nothing was
         // entered yet: the error unwinds to Postgres's handler.
         unsafe { crate::errors::raise(refusal) };

@@ -7,14 +7,15 @@
 //! row leaves generated columns out; README's Backups section says how to
 //! start a physical backup without its `recovery.signal` (raise the epoch
 //! with `lease.issue_tokens_above(lease.token_ceiling())` first), and the
-//! backup test follows it. Open (ignored test, README): `event_triggers =
-//! off` (README, Roles and grants: never grant SET on it). Tests of
-//! PostgreSQL 17/18 features are not run against an older server.
+//! backup test follows it. Tests of PostgreSQL 17/18 features are not run
+//! against an older server.
 //! Session 16: a replicated UPDATE of a `lease.lease_state` or
 //! `lease.session_state` row the subscriber holds is undone (the old row
 //! written back) instead of refused, so the `pg_createsubscriber` findings
 //! are closed: the rest of the publisher's transaction, the owner-row bump
-//! among it, applies.)
+//! among it, applies. With `event_triggers = off`, in a database with
+//! pg_lease, pg_lease's ProcessUtility hook refuses every command an event
+//! trigger would see (`LF008`); event trigger commands go through.)
 //!
 //! Findings, most severe first:
 //!
@@ -626,7 +627,6 @@ fn a_role_allowed_to_set_session_replication_role_cannot_drop_the_fence() {
 
 /// Hole (low). See the module comment.
 #[test]
-#[ignore = "open (low): event_triggers = off silences every event trigger; README, Roles and grants: never grant SET on it"]
 fn a_role_allowed_to_turn_event_triggers_off_cannot_drop_the_fence() {
     if !at_least(17, "the event_triggers parameter") {
         return;
@@ -637,6 +637,22 @@ fn a_role_allowed_to_turn_event_triggers_off_cannot_drop_the_fence() {
         "with event_triggers = off the table's owner dropped pg_lease_fence; a stale INSERT then gave {stale:?} \
          (\"\" = committed)"
     );
+    assert_eq!(refused.as_ref().map(|e| e[0].as_str()), Some("LF008"), "{refused:?}");
+    // What the setting is for still works, and nothing else of a database
+    // without pg_lease is refused.
+    let db = TestDb::new("a28_evtoff_repair");
+    let mut c = db.connect();
+    must_run(
+        &mut c,
+        "CREATE FUNCTION broken() RETURNS event_trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'broken'; END $$;
+         CREATE EVENT TRIGGER broken ON ddl_command_start EXECUTE FUNCTION broken();",
+    );
+    must_run(&mut c, "SET event_triggers = off; ALTER EVENT TRIGGER broken DISABLE; DROP EVENT TRIGGER broken");
+    expect_error(&mut c, "CREATE TABLE t (a int)", "LF008");
+    must_run(&mut c, "RESET event_triggers; CREATE TABLE t (a int)");
+    let plain = TestDb::new("a28_evtoff_plain");
+    let mut p = plain.connect();
+    must_run(&mut p, "DROP EXTENSION pg_lease; SET event_triggers = off; CREATE TABLE t (a int); DROP TABLE t");
 }
 
 /// Hole (low), closed. See the module comment. A STORED generated column

@@ -167,6 +167,48 @@ fn a_database_owners_role_setting_cannot_stall_the_audit() {
     assert!(recorded, "a database owner's ALTER DATABASE ... SET role stalled the audit: {status}");
 }
 
+/// The other settings a database owner can give every session of the
+/// database, all at once: the audit writer pins its own (README, Auditing:
+/// "whatever ALTER DATABASE ... SET a database owner made").
+#[test]
+fn a_database_owners_other_settings_cannot_stall_the_audit() {
+    let db = TestDb::new("a29_dbsettings");
+    let mut c = db.connect();
+    roles(&mut c, &["a29_owner2"]);
+    must_run(&mut c, POKER);
+    let mut writer = db.connect();
+    must_run(&mut writer, "SET application_name = 'a29-dbsettings'");
+    must_run(&mut c, &format!("ALTER DATABASE {} OWNER TO a29_owner2", db.name));
+    let mut settings = vec![
+        "default_transaction_read_only = on",
+        "default_transaction_isolation = 'serializable'",
+        "statement_timeout = 1",
+        "lock_timeout = 1",
+        "idle_in_transaction_session_timeout = 1",
+        "synchronous_commit = off",
+        "search_path = nowhere",
+    ];
+    if server_version_num() >= 170_000 {
+        settings.push("transaction_timeout = 1");
+    }
+    must_run(&mut c, "SET ROLE a29_owner2");
+    for setting in &settings {
+        must_run(&mut c, &format!("ALTER DATABASE {} SET {setting}", db.name));
+    }
+    must_run(&mut c, "RESET ROLE");
+    for tok in [1, 2, 3] {
+        expect_error(&mut writer, &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {tok})"), "LF001");
+    }
+    let mut reader = db.connect();
+    must_run(&mut reader, "SET default_transaction_read_only = off; SET statement_timeout = 0");
+    let recorded = wait_until("the three refusals in lease.rejected_writes", Duration::from_secs(10), || {
+        audited(&mut reader, "application_name = 'a29-dbsettings'") == 3
+    });
+    let status: String = reader.query_one("SELECT status FROM lease.audit_status()", &[]).unwrap().get(0);
+    let _ = reader.batch_execute(&format!("ALTER DATABASE {} RESET ALL", db.name));
+    assert!(recorded, "a database owner's ALTER DATABASE ... SET stalled the audit: {status}");
+}
+
 #[test]
 fn a_json_cast_cannot_hide_a_refusal_from_the_audit_row() {
     let db = TestDb::new("a29_jsoncast");

@@ -3141,7 +3141,7 @@ impl Runner<'_> {
                 let i = usize::from(on_owners);
                 if !self.wrapped[i] {
                     let sql = format!(
-                        "CREATE TABLE {wrap} (LIKE {table}) PARTITION BY LIST ({by}); \
+                        "CREATE TABLE {wrap} (LIKE {table} INCLUDING GENERATED) PARTITION BY LIST ({by}); \
                          ALTER TABLE {wrap} ATTACH PARTITION {table} DEFAULT"
                     );
                     if !self.tamper_ddl(sql, vec![rel], true, &[], "a protected table may be a partition")? {

@@ -704,6 +704,15 @@ pub fn query_text_under(sql: &CStr, latest: bool, what: &str) -> Option<Vec<u8>>
     })
 }
 
+/// SPI's parameter arrays for `params` (None: NULL): the values, and the
+/// nulls as SPI spells them (`'n'` for NULL, `' '` otherwise).
+fn spi_args(params: &[Option<pg_sys::Datum>]) -> (Vec<pg_sys::Datum>, Vec<std::ffi::c_char>) {
+    params
+        .iter()
+        .map(|p| (p.unwrap_or(pg_sys::Datum::from(0)), if p.is_some() { b' ' } else { b'n' } as std::ffi::c_char))
+        .unzip()
+}
+
 /// Executes the saved `plan` with `params` (None: NULL) in the current SPI
 /// connection, read-write (a fresh snapshot per statement, as PL/pgSQL
 /// runs it), to completion; whether it returned or changed a row.
@@ -712,9 +721,7 @@ pub fn query_text_under(sql: &CStr, latest: bool, what: &str) -> Option<Vec<u8>>
 /// Call inside [`spi_connected`]; `plan` is a saved plan taking exactly
 /// `params.len()` parameters, each of the type of the datum given.
 pub unsafe fn exec_saved(plan: pg_sys::SPIPlanPtr, params: &[Option<pg_sys::Datum>], what: &str) -> bool {
-    let mut values: Vec<pg_sys::Datum> = params.iter().map(|p| p.unwrap_or(pg_sys::Datum::from(0))).collect();
-    let nulls: Vec<std::ffi::c_char> =
-        params.iter().map(|p| if p.is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
+    let (mut values, nulls) = spi_args(params);
     // SAFETY: the caller's contract for the plan, its parameters and the
     // connection; `values` and `nulls` hold one entry per parameter, which
     // SPI only reads during the call.
@@ -773,9 +780,7 @@ pub fn put_back_row(relid: pg_sys::Oid, old: Row, at: pg_sys::ItemPointerData) -
     let mut tid = at;
     types.push(pg_sys::TIDOID);
     values.push(Some(pg_sys::Datum::from(&mut tid as *mut pg_sys::ItemPointerData)));
-    let mut datums: Vec<pg_sys::Datum> = values.iter().map(|v| v.unwrap_or(pg_sys::Datum::from(0))).collect();
-    let nulls: Vec<std::ffi::c_char> =
-        values.iter().map(|v| if v.is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
+    let (mut datums, nulls) = spi_args(&values);
     as_table_owner(relid, || {
         spi_connected(|| {
             // SAFETY: `sql` is NUL-terminated; `types`, `datums` and `nulls`
@@ -942,20 +947,17 @@ unsafe fn desc_attribute_mut<'a>(desc: pg_sys::TupleDesc, i: usize) -> &'a mut p
     }
 }
 
-/// A copy of `desc` as an anonymous record type, blessed (a composite datum
-/// made with it can be read back, by row_to_json for one), with the live
-/// columns `leave_out` picks marked dropped, so that readers of the datum
-/// skip them; None when it picks none. The copy is in the current memory
-/// context; the blessed type, one per distinct shape, lives as long as the
-/// backend (PostgreSQL's record type cache).
-///
-/// # Safety
-/// `desc` is a valid tuple descriptor.
-pub unsafe fn record_desc_without(
-    desc: pg_sys::TupleDesc,
-    leave_out: impl Fn(&pg_sys::FormData_pg_attribute) -> bool,
-) -> Option<pg_sys::TupleDesc> {
-    // SAFETY: the caller's contract; every index is below natts.
+/// `row` as a composite datum (in the current memory context), without the
+/// live columns `leave_out` picks: described by a copy of its descriptor as
+/// an anonymous record type, blessed (so that row_to_json, for one, can read
+/// it back), with those columns marked dropped and the row formed again with
+/// them NULL (a value in a column its descriptor calls dropped is an error
+/// to readers). The blessed type, one per distinct shape, lives as long as
+/// the backend (PostgreSQL's record type cache). Without such columns, the
+/// row as it is, of its own type.
+pub fn record_datum_without(row: Row, leave_out: impl Fn(&pg_sys::FormData_pg_attribute) -> bool) -> pg_sys::Datum {
+    let desc = row.desc();
+    // SAFETY: a Row's descriptor is valid (Row::new's contract).
     let natts = unsafe { (*desc).natts } as usize;
     // (Picked in `desc` itself: CreateTupleDescCopy clears attgenerated and
     // attidentity in its copy.)
@@ -966,24 +968,36 @@ pub unsafe fn record_desc_without(
             !a.attisdropped && leave_out(a)
         })
         .collect();
-    if picked.is_empty() {
-        return None;
-    }
-    // SAFETY: CreateTupleDescCopy copies a valid descriptor (without its
-    // constraints) into the current memory context; the copy is this
-    // function's alone until blessed. PostgreSQL 18 keeps a compact copy of
-    // each attribute, refreshed after the change. BlessTupleDesc registers
-    // an anonymous record type (RECORDOID, typmod -1) and sets its typmod.
+    // SAFETY: `row` is a valid tuple formed with `desc` (Row's contract).
+    // CreateTupleDescCopy copies `desc` (without its constraints) into the
+    // current memory context, the copy this function's alone until blessed;
+    // PostgreSQL 18 keeps a compact copy of each attribute, refreshed after
+    // the change; BlessTupleDesc registers an anonymous record type
+    // (RECORDOID, typmod -1) and sets its typmod. heap_deform_tuple fills
+    // `natts` entries (NULL past the tuple's own attributes), the copy's
+    // count too, and heap_form_tuple / heap_copy_tuple_as_datum build the
+    // new row and its datum from them in the current memory context.
     unsafe {
+        if picked.is_empty() {
+            return pg_sys::heap_copy_tuple_as_datum(row.tuple(), desc);
+        }
         let copy = pg_sys::CreateTupleDescCopy(desc);
-        for i in picked {
+        for &i in &picked {
             desc_attribute_mut(copy, i).attisdropped = true;
             #[cfg(feature = "pg18")]
             pg_sys::populate_compact_attribute(copy, i as i32);
         }
         (*copy).tdtypeid = pg_sys::RECORDOID;
         (*copy).tdtypmod = -1;
-        Some(pg_sys::BlessTupleDesc(copy))
+        let copy = pg_sys::BlessTupleDesc(copy);
+        let mut values = vec![pg_sys::Datum::from(0usize); natts];
+        let mut nulls = vec![true; natts];
+        pg_sys::heap_deform_tuple(row.tuple(), desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+        for i in picked {
+            nulls[i] = true;
+        }
+        let tuple = pg_sys::heap_form_tuple(copy, values.as_mut_ptr(), nulls.as_mut_ptr());
+        pg_sys::heap_copy_tuple_as_datum(tuple, copy)
     }
 }
 

@@ -76,38 +76,14 @@ pub fn row_json(row: Row) -> Option<String> {
     // the columns' types have, which their owners may have made, and an
     // error there must not take the refusal's place (nor its count).
     let made = pg::subtransaction(|| {
-        // SAFETY: `row` is a valid tuple with its descriptor (Row's
-        // contract), which has as many attributes as the copy
-        // record_desc_without makes of it (heap_deform_tuple fills `natts`
-        // entries, NULL past the tuple's own); heap_copy_tuple_as_datum makes
-        // a composite datum of the row in the current memory context
-        // (described by the row's own descriptor or by that copy),
-        // row_to_json(record) returns a text datum, and text_to_cstring a
-        // palloc'd copy, read before this returns.
+        // Generated columns left out: the fence is a BEFORE trigger, which
+        // sees them NULL (stored ones not computed yet; virtual ones, on
+        // PostgreSQL 18, never stored), not as the row would have held them.
+        let record = pg::record_datum_without(row, |a| a.attgenerated != 0);
+        // SAFETY: `record` is a composite datum of a registered (or blessed)
+        // row type; row_to_json(record) returns a text datum, and
+        // text_to_cstring a palloc'd copy, read before this returns.
         Ok::<_, ()>(unsafe {
-            // Generated columns left out: the fence is a BEFORE trigger,
-            // which sees them NULL (stored ones not computed yet; virtual
-            // ones, on PostgreSQL 18, never stored), not as the row would
-            // have held them.
-            let record = match pg::record_desc_without(row.desc(), |a| a.attgenerated != 0) {
-                // The row formed again with those columns NULL (an UPDATE's
-                // row carries their stored values, which a column the
-                // descriptor calls dropped must not hold).
-                Some(desc) => {
-                    let natts = (*desc).natts as usize;
-                    let mut values = vec![pg_sys::Datum::from(0usize); natts];
-                    let mut nulls = vec![true; natts];
-                    pg_sys::heap_deform_tuple(row.tuple(), row.desc(), values.as_mut_ptr(), nulls.as_mut_ptr());
-                    for (i, null) in nulls.iter_mut().enumerate() {
-                        if pg::desc_attribute(desc, i).attisdropped {
-                            *null = true;
-                        }
-                    }
-                    let tuple = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
-                    pg_sys::heap_copy_tuple_as_datum(tuple, desc)
-                }
-                None => pg_sys::heap_copy_tuple_as_datum(row.tuple(), row.desc()),
-            };
             let json = pg_sys::OidFunctionCall1Coll(
                 pg_sys::Oid::from(pg_sys::F_ROW_TO_JSON_RECORD),
                 pg_sys::InvalidOid,

@@ -3480,6 +3480,7 @@ impl FamilyEnv {
                  CREATE COLLATION public.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
                  DROP ROLE IF EXISTS {role}; CREATE ROLE {role} NOLOGIN;
                  GRANT EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]) TO {role};
+                 SELECT pg_advisory_xact_lock({PARAMETER_ACL_LOCK});
                  GRANT SET ON PARAMETER session_replication_role TO {role};"
             ))
             .expect("family setup (needs ICU)");
@@ -3675,12 +3676,18 @@ impl FamilyEnv {
     }
 }
 
+/// The families run in parallel, and every GRANT or REVOKE on one
+/// parameter rewrites its one pg_parameter_acl row: two at once fail with
+/// "tuple concurrently updated". Taken around them.
+const PARAMETER_ACL_LOCK: i64 = 0x6d_6f64_656c;
+
 impl Drop for FamilyEnv {
     fn drop(&mut self) {
         drop(self.db.take());
         if let Ok(mut c) = std::panic::catch_unwind(|| connect_to("postgres", "postgres")) {
             let _ = c.batch_execute(&format!(
-                "REVOKE SET ON PARAMETER session_replication_role FROM {0}; DROP ROLE IF EXISTS {0}",
+                "BEGIN; SELECT pg_advisory_xact_lock({PARAMETER_ACL_LOCK});
+                 REVOKE SET ON PARAMETER session_replication_role FROM {0}; DROP ROLE IF EXISTS {0}; COMMIT",
                 self.role
             ));
         }

@@ -3474,16 +3474,17 @@ impl FamilyEnv {
         let db = TestDb::new(&format!("model_{}", family.tag()));
         let role = format!("model_app_{}_{}", family.tag(), std::process::id());
         let mut admin = db.connect();
+        let acl = PARAMETER_ACL.lock().unwrap_or_else(|e| e.into_inner());
         admin
             .batch_execute(&format!(
                 "SET jit = off;
                  CREATE COLLATION public.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
                  DROP ROLE IF EXISTS {role}; CREATE ROLE {role} NOLOGIN;
                  GRANT EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]) TO {role};
-                 SELECT pg_advisory_xact_lock({PARAMETER_ACL_LOCK});
                  GRANT SET ON PARAMETER session_replication_role TO {role};"
             ))
             .expect("family setup (needs ICU)");
+        drop(acl);
         FamilyEnv {
             family,
             db: Some(db),
@@ -3676,18 +3677,22 @@ impl FamilyEnv {
     }
 }
 
-/// The families run in parallel, and every GRANT or REVOKE on one
-/// parameter rewrites its one pg_parameter_acl row: two at once fail with
-/// "tuple concurrently updated". Taken around them.
-const PARAMETER_ACL_LOCK: i64 = 0x6d_6f64_656c;
+/// The families run in parallel (threads of this process), and every GRANT
+/// or REVOKE on one parameter writes its one pg_parameter_acl row: two at
+/// once fail ("tuple concurrently updated", or a duplicate key when both
+/// make the row). Held around each family's statements that do, so that
+/// each starts its transaction after the other's committed (an advisory
+/// lock would not do: it does not make the second see the first's row in
+/// its catalog caches).
+static PARAMETER_ACL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Drop for FamilyEnv {
     fn drop(&mut self) {
         drop(self.db.take());
         if let Ok(mut c) = std::panic::catch_unwind(|| connect_to("postgres", "postgres")) {
+            let _acl = PARAMETER_ACL.lock().unwrap_or_else(|e| e.into_inner());
             let _ = c.batch_execute(&format!(
-                "BEGIN; SELECT pg_advisory_xact_lock({PARAMETER_ACL_LOCK});
-                 REVOKE SET ON PARAMETER session_replication_role FROM {0}; DROP ROLE IF EXISTS {0}; COMMIT",
+                "REVOKE SET ON PARAMETER session_replication_role FROM {0}; DROP ROLE IF EXISTS {0}",
                 self.role
             ));
         }

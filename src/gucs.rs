@@ -22,6 +22,8 @@ static mut TOKEN_RAW: *mut c_char = std::ptr::null_mut();
 pub static AUDIT: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// Records the shared-memory queue holds; a full queue counts refusals as dropped.
 pub static AUDIT_QUEUE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(2048);
+/// Protected tables (of all databases) `lease.stats` counts at once.
+pub static STATS_TABLES: GucSetting<i32> = GucSetting::<i32>::new(1024);
 /// How often, at most, the audit worker sleeps between flushes.
 pub static AUDIT_FLUSH_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
 /// Also keep the refused statement's text (may hold personal data).
@@ -324,6 +326,16 @@ pub fn init() {
             &AUDIT_QUEUE_SIZE,
             16,
             1 << 20,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
+        GucRegistry::define_int_guc(
+            c"pg_lease.stats_tables",
+            c"Protected tables, of all databases, that lease.stats counts at once.",
+            c"Each takes about 560 bytes of shared memory. When all are taken, those of dropped tables and databases are reused; further tables are fenced and audited but not counted.",
+            &STATS_TABLES,
+            16,
+            1 << 16,
             GucContext::Postmaster,
             GucFlags::default(),
         );

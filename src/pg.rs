@@ -1521,6 +1521,67 @@ pub fn database_name(oid: pg_sys::Oid) -> Option<String> {
     (!name.is_null()).then(|| unsafe { owned(name) })
 }
 
+/// Whether database `oid` exists (a committed `pg_database` row: a backend
+/// can only connect to such a one). Needs a transaction.
+pub fn database_exists(oid: pg_sys::Oid) -> bool {
+    // SAFETY: a syscache probe that accepts any OID.
+    unsafe {
+        pg_sys::SearchSysCacheExists(
+            pg_sys::SysCacheIdentifier::DATABASEOID as i32,
+            pg_sys::Datum::from(oid),
+            pg_sys::Datum::from(0),
+            pg_sys::Datum::from(0),
+            pg_sys::Datum::from(0),
+        )
+    }
+}
+
+/// Whether relation `relid` of this database is dropped for good: it does
+/// not exist, and no transaction can still bring it back or be creating
+/// it. A table created or dropped by a transaction still in progress is
+/// locked `ACCESS EXCLUSIVE` by it until it ends (so a probing lock cannot be
+/// had: not dropped); one this transaction dropped is not dropped for good
+/// until it commits. Never waits. Needs a transaction.
+pub fn relation_dropped(relid: pg_sys::Oid) -> bool {
+    let tag = pg_sys::LOCKTAG {
+        locktag_field1: my_database().to_u32(),
+        locktag_field2: relid.to_u32(),
+        locktag_field3: 0,
+        locktag_field4: 0,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_RELATION as u8,
+        locktag_lockmethodid: pg_sys::DEFAULT_LOCKMETHOD as u8,
+    };
+    let exclusive = pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE;
+    // SAFETY: reads this backend's local lock table.
+    #[cfg(not(feature = "pg18"))]
+    let mine = unsafe { pg_sys::LockHeldByMe(&tag, exclusive) };
+    // SAFETY: as above (17+ takes `orstronger`; nothing is stronger).
+    #[cfg(feature = "pg18")]
+    let mine = unsafe { pg_sys::LockHeldByMe(&tag, exclusive, false) };
+    if mine {
+        return false;
+    }
+    let share = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    // SAFETY: a conditional lock on any relation OID (it never waits; the
+    // lock manager needs no such relation) that also takes in the catalog
+    // invalidations of transactions that committed before it was granted;
+    // released right after the syscache probe, which accepts any OID.
+    unsafe {
+        if !pg_sys::ConditionalLockRelationOid(relid, share) {
+            return false;
+        }
+        let exists = pg_sys::SearchSysCacheExists(
+            pg_sys::SysCacheIdentifier::RELOID as i32,
+            pg_sys::Datum::from(relid),
+            pg_sys::Datum::from(0),
+            pg_sys::Datum::from(0),
+            pg_sys::Datum::from(0),
+        );
+        pg_sys::UnlockRelationOid(relid, share);
+        !exists
+    }
+}
+
 /// A timestamp as Postgres prints it (`DateStyle`, `TimeZone`).
 pub fn timestamp_text(t: pg_sys::TimestampTz) -> String {
     // SAFETY: timestamptz_to_str formats into a static buffer, copied at once.

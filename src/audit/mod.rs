@@ -272,9 +272,18 @@ fn warn_once_without_preload() {
     );
 }
 
-/// The stats slot for a protected table of the current database.
+/// The stats slot for a protected table of the current database. When every
+/// slot is taken, those of dropped tables of this database and of dropped
+/// databases are reused.
 pub fn stat_slot(protected_relid: pg_sys::Oid, display: &str) -> Option<&'static StatSlot> {
-    shmem::stat_slot(pg::my_database(), protected_relid, display)
+    let here = pg::my_database();
+    shmem::stat_slot(here, protected_relid, display, |db, rel| {
+        if db == here.to_u32() {
+            pg::relation_dropped(rel.into())
+        } else {
+            !pg::database_exists(db.into())
+        }
+    })
 }
 
 /// Registers shared memory and the launcher; from `_PG_init` during preload.

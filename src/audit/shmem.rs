@@ -14,7 +14,7 @@
 use crate::gucs;
 use pgrx::pg_sys;
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// A string truncated to fit, at a character boundary.
@@ -101,39 +101,46 @@ impl AuditRecord {
 }
 
 /// Per protected table counters, claimed on first use by (database, table).
+/// A slot whose table or database no longer exists is freed for another
+/// table once every slot is taken (see [`stat_slot`]).
 #[repr(C)]
 pub struct StatSlot {
-    pub dboid: AtomicU32,
-    pub relid: AtomicU32,
+    /// `(database OID << 32) | table OID`, 0 while the slot is free: one
+    /// word, so a lock-free reader never pairs one claim's database with
+    /// another's table. Written only under the lock.
+    key: AtomicU64,
     pub accepted: AtomicU64,
     pub refused: AtomicU64,
     /// Rows applied by a trusted logical replication worker, accepted as
     /// judged at their origin.
     pub replicated: AtomicU64,
     pub last_refusal: AtomicI64,
-    /// Written once, under the lock, when the slot is claimed (before
-    /// `relid` is published with Release ordering); read through
-    /// [`StatSlot::table_name`]. Room for any qualified name as shown: two
-    /// names of at most 63 bytes, each byte written out as `\xNN` at worst,
-    /// quoted, and a dot (a record's `target_table` may be cut; it has the
-    /// relid beside it).
+    /// Written and read only under the lock (written while the slot is
+    /// claimed, before `key` is published). Room for any qualified name as
+    /// shown: two names of at most 63 bytes, each byte written out as `\xNN`
+    /// at worst, quoted, and a dot (a record's `target_table` may be cut; it
+    /// has the relid beside it).
     table_name: UnsafeCell<FixedStr<512>>,
 }
 
-impl StatSlot {
-    /// The protected table's name, once the slot is claimed.
-    pub fn table_name(&self) -> Option<&str> {
-        if self.relid.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        // SAFETY: the name was written before `relid` was stored with Release
-        // (in `stat_slot`, under the lock) and is never written again; the
-        // Acquire load above orders this read after that write.
-        Some(unsafe { (*self.table_name.get()).as_str() })
-    }
+/// A claimed slot as `lease.stats` shows it (read under the lock).
+pub struct StatRow {
+    pub dboid: pg_sys::Oid,
+    pub relid: pg_sys::Oid,
+    pub table_name: String,
+    pub accepted: u64,
+    pub refused: u64,
+    pub replicated: u64,
+    pub last_refusal: i64,
 }
 
-pub const STAT_SLOTS: usize = 1024;
+fn stat_key(db: u32, rel: u32) -> u64 {
+    (u64::from(db) << 32) | u64::from(rel)
+}
+
+fn split_key(key: u64) -> (u32, u32) {
+    ((key >> 32) as u32, key as u32)
+}
 
 /// Destinations tracked at once: databases with queued refusals or a running
 /// writer always keep theirs; an idle one is reused, oldest first.
@@ -286,8 +293,26 @@ pub struct Shared {
     /// Set by the launcher while destinations with records wait for a writer
     /// because `pg_lease.audit_workers` are busy: writers then end their turn.
     pub starved: AtomicBool,
-    pub stats: [StatSlot; STAT_SLOTS],
-    // `capacity` nodes follow.
+    /// How many stats slots follow the struct (`pg_lease.stats_tables` at
+    /// server start); set before the struct is published, never changed.
+    stat_slots: usize,
+    // `stat_slots` stats slots follow, then `capacity` nodes.
+}
+
+impl Shared {
+    /// The stats slots that follow the struct.
+    pub fn stats(&self) -> &[StatSlot] {
+        // SAFETY: `startup` allocated `size_for(capacity, stat_slots)`
+        // bytes: the struct, then `stat_slots` slots (all-zero bytes are a
+        // free slot), which live as long as the server; slots are only
+        // reached through atomics and the lock-guarded name.
+        unsafe {
+            std::slice::from_raw_parts(
+                (self as *const Shared as *const u8).add(std::mem::size_of::<Shared>()) as *const StatSlot,
+                self.stat_slots,
+            )
+        }
+    }
 }
 
 /// The shared state and its lock, set once by `startup` in the postmaster
@@ -300,8 +325,15 @@ static PREV_STARTUP: OnceLock<pg_sys::shmem_startup_hook_type> = OnceLock::new()
 
 const TRANCHE: &std::ffi::CStr = c"pg_lease";
 
-fn size_for(capacity: usize) -> usize {
-    std::mem::size_of::<Shared>() + capacity * std::mem::size_of::<Node>()
+fn size_for(capacity: usize, stat_slots: usize) -> usize {
+    std::mem::size_of::<Shared>()
+        + stat_slots * std::mem::size_of::<StatSlot>()
+        + capacity * std::mem::size_of::<Node>()
+}
+
+/// The server-start settings that size the shared state.
+fn sizes() -> (usize, usize) {
+    (gucs::AUDIT_QUEUE_SIZE.get() as usize, gucs::STATS_TABLES.get() as usize)
 }
 
 /// Installs the shared-memory hooks.
@@ -328,7 +360,8 @@ extern "C-unwind" fn request() {
     // SAFETY: called in the postmaster's shared-memory request phase, the
     // only time these may be called.
     unsafe {
-        pg_sys::RequestAddinShmemSpace(size_for(gucs::AUDIT_QUEUE_SIZE.get() as usize));
+        let (capacity, stat_slots) = sizes();
+        pg_sys::RequestAddinShmemSpace(size_for(capacity, stat_slots));
         pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1);
     }
 }
@@ -339,10 +372,10 @@ extern "C-unwind" fn startup() {
         // SAFETY: the hook installed before ours, called where it expects.
         unsafe { prev() };
     }
-    let capacity = gucs::AUDIT_QUEUE_SIZE.get() as usize;
+    let (capacity, stat_slots) = sizes();
     // SAFETY: the protocol of every extension's startup hook: under
     // AddinShmemInitLock (index 21 of MainLWLockArray, as lwlock.h defines
-    // it), ShmemInitStruct returns `size_for(capacity)` bytes of shared
+    // it), ShmemInitStruct returns `size_for(capacity, stat_slots)` bytes of shared
     // memory (the size requested in `request`), zeroed and initialized here
     // once (`found` false) before anyone else can see them; the named tranche
     // exists (requested in `request`).
@@ -350,11 +383,14 @@ extern "C-unwind" fn startup() {
         let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
         pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
         let mut found = false;
-        let shared = pg_sys::ShmemInitStruct(c"pg_lease".as_ptr(), size_for(capacity), &mut found) as *mut Shared;
+        let size = size_for(capacity, stat_slots);
+        let shared = pg_sys::ShmemInitStruct(c"pg_lease".as_ptr(), size, &mut found) as *mut Shared;
         if !found {
             // All zero is a valid state for every field (no destination in use,
-            // Phase::Unknown, WorkerState::None), except the free list.
-            std::ptr::write_bytes(shared as *mut u8, 0, size_for(capacity));
+            // Phase::Unknown, WorkerState::None, free stats slots), except the
+            // free list and the slot count.
+            std::ptr::write_bytes(shared as *mut u8, 0, size);
+            (*shared).stat_slots = stat_slots;
             let queue = &mut *(*shared).queue.get();
             queue.capacity = capacity as u64;
             let nodes = nodes(shared);
@@ -415,10 +451,15 @@ impl Drop for Locked {
 /// The pool of nodes that follows the shared struct.
 ///
 /// # Safety
-/// `shared` points to the whole `size_for(capacity)` allocation.
+/// `shared` points to the whole `size_for(capacity, stat_slots)` allocation,
+/// its `stat_slots` set.
 unsafe fn nodes(shared: *mut Shared) -> *mut Node {
-    // SAFETY: the caller's contract: the nodes start right after the struct.
-    unsafe { (shared as *mut u8).add(std::mem::size_of::<Shared>()) as *mut Node }
+    // SAFETY: the caller's contract: the nodes start right after the struct
+    // and its stats slots.
+    unsafe {
+        (shared as *mut u8).add(std::mem::size_of::<Shared>() + (*shared).stat_slots * std::mem::size_of::<StatSlot>())
+            as *mut Node
+    }
 }
 
 /// Node `i` of the pool, borrowed from the locked queue.
@@ -973,7 +1014,7 @@ pub fn reset() {
             n.in_use = false;
         }
     }
-    for slot in &shared.stats {
+    for slot in shared.stats() {
         slot.accepted.store(0, Ordering::Relaxed);
         slot.refused.store(0, Ordering::Relaxed);
         slot.replicated.store(0, Ordering::Relaxed);
@@ -1033,24 +1074,84 @@ pub fn replication_refusals(dboid: pg_sys::Oid) -> Vec<(pg_sys::Oid, String, u64
 
 /// The stats slot of (database, table), claimed if new; None when every slot
 /// is taken (the table then goes uncounted) or without shared memory.
-pub fn stat_slot(dboid: pg_sys::Oid, relid: pg_sys::Oid, table_name: &str) -> Option<&'static StatSlot> {
+///
+/// When no slot is free, the slots of tables and databases that `gone`
+/// says no longer exist are freed first, their counters with them. `gone` is
+/// asked outside the lock (it may read catalogs and take heavyweight locks),
+/// and must only say so of a table that no process can still count into:
+/// one dropped for good (committed), not one being created or dropped.
+pub fn stat_slot(
+    dboid: pg_sys::Oid,
+    relid: pg_sys::Oid,
+    table_name: &str,
+    gone: impl Fn(u32, u32) -> bool,
+) -> Option<&'static StatSlot> {
     let shared = shared()?;
-    let (db, rel) = (dboid.to_u32(), relid.to_u32());
-    let find = || {
-        shared.stats.iter().find(|s| s.dboid.load(Ordering::Acquire) == db && s.relid.load(Ordering::Acquire) == rel)
-    };
-    if let Some(slot) = find() {
+    let key = stat_key(dboid.to_u32(), relid.to_u32());
+    if let Some(slot) = shared.stats().iter().find(|s| s.key.load(Ordering::Acquire) == key) {
         return Some(slot);
     }
+    if let Some(claimed) = claim_stat_slot(shared, key, table_name, &[]) {
+        return Some(claimed);
+    }
+    let dead: Vec<u64> = shared
+        .stats()
+        .iter()
+        .map(|s| s.key.load(Ordering::Acquire))
+        .filter(|&k| {
+            let (db, rel) = split_key(k);
+            k != 0 && k != key && gone(db, rel)
+        })
+        .collect();
+    claim_stat_slot(shared, key, table_name, &dead)
+}
+
+/// Under the lock: the slot of `key` if another process claimed it
+/// meanwhile, else a free one claimed for it after freeing the slots whose
+/// keys are in `dead`; None when no slot is free.
+fn claim_stat_slot(shared: &'static Shared, key: u64, table_name: &str, dead: &[u64]) -> Option<&'static StatSlot> {
     let _lock = Locked::acquire();
-    if let Some(slot) = find() {
+    let slots = shared.stats();
+    if let Some(slot) = slots.iter().find(|s| s.key.load(Ordering::Relaxed) == key) {
         return Some(slot);
     }
-    let slot = shared.stats.iter().find(|s| s.relid.load(Ordering::Acquire) == 0)?;
-    // SAFETY: a free slot's name is written only here, under the lock (held:
-    // `_lock`), and read only after `relid` is published below.
+    for slot in slots.iter().filter(|s| dead.contains(&s.key.load(Ordering::Relaxed))) {
+        slot.key.store(0, Ordering::Release);
+    }
+    let slot = slots.iter().find(|s| s.key.load(Ordering::Relaxed) == 0)?;
+    slot.accepted.store(0, Ordering::Relaxed);
+    slot.refused.store(0, Ordering::Relaxed);
+    slot.replicated.store(0, Ordering::Relaxed);
+    slot.last_refusal.store(0, Ordering::Relaxed);
+    // SAFETY: a slot's name is written and read only under the lock (held:
+    // `_lock`).
     unsafe { (*slot.table_name.get()).set(table_name) };
-    slot.dboid.store(db, Ordering::Release);
-    slot.relid.store(rel, Ordering::Release);
+    // Release: a process that finds the key lock-free sees the zeroed counters.
+    slot.key.store(key, Ordering::Release);
     Some(slot)
+}
+
+/// Every claimed stats slot, copied under the lock.
+pub fn stat_rows() -> Vec<StatRow> {
+    let Some(shared) = shared() else { return Vec::new() };
+    let _lock = Locked::acquire();
+    shared
+        .stats()
+        .iter()
+        .filter_map(|slot| {
+            let key = slot.key.load(Ordering::Relaxed);
+            let (db, rel) = split_key(key);
+            (key != 0).then(|| StatRow {
+                dboid: db.into(),
+                relid: rel.into(),
+                // SAFETY: read under the lock (held: `_lock`), where only
+                // `claim` writes it.
+                table_name: unsafe { (*slot.table_name.get()).as_str().to_owned() },
+                accepted: slot.accepted.load(Ordering::Relaxed),
+                refused: slot.refused.load(Ordering::Relaxed),
+                replicated: slot.replicated.load(Ordering::Relaxed),
+                last_refusal: slot.last_refusal.load(Ordering::Relaxed),
+            })
+        })
+        .collect()
 }

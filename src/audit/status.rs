@@ -40,33 +40,24 @@ pub fn table_stats() -> TableIterator<
     ),
 > {
     let here = crate::pg::my_database();
-    let rows: Vec<_> = shmem::shared()
-        .map(|s| {
-            s.stats
-                .iter()
-                .filter(|slot| slot.relid.load(Ordering::Acquire) != 0)
-                .map(|slot| {
-                    let (dboid, relid) = (
-                        pg_sys::Oid::from(slot.dboid.load(Ordering::Relaxed)),
-                        pg_sys::Oid::from(slot.relid.load(Ordering::Relaxed)),
-                    );
-                    // A table of this database is named as it is now (it may
-                    // have been renamed or moved since its first counted
-                    // write); others by the name the slot kept.
-                    let name = (dboid == here).then(|| crate::pg::display_if_exists(relid)).flatten();
-                    (
-                        dboid,
-                        relid,
-                        ServerText(name.unwrap_or_else(|| slot.table_name().unwrap_or_default().to_owned())),
-                        slot.accepted.load(Ordering::Relaxed) as i64,
-                        slot.refused.load(Ordering::Relaxed) as i64,
-                        timestamp(slot.last_refusal.load(Ordering::Relaxed)),
-                        slot.replicated.load(Ordering::Relaxed) as i64,
-                    )
-                })
-                .collect()
+    let rows: Vec<_> = shmem::stat_rows()
+        .into_iter()
+        .map(|slot| {
+            // A table of this database is named as it is now (it may have
+            // been renamed or moved since its first counted write); others
+            // by the name the slot kept.
+            let name = (slot.dboid == here).then(|| crate::pg::display_if_exists(slot.relid)).flatten();
+            (
+                slot.dboid,
+                slot.relid,
+                ServerText(name.unwrap_or(slot.table_name)),
+                slot.accepted as i64,
+                slot.refused as i64,
+                timestamp(slot.last_refusal),
+                slot.replicated as i64,
+            )
         })
-        .unwrap_or_default();
+        .collect();
     TableIterator::new(rows)
 }
 

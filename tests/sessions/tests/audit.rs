@@ -1092,3 +1092,108 @@ fn states_and_statuses_say_what_happens() {
         c.query_one("SELECT status FROM lease.audit_databases() WHERE database = 'quiet'", &[]).unwrap().get(0);
     assert!(s.starts_with("not running") && s.contains("pg_lease.audit was off"), "{s}");
 }
+
+/// `(accepted, refused)` of each table of this database in `lease.stats`,
+/// by name.
+fn counted(c: &mut Client) -> std::collections::BTreeMap<String, (i64, i64)> {
+    c.query("SELECT table_name, accepted, refused FROM lease.stats WHERE database = current_database()", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get::<_, String>(0), (r.get(1), r.get(2))))
+        .collect()
+}
+
+/// A fenced table `name` (one owner row, token 5) written once with the
+/// current token, so that it claims its stats slot if one is free.
+fn counted_table(c: &mut Client, name: &str) {
+    must_run(
+        c,
+        &format!(
+            "CREATE TABLE {name} (k int, tok bigint);
+             SELECT lease.protect('{name}', '{{k}}', 'tok', 'owners', '{{id}}', 'token');
+             INSERT INTO {name} VALUES (1, 5)"
+        ),
+    );
+}
+
+/// `pg_lease.stats_tables` bounds the tables `lease.stats` counts at once.
+/// Once every slot is taken, a new table takes the slot of a dropped table
+/// of its own database or of any table of a dropped database, but never that
+/// of a table still there: one created by a transaction still in progress,
+/// or one that the claiming transaction itself dropped (it may roll back).
+#[test]
+fn stats_slots_of_dropped_tables_and_databases_are_reused() {
+    const SLOTS: usize = 16;
+    let cluster = Cluster::start_with("audit_stat_slots", 54448, &["pg_lease.stats_tables = 16"]);
+    let mut admin = cluster.connect();
+    must_run(&mut admin, "CREATE DATABASE a");
+    must_run(&mut admin, "CREATE DATABASE b");
+    let schema = "CREATE EXTENSION pg_lease;
+                  CREATE TABLE owners (id int PRIMARY KEY, token bigint);
+                  INSERT INTO owners VALUES (1, 5)";
+    let mut b = cluster.connect_db("b");
+    must_run(&mut b, schema);
+    counted_table(&mut b, "in_b");
+    expect_error(&mut b, "INSERT INTO in_b VALUES (1, 4)", "LF001");
+    assert_eq!(counted(&mut b).get("public.in_b"), Some(&(1, 1)));
+    let mut a = cluster.connect_db("a");
+    must_run(&mut a, schema);
+    for i in 1..SLOTS {
+        counted_table(&mut a, &format!("p{i}"));
+    }
+    let full = counted(&mut a);
+    assert_eq!(full.len(), SLOTS - 1, "{full:?}");
+    assert!(full.values().all(|&n| n == (1, 0)), "{full:?}");
+    // Every slot taken: a further table is fenced but not counted, and a
+    // dropped table of another database does not free a slot for it (only
+    // its own database can tell that the table is gone).
+    must_run(&mut b, "DROP TABLE in_b");
+    counted_table(&mut a, "extra");
+    expect_error(&mut a, "INSERT INTO extra VALUES (1, 4)", "LF001");
+    assert!(!counted(&mut a).contains_key("public.extra"));
+
+    // A dropped table's slot goes to a table made by a transaction that
+    // stays open; a later claim cannot take that slot back from it.
+    must_run(&mut a, "DROP TABLE p1");
+    let mut creator = cluster.connect_db("a");
+    must_run(&mut creator, "BEGIN");
+    counted_table(&mut creator, "n1");
+    must_run(&mut a, "DROP TABLE p2");
+    counted_table(&mut a, "n2");
+    must_run(&mut creator, "INSERT INTO n1 VALUES (1, 5); COMMIT");
+    let now = counted(&mut a);
+    assert_eq!(now.get("public.n1"), Some(&(2, 0)), "{now:?}");
+    assert_eq!(now.get("public.n2"), Some(&(1, 0)), "{now:?}");
+    assert!(!now.contains_key("public.p1") && !now.contains_key("public.p2"), "{now:?}");
+    assert_eq!(now.len(), SLOTS - 1, "{now:?}");
+
+    // A table dropped by the claiming transaction itself keeps its slot
+    // (the transaction may roll back, as this one does).
+    must_run(&mut a, "BEGIN; DROP TABLE p3");
+    counted_table(&mut a, "n3");
+    must_run(&mut a, "ROLLBACK");
+    must_run(&mut a, "INSERT INTO p3 VALUES (1, 5)");
+    let now = counted(&mut a);
+    assert_eq!(now.get("public.p3"), Some(&(2, 0)), "{now:?}");
+    assert!(!now.contains_key("public.n3"), "{now:?}");
+
+    // A dropped database's slots are reused by any other database, their
+    // counters starting from zero.
+    drop(b);
+    must_run(&mut admin, "DROP DATABASE b WITH (FORCE)");
+    counted_table(&mut a, "n4");
+    let everywhere: Vec<(String, String, i64, i64)> = a
+        .query("SELECT database, table_name, accepted, refused FROM lease.stats ORDER BY 1, 2", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert_eq!(everywhere.len(), SLOTS, "{everywhere:?}");
+    assert!(everywhere.iter().all(|(db, ..)| db == "a"), "{everywhere:?}");
+    assert!(everywhere.contains(&("a".into(), "public.n4".into(), 1, 0)), "{everywhere:?}");
+    // The tables that were there all along kept their counts.
+    for i in 4..SLOTS {
+        assert!(everywhere.contains(&("a".into(), format!("public.p{i}"), 1, 0)), "p{i}: {everywhere:?}");
+    }
+    assert_eq!(one_i64(&mut a, "SELECT current_setting('pg_lease.stats_tables')::bigint"), SLOTS as i64);
+}

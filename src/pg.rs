@@ -1394,6 +1394,33 @@ impl<'a> TriggerCall<'a> {
         }
     }
 
+    /// What a BEFORE UPDATE row trigger returns to let the update through
+    /// with column `attnum` as the old row has it.
+    pub fn pass_keeping_old(&self, attnum: i16) -> pg_sys::Datum {
+        assert!(self.op() == TriggerOp::Update, "pass_keeping_old is for BEFORE UPDATE row triggers");
+        // SAFETY: an UPDATE row trigger's old and new tuples are valid for
+        // the call and formed with the relation's descriptor; `attnum` is
+        // one of its columns (heap_getattr gives NULL past the old tuple's);
+        // heap_modify_tuple_by_cols copies the new tuple, with the old value
+        // (copied in too), into a tuple palloc'd in the trigger's context, as
+        // a BEFORE trigger may return.
+        unsafe {
+            let desc = (*self.td.tg_relation).rd_att;
+            let mut isnull = false;
+            let mut value = pg_sys::heap_getattr(self.td.tg_trigtuple, attnum as i32, desc, &mut isnull);
+            let mut column = attnum as i32;
+            let tuple = pg_sys::heap_modify_tuple_by_cols(
+                self.td.tg_newtuple,
+                desc,
+                1,
+                &raw mut column,
+                &raw mut value,
+                &raw mut isnull,
+            );
+            pg_sys::Datum::from(tuple)
+        }
+    }
+
     /// The name of the first trigger on this call's relation that fires
     /// before this call's trigger (name order), is a BEFORE row trigger of
     /// another function, and satisfies `pred`.

@@ -21,8 +21,11 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     let Some(judges) = config::owner_table(relid) else {
         not_protected("lease.owner_guard", relid);
     };
-    if replication::trusted_row(call) && !judges {
-        // Judged where it was written (fence::replication).
+    // A trusted subscription's change is judged where it was written
+    // (fence::replication), except that it never takes a token away from
+    // this node (below).
+    let trusted = replication::trusted_row(call) && !judges;
+    if trusted && call.op() == TriggerOp::Insert {
         return Ok(call.pass());
     }
     let args = call.args();
@@ -53,6 +56,9 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
         _ => (token_of(old), None, None),
     };
 
+    if trusted {
+        return Ok(trusted_change(call, attnum, &keys, before, after, &owner_display));
+    }
     // SAFETY: superuser() is a syscache lookup of the current user (a
     // backend global), valid in any transaction.
     if let Some(a) = after.filter(|&a| a > MAX_TOKEN && !unsafe { pg_sys::superuser() }) {
@@ -99,6 +105,41 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
         verified::forget_all();
     }
     Ok(call.pass())
+}
+
+/// A trusted subscription's UPDATE or DELETE of an owner row: applied as
+/// its publisher made it, except where it would take this node's token away.
+/// Where both nodes issue tokens (two-way replication, `origin = none`), a
+/// change made on the other node before it saw this node's higher token
+/// would lower it; and a publication's row filter turns an UPDATE that
+/// leaves the filter into a DELETE. So an UPDATE keeps the higher (local)
+/// token, and a DELETE of a row that carries a token is skipped: each node
+/// ends at the highest token either issued, and no token starts over. Each
+/// such change is logged.
+fn trusted_change(
+    call: &TriggerCall,
+    attnum: i16,
+    keys: &[(&str, i16, pg_sys::Oid)],
+    before: Option<i64>,
+    after: Option<i64>,
+    owner_display: &str,
+) -> pg_sys::Datum {
+    let Some(b) = before else { return call.pass() };
+    let (kept, what) = match call.op() {
+        TriggerOp::Delete => (pg_sys::Datum::from(0usize), "its delete of the row is skipped".to_owned()),
+        TriggerOp::Update if after.is_none_or(|a| a < b) => (
+            call.pass_keeping_old(attnum),
+            format!("its update is applied with token {b} kept instead of {}", show(after)),
+        ),
+        _ => return call.pass(),
+    };
+    let old = call.trigtuple().expect("a row trigger has a row");
+    let key = key::describe(old, keys.iter().copied());
+    let name = replication::subscription().map_or_else(|| "(unknown)".to_owned(), |s| s.name);
+    pgrx::log!(
+        "pg_lease: logical replication subscription \"{name}\" would take fencing token {b} away from owner row {key} of {owner_display}: {what}"
+    );
+    kept
 }
 
 /// A guard fired on a relation pg_lease does not guard: refuse plainly (and

@@ -38,6 +38,9 @@ thread_local! {
     static REWRITER: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
     /// Whether this process is a table synchronization worker (once known).
     static TABLESYNC: Cell<Option<bool>> = const { Cell::new(None) };
+    /// Whether this transaction of a table synchronization worker is its
+    /// table's initial copy (once known; see `initial_copy`).
+    static COPYING: Cell<Option<bool>> = const { Cell::new(None) };
     /// Whether this worker has logged that it skips changes to pg_lease's tables.
     static SKIP_LOGGED: Cell<bool> = const { Cell::new(false) };
     /// The depth each open subtransaction started at (see `on_subxact`).
@@ -114,6 +117,7 @@ pub fn init() {
 /// transaction go on, held nothing back).
 extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     DEPTH.with(|d| d.set(0));
+    COPYING.with(|c| c.set(None));
     SAVED.with(|s| s.borrow_mut().clear());
     let pending = PENDING.with(|p| p.borrow_mut().take());
     if let Some((oid, name)) = pending {
@@ -244,17 +248,12 @@ pub fn applying() -> bool {
     DEPTH.with(|d| d.get()) == 0 && in_worker()
 }
 
-/// Whether this is the initial copy of a table (or its catch-up), applied
-/// by a table synchronization worker itself: a snapshot of the publisher's
-/// rows, in no particular order.
-pub fn initial_copy() -> bool {
-    if !applying() {
-        return false;
-    }
+/// Whether this process is a table synchronization worker (asked once per
+/// process: a worker never changes kind).
+fn tablesync() -> bool {
     if let Some(known) = TABLESYNC.with(Cell::get) {
         return known;
     }
-    // A worker never changes kind: asked once per process (slow path).
     let known = pgrx::spi::Spi::get_one::<bool>(
         "SELECT w.relid IS NOT NULL FROM pg_catalog.pg_stat_subscription w
           WHERE w.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() LIMIT 1",
@@ -263,6 +262,35 @@ pub fn initial_copy() -> bool {
     .flatten()
     .unwrap_or(false);
     TABLESYNC.with(|t| t.set(Some(known)));
+    known
+}
+
+/// Whether this is the initial copy of a table, applied by a table
+/// synchronization worker itself: a snapshot of the publisher's rows, in no
+/// particular order. Only the copy: the changes the worker then applies to
+/// catch up with its subscription's apply worker came after the snapshot,
+/// in commit order, like any replicated change. The worker copies in one
+/// transaction while `pg_subscription_rel` says `d` (data is being copied;
+/// it commits `f`, finished copy, with the copied rows), so this is asked
+/// once per transaction (slow path).
+pub fn initial_copy() -> bool {
+    if !applying() || !tablesync() {
+        return false;
+    }
+    if let Some(known) = COPYING.with(Cell::get) {
+        return known;
+    }
+    let known = pgrx::spi::Spi::get_one::<bool>(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_subscription w
+                          JOIN pg_catalog.pg_subscription_rel r
+                            ON r.srsubid OPERATOR(pg_catalog.=) w.subid AND r.srrelid OPERATOR(pg_catalog.=) w.relid
+                         WHERE w.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+                           AND r.srsubstate OPERATOR(pg_catalog.=) 'd')",
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(false);
+    COPYING.with(|c| c.set(Some(known)));
     known
 }
 

@@ -481,11 +481,14 @@ fn owner_guard_and_truncate_refusals_of_replicated_changes_name_the_subscription
         subscriber.server_log().contains("ERROR:  FencingTokenRegression")
     });
     let owner_hint = hint_after(&subscriber, "ERROR:  FencingTokenRegression");
-    // Trusted again: the update applies; then a TRUNCATE of the high-water table.
+    // Trusted again: the update applies, keeping this node's higher token
+    // (a trusted subscription never lowers one); then a TRUNCATE of the
+    // high-water table.
     s.batch_execute("SELECT lease.judge_replicated('payouts', NULL)").unwrap();
     wait_for("the owner update", Duration::from_secs(60), || {
-        one_i64(&mut s, "SELECT owner_fencing_token FROM tables WHERE id = 1") == 9
+        subscriber.server_log().contains("would take fencing token 20 away from owner row")
     });
+    assert_eq!(one_i64(&mut s, "SELECT owner_fencing_token FROM tables WHERE id = 1"), 20);
     p.batch_execute("TRUNCATE hw").unwrap();
     wait_for("the TRUNCATE guard's refusal", Duration::from_secs(60), || {
         subscriber.server_log().contains("TRUNCATE of fenced table public.hw")

@@ -514,10 +514,15 @@ fn trusted_subscription_owners_and_judge_replicated() {
         subscriber.server_log().contains("LF004")
     });
     assert_eq!(one_i64(&mut s, "SELECT owner_fencing_token FROM tables WHERE id = 1"), 20);
+    // Trusted: the update applies, but a trusted subscription never takes a
+    // token away from this node's owner row: 20 is kept (and logged).
     s.batch_execute("SELECT lease.judge_replicated('payouts', false)").unwrap();
-    wait_for("the owner update to apply", Duration::from_secs(60), || {
-        one_i64(&mut s, "SELECT owner_fencing_token FROM tables WHERE id = 1") == 8
+    wait_for("the owner update to apply, keeping 20", Duration::from_secs(60), || {
+        subscriber.server_log().contains(
+            "subscription \"game\" would take fencing token 20 away from owner row (id)=(1) of public.tables: its update is applied with token 20 kept instead of 8",
+        )
     });
+    assert_eq!(one_i64(&mut s, "SELECT owner_fencing_token FROM tables WHERE id = 1"), 20);
     // Off the list again: judged again (a superuser owner is always
     // trusted). The subscriber's owner row moves past the publisher's: the
     // publisher's next payout is stale here.

@@ -806,6 +806,63 @@ pub fn put_back_row(relid: pg_sys::Oid, old: Row, at: pg_sys::ItemPointerData) -
     })
 }
 
+/// For a row about to be inserted into owner table `relid`: whether a row
+/// with the same `keys` (by `OPERATOR(pg_catalog.=)`) already carries a
+/// token in `token`'s column; if so, its token is raised to `row`'s where
+/// that is higher (never lowered). One UPDATE through SPI as the table's
+/// owner; parsed per call (a rare path: a replicated insert of an owner row).
+/// False at once when a key value of `row` is NULL (no row can equal it).
+pub fn raise_token_of_same_key(
+    relid: pg_sys::Oid,
+    token: (&str, i16, pg_sys::Oid),
+    keys: &[(&str, i16, pg_sys::Oid)],
+    row: Row,
+) -> bool {
+    let mut types = Vec::with_capacity(keys.len() + 1);
+    let mut values = Vec::with_capacity(keys.len() + 1);
+    let mut conditions = Vec::with_capacity(keys.len() + 1);
+    for (i, &(name, attnum, typid)) in keys.iter().enumerate() {
+        let Some(value) = row.attr(attnum) else { return false };
+        conditions.push(format!("t.{} OPERATOR(pg_catalog.=) ${}", quote_ident(name), i + 1));
+        types.push(typid);
+        values.push(Some(value));
+    }
+    let column = quote_ident(token.0);
+    conditions.push(format!("t.{column} IS NOT NULL"));
+    types.push(token.2);
+    values.push(row.attr(token.1));
+    let sql = server_cstring(&format!(
+        "UPDATE {} AS t SET {column} = GREATEST(t.{column}, ${}) WHERE {}",
+        sql_name(relid),
+        keys.len() + 1,
+        conditions.join(" AND ")
+    ));
+    let (mut datums, nulls) = spi_args(&values);
+    as_table_owner(relid, || {
+        spi_connected(|| {
+            // SAFETY: `sql` is NUL-terminated; `types`, `datums` and `nulls`
+            // hold one entry per parameter, each datum of its column's type
+            // read from `row` (valid for the trigger call); SPI only reads
+            // them during the call.
+            let rc = unsafe {
+                pg_sys::SPI_execute_with_args(
+                    sql.as_ptr(),
+                    types.len() as i32,
+                    types.as_mut_ptr(),
+                    datums.as_mut_ptr(),
+                    nulls.as_ptr(),
+                    false,
+                    0,
+                )
+            };
+            if rc < 0 {
+                pgrx::error!("pg_lease: raising a token of {} failed (SPI code {rc})", display(relid));
+            }
+            result_rows() > 0
+        })
+    })
+}
+
 /// How many rows the last [`exec_saved`] returned (or changed).
 pub fn result_rows() -> usize {
     // SAFETY: SPI's global row count, set by the last statement.
@@ -1395,27 +1452,31 @@ impl<'a> TriggerCall<'a> {
     }
 
     /// What a BEFORE UPDATE row trigger returns to let the update through
-    /// with column `attnum` as the old row has it.
-    pub fn pass_keeping_old(&self, attnum: i16) -> pg_sys::Datum {
+    /// with `columns` (attribute numbers) as the old row has them.
+    pub fn pass_keeping_old(&self, columns: &[i16]) -> pg_sys::Datum {
         assert!(self.op() == TriggerOp::Update, "pass_keeping_old is for BEFORE UPDATE row triggers");
         // SAFETY: an UPDATE row trigger's old and new tuples are valid for
-        // the call and formed with the relation's descriptor; `attnum` is
-        // one of its columns (heap_getattr gives NULL past the old tuple's);
-        // heap_modify_tuple_by_cols copies the new tuple, with the old value
+        // the call and formed with the relation's descriptor; `columns` are
+        // its columns (heap_getattr gives NULL past the old tuple's);
+        // heap_modify_tuple_by_cols copies the new tuple, with the old values
         // (copied in too), into a tuple palloc'd in the trigger's context, as
         // a BEFORE trigger may return.
         unsafe {
             let desc = (*self.td.tg_relation).rd_att;
-            let mut isnull = false;
-            let mut value = pg_sys::heap_getattr(self.td.tg_trigtuple, attnum as i32, desc, &mut isnull);
-            let mut column = attnum as i32;
+            let mut numbers: Vec<i32> = columns.iter().map(|&a| i32::from(a)).collect();
+            let mut isnull = vec![false; columns.len()];
+            let mut values: Vec<pg_sys::Datum> = numbers
+                .iter()
+                .zip(isnull.iter_mut())
+                .map(|(&a, null)| pg_sys::heap_getattr(self.td.tg_trigtuple, a, desc, null))
+                .collect();
             let tuple = pg_sys::heap_modify_tuple_by_cols(
                 self.td.tg_newtuple,
                 desc,
-                1,
-                &raw mut column,
-                &raw mut value,
-                &raw mut isnull,
+                numbers.len() as i32,
+                numbers.as_mut_ptr(),
+                values.as_mut_ptr(),
+                isnull.as_mut_ptr(),
             );
             pg_sys::Datum::from(tuple)
         }

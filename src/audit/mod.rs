@@ -272,10 +272,48 @@ fn warn_once_without_preload() {
     );
 }
 
+/// A protected table's stats slot as a backend's fence config holds it:
+/// claimed when the config is built, or, if every slot was taken then, on a
+/// later write once one can be had: at once when any process has claimed a
+/// slot since (perhaps for this table), else at most once a second (a table
+/// may have been dropped since, freeing one).
+pub struct TableStats {
+    relid: pg_sys::Oid,
+    display: String,
+    slot: Cell<Option<&'static StatSlot>>,
+    /// Without a slot: `shmem::claims()` and the time at the last try.
+    tried: Cell<(u64, pg_sys::TimestampTz)>,
+}
+
+impl TableStats {
+    pub fn new(protected_relid: pg_sys::Oid, display: String) -> TableStats {
+        let tried = (shmem::claims(), pg::now());
+        let slot = stat_slot(protected_relid, &display);
+        TableStats { relid: protected_relid, display, slot: Cell::new(slot), tried: Cell::new(tried) }
+    }
+
+    /// The slot to count in, None while the table goes uncounted.
+    #[inline]
+    pub fn slot(&self) -> Option<&'static StatSlot> {
+        if let Some(slot) = self.slot.get() {
+            return Some(slot);
+        }
+        let (claims, at) = self.tried.get();
+        let (now_claims, now) = (shmem::claims(), pg::now());
+        if now_claims == claims && now - at < 1_000_000 {
+            return None;
+        }
+        self.tried.set((now_claims, now));
+        let slot = stat_slot(self.relid, &self.display);
+        self.slot.set(slot);
+        slot
+    }
+}
+
 /// The stats slot for a protected table of the current database. When every
 /// slot is taken, those of dropped tables of this database and of dropped
 /// databases are reused.
-pub fn stat_slot(protected_relid: pg_sys::Oid, display: &str) -> Option<&'static StatSlot> {
+fn stat_slot(protected_relid: pg_sys::Oid, display: &str) -> Option<&'static StatSlot> {
     let here = pg::my_database();
     shmem::stat_slot(here, protected_relid, display, |db, rel| {
         if db == here.to_u32() {

@@ -296,6 +296,8 @@ pub struct Shared {
     /// How many stats slots follow the struct (`pg_lease.stats_tables` at
     /// server start); set before the struct is published, never changed.
     stat_slots: usize,
+    /// Stats slots claimed since the server started (see [`claims`]).
+    claims: AtomicU64,
     // `stat_slots` stats slots follow, then `capacity` nodes.
 }
 
@@ -1128,7 +1130,14 @@ fn claim_stat_slot(shared: &'static Shared, key: u64, table_name: &str, dead: &[
     unsafe { (*slot.table_name.get()).set(table_name) };
     // Release: a process that finds the key lock-free sees the zeroed counters.
     slot.key.store(key, Ordering::Release);
+    shared.claims.fetch_add(1, Ordering::Release);
     Some(slot)
+}
+
+/// How many stats slots were claimed so far (0 without shared memory): a
+/// process that found none free tries again once this moved.
+pub fn claims() -> u64 {
+    shared().map_or(0, |s| s.claims.load(Ordering::Acquire))
 }
 
 /// Every claimed stats slot, copied under the lock.

@@ -80,7 +80,7 @@ pub struct FenceConfig {
     /// fenced against the same owner key), or the protected table (high-water).
     pub scope: Vec<u8>,
     /// Shared accepted/refused counters of the protected table (with preload).
-    pub stats: Option<&'static crate::audit::shmem::StatSlot>,
+    pub stats: crate::audit::TableStats,
     /// Whether changes applied by logical replication are judged here too
     /// (`lease.protected.judge_replicated`, by default only in high-water mode).
     pub judge_replicated: bool,
@@ -487,7 +487,7 @@ fn build(relid: pg_sys::Oid) -> Result<FenceConfig, Refusal> {
     };
 
     let (protected_schema, protected_table) = shown_relation_names(row.protected_relid);
-    let stats = crate::audit::stat_slot(row.protected_relid, &qualified_name(&protected_schema, &protected_table));
+    let stats = crate::audit::TableStats::new(row.protected_relid, qualified_name(&protected_schema, &protected_table));
     Ok(FenceConfig {
         relid,
         protected_relid: row.protected_relid,

@@ -25,9 +25,6 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     // (fence::replication), except that it never takes a token away from
     // this node (below).
     let trusted = replication::trusted_row(call) && !judges;
-    if trusted && call.op() == TriggerOp::Insert {
-        return Ok(call.pass());
-    }
     let args = call.args();
     let Some((token_column, key_names)) = args.split_first() else {
         pgrx::error!("lease.owner_guard() needs the token column as its first argument");
@@ -57,7 +54,7 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     };
 
     if trusted {
-        return Ok(trusted_change(call, attnum, &keys, before, after, &owner_display));
+        return Ok(trusted_change(call, (token_column, attnum, typid), &keys, before, after, &owner_display));
     }
     // SAFETY: superuser() is a syscache lookup of the current user (a
     // backend global), valid in any transaction.
@@ -107,38 +104,77 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     Ok(call.pass())
 }
 
-/// A trusted subscription's UPDATE or DELETE of an owner row: applied as
-/// its publisher made it, except where it would take this node's token away.
-/// Where both nodes issue tokens (two-way replication, `origin = none`), a
-/// change made on the other node before it saw this node's higher token
-/// would lower it; and a publication's row filter turns an UPDATE that
-/// leaves the filter into a DELETE. So an UPDATE keeps the higher (local)
-/// token, and a DELETE of a row that carries a token is skipped: each node
-/// ends at the highest token either issued, and no token starts over. Each
-/// such change is logged.
+/// A trusted subscription's change of an owner row: applied as its
+/// publisher made it, except where it would take this node's token away.
+/// Where both nodes issue tokens (two-way replication, `origin = none`), or
+/// this node acquired on its own, a change made where the row carried no (or
+/// a lower) token would lower, move or erase this node's; and a
+/// publication's row filter turns an UPDATE that leaves the filter into a
+/// DELETE. So:
+/// - an UPDATE keeps the local token where it would lower it (or set it
+///   NULL), and the local key and token where it would move the key of a row
+///   that carries a token (its other columns apply);
+/// - a DELETE of a row that carries a token is skipped;
+/// - an INSERT of a key whose local row carries a token is skipped, that
+///   row's token raised to the inserted one where that is higher (it would
+///   otherwise fail on the key, stopping the subscription: the row's delete
+///   may have been skipped above).
+///
+/// Each node thereby ends at the highest token either issued, and no token
+/// starts over. Each such change is logged.
 fn trusted_change(
     call: &TriggerCall,
-    attnum: i16,
+    token: (&str, i16, pg_sys::Oid),
     keys: &[(&str, i16, pg_sys::Oid)],
     before: Option<i64>,
     after: Option<i64>,
     owner_display: &str,
 ) -> pg_sys::Datum {
-    let Some(b) = before else { return call.pass() };
-    let (kept, what) = match call.op() {
-        TriggerOp::Delete => (pg_sys::Datum::from(0usize), "its delete of the row is skipped".to_owned()),
-        TriggerOp::Update if after.is_none_or(|a| a < b) => (
-            call.pass_keeping_old(attnum),
-            format!("its update is applied with token {b} kept instead of {}", show(after)),
-        ),
-        _ => return call.pass(),
-    };
+    let relid = call.relid();
     let old = call.trigtuple().expect("a row trigger has a row");
+    let (kept, what, b) = match (call.op(), before) {
+        (TriggerOp::Insert, _) => {
+            // (A table's initial copy goes into a table of its own.)
+            if replication::initial_copy() || !crate::pg::raise_token_of_same_key(relid, token, keys, old) {
+                return call.pass();
+            }
+            let what = format!(
+                "its insert of a row with token {} is skipped (the row there keeps the higher token)",
+                show(after)
+            );
+            (pg_sys::Datum::from(0usize), what, None)
+        }
+        (_, None) => return call.pass(),
+        (TriggerOp::Delete, Some(b)) => {
+            (pg_sys::Datum::from(0usize), "its delete of the row is skipped".to_owned(), Some(b))
+        }
+        (_, Some(b)) => {
+            let new = call.newtuple().expect("an UPDATE has a new row");
+            let moved = !same_key(relid, old, new, keys);
+            let lowered = after.is_none_or(|a| a < b);
+            if !moved && !lowered {
+                return call.pass();
+            }
+            let mut columns = vec![token.1];
+            if moved {
+                columns.extend(keys.iter().map(|&(_, attnum, _)| attnum));
+            }
+            let kept =
+                if lowered { format!("token {b} kept instead of {}", show(after)) } else { format!("token {b}") };
+            let what = match moved {
+                true => format!("its update is applied with the row's key and {kept} kept"),
+                false => format!("its update is applied with {kept}"),
+            };
+            (call.pass_keeping_old(&columns), what, Some(b))
+        }
+    };
     let key = key::describe(old, keys.iter().copied());
     let name = replication::subscription().map_or_else(|| "(unknown)".to_owned(), |s| s.name);
-    pgrx::log!(
-        "pg_lease: logical replication subscription \"{name}\" would take fencing token {b} away from owner row {key} of {owner_display}: {what}"
-    );
+    let taking = match b {
+        Some(b) => format!("would take fencing token {b} away from owner row {key} of {owner_display}"),
+        None => format!("would insert owner row {key} of {owner_display}, which carries a token here"),
+    };
+    pgrx::log!("pg_lease: logical replication subscription \"{name}\" {taking}: {what}");
     kept
 }
 
@@ -179,7 +215,10 @@ pub fn truncate_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     let Some(judges) = judges else {
         not_protected("lease.truncate_guard", relid);
     };
-    if !judges && replication::trusted_apply() {
+    // A trusted subscription's TRUNCATE of a fenced table was judged where
+    // it was made; of an owner table it would erase this node's tokens
+    // (which a trusted subscription never takes away: see `trusted_change`).
+    if !judges && !owner && replication::trusted_apply() {
         return Ok(call.pass());
     }
     let table = config::display_of(relid);
@@ -198,10 +237,17 @@ pub fn truncate_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     };
     let facts = refusal::facts(relid, &table, TriggerOp::Truncate, String::new(), None, None, None);
     let refused = refusal::on_relation(error, relid, summary, detail, facts);
-    // A replicated TRUNCATE of a fenced table names the table's way out.
-    let replicated = target.as_ref().and_then(|cfg| {
-        let sub = replication::subscription()?;
-        Some(refusal::replication_hint(&sub, Some((&display(cfg.protected_relid), cfg.is_high_water()))))
+    // A replicated TRUNCATE names the subscription and the way out.
+    let replicated = replication::subscription().map(|sub| match &target {
+        Some(cfg) => refusal::replication_hint(&sub, Some((&display(cfg.protected_relid), cfg.is_high_water()))),
+        None => {
+            replication::note(&sub);
+            format!(
+                "Applied by logical replication subscription \"{}\": this node's owner tokens are never taken away by replication. The worker retries until the write goes through: skip the change (ALTER SUBSCRIPTION {} SKIP (lsn = ...), the LSN is in this error's CONTEXT), and publish {table} without truncate (ALTER PUBLICATION ... SET (publish = 'insert, update, delete')).",
+                sub.name,
+                crate::pg::quote_ident(&sub.name)
+            )
+        }
     });
     Err(match replicated {
         Some(hint) => refused.with_hint(hint),

@@ -36,7 +36,7 @@ pub fn fence_row(call: &TriggerCall) -> Outcome {
     let trusted = replication::trusted_row(call);
     let adopting = match cfg.mode {
         Mode::Owner(_) if trusted && !cfg.judge_replicated => {
-            return Outcome { stats: cfg.stats, result: Ok(call.pass()), replicated: true };
+            return Outcome { stats: cfg.stats.slot(), result: Ok(call.pass()), replicated: true };
         }
         Mode::Owner(_) => false,
         // High-water marks must still rise to what is applied, even when
@@ -46,7 +46,7 @@ pub fn fence_row(call: &TriggerCall) -> Outcome {
         Mode::HighWater => trusted && (!cfg.judge_replicated || replication::initial_copy()),
     };
     let result = judge(&cfg, call, adopting).map(|()| call.pass());
-    Outcome { stats: cfg.stats, result, replicated: adopting }
+    Outcome { stats: cfg.stats.slot(), result, replicated: adopting }
 }
 
 fn judge(cfg: &FenceConfig, call: &TriggerCall, adopting: bool) -> Result<(), Refusal> {

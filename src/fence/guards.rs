@@ -155,16 +155,16 @@ fn trusted_change(
             if !moved && !lowered {
                 return call.pass();
             }
-            let mut columns = vec![token.1];
+            let (mut columns, mut kept) = (Vec::new(), Vec::new());
+            if lowered {
+                columns.push(token.1);
+                kept.push(format!("token {b} instead of {}", show(after)));
+            }
             if moved {
                 columns.extend(keys.iter().map(|&(_, attnum, _)| attnum));
+                kept.push("the row's key".to_owned());
             }
-            let kept =
-                if lowered { format!("token {b} kept instead of {}", show(after)) } else { format!("token {b}") };
-            let what = match moved {
-                true => format!("its update is applied with the row's key and {kept} kept"),
-                false => format!("its update is applied with {kept}"),
-            };
+            let what = format!("its update is applied with {} kept", kept.join(" and "));
             (call.pass_keeping_old(&columns), what, Some(b))
         }
     };

@@ -257,6 +257,30 @@ fn a_replicated_key_change_never_moves_a_token_off_the_subscribers_owner_row() {
     assert_eq!(stale, "LF001", "a payout at 5 for table 1 after the subscriber's bump to {mine}");
 }
 
+/// (Session 17) A replicated update that moves the key of a row carrying a
+/// token keeps the row's key, and takes the update's token where it is the
+/// higher one (keeping the lower token would let a writer between the two
+/// through here).
+#[test]
+fn a_replicated_key_change_that_raises_the_token_keeps_the_key_and_the_higher_token() {
+    let (_publisher, subscriber, mut p, mut s) = pair("a32_rkr", 54584, true, "INSERT INTO tables VALUES (1, NULL)");
+    let mine = acquire(&mut s, 1, "sub-host");
+    let higher = mine + 1000;
+    p.batch_execute(&format!("UPDATE tables SET id = 3, owner_fencing_token = {higher} WHERE id = 1")).unwrap();
+    assert!(mark_applied(&mut p, &mut s, &subscriber, 1, "conflict detected"), "the change was applied");
+    let rows: Vec<(i32, Option<i64>)> = s
+        .query("SELECT id, owner_fencing_token FROM tables ORDER BY id", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let between = try_sql(&mut s, &format!("INSERT INTO payouts VALUES ('between', 1, {})", mine + 1));
+    drop_subscription(&mut s, "game");
+    assert_eq!(rows, vec![(1, Some(higher))], "row 1 keeps its key and takes the higher token");
+    assert_eq!(between, "LF001", "a payout below the replicated token");
+    assert!(subscriber.server_log().contains("its update is applied with the row's key kept"));
+}
+
 #[test]
 fn a_replicated_truncate_never_erases_the_subscribers_owner_tokens() {
     if !at_least(15, "the same steps (run on 18 here)") {

@@ -519,7 +519,7 @@ fn trusted_subscription_owners_and_judge_replicated() {
     s.batch_execute("SELECT lease.judge_replicated('payouts', false)").unwrap();
     wait_for("the owner update to apply, keeping 20", Duration::from_secs(60), || {
         subscriber.server_log().contains(
-            "subscription \"game\" would take fencing token 20 away from owner row (id)=(1) of public.tables: its update is applied with token 20 kept instead of 8",
+            "subscription \"game\" would take fencing token 20 away from owner row (id)=(1) of public.tables: its update is applied with token 20 instead of 8 kept",
         )
     });
     assert_eq!(one_i64(&mut s, "SELECT owner_fencing_token FROM tables WHERE id = 1"), 20);

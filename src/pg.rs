@@ -780,30 +780,8 @@ pub fn put_back_row(relid: pg_sys::Oid, old: Row, at: pg_sys::ItemPointerData) -
     let mut tid = at;
     types.push(pg_sys::TIDOID);
     values.push(Some(pg_sys::Datum::from(&mut tid as *mut pg_sys::ItemPointerData)));
-    let (mut datums, nulls) = spi_args(&values);
-    as_table_owner(relid, || {
-        spi_connected(|| {
-            // SAFETY: `sql` is NUL-terminated; `types`, `datums` and `nulls`
-            // hold one entry per parameter, each datum of its type (read from
-            // `old`, valid for the call, or `tid`, on this frame); SPI only
-            // reads them during the call.
-            let rc = unsafe {
-                pg_sys::SPI_execute_with_args(
-                    sql.as_ptr(),
-                    types.len() as i32,
-                    types.as_mut_ptr(),
-                    datums.as_mut_ptr(),
-                    nulls.as_ptr(),
-                    false,
-                    0,
-                )
-            };
-            if rc < 0 {
-                pgrx::error!("pg_lease: writing a row of {} back failed (SPI code {rc})", display(relid));
-            }
-            result_rows() == 1
-        })
-    })
+    // (`tid` lives on this frame until the call returns.)
+    execute_as_owner(relid, &sql, &mut types, &values, "writing back a row") == 1
 }
 
 /// For a row about to be inserted into owner table `relid`: whether a row
@@ -837,13 +815,29 @@ pub fn raise_token_of_same_key(
         keys.len() + 1,
         conditions.join(" AND ")
     ));
-    let (mut datums, nulls) = spi_args(&values);
+    execute_as_owner(relid, &sql, &mut types, &values, "raising a token") > 0
+}
+
+/// Runs `sql` (one statement on table `relid`, with parameters of `types`
+/// and `values`) through SPI as the table's owner ([`as_table_owner`]);
+/// the rows it changed. Raises, naming `what`, when SPI fails.
+///
+/// `values` must be datums of their `types` that stay valid during the call
+/// (read from a row valid for the trigger call, or on the caller's frame).
+fn execute_as_owner(
+    relid: pg_sys::Oid,
+    sql: &CStr,
+    types: &mut [pg_sys::Oid],
+    values: &[Option<pg_sys::Datum>],
+    what: &str,
+) -> usize {
+    assert_eq!(types.len(), values.len(), "one type per parameter");
+    let (mut datums, nulls) = spi_args(values);
     as_table_owner(relid, || {
         spi_connected(|| {
             // SAFETY: `sql` is NUL-terminated; `types`, `datums` and `nulls`
-            // hold one entry per parameter, each datum of its column's type
-            // read from `row` (valid for the trigger call); SPI only reads
-            // them during the call.
+            // hold one entry per parameter, each datum of its type (the
+            // caller's contract); SPI only reads them during the call.
             let rc = unsafe {
                 pg_sys::SPI_execute_with_args(
                     sql.as_ptr(),
@@ -856,9 +850,9 @@ pub fn raise_token_of_same_key(
                 )
             };
             if rc < 0 {
-                pgrx::error!("pg_lease: raising a token of {} failed (SPI code {rc})", display(relid));
+                pgrx::error!("pg_lease: {what} of {} failed (SPI code {rc})", display(relid));
             }
-            result_rows() > 0
+            result_rows()
         })
     })
 }

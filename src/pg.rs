@@ -1603,19 +1603,25 @@ pub fn database_name(oid: pg_sys::Oid) -> Option<String> {
     (!name.is_null()).then(|| unsafe { owned(name) })
 }
 
-/// Whether database `oid` exists (a committed `pg_database` row: a backend
-/// can only connect to such a one). Needs a transaction.
-pub fn database_exists(oid: pg_sys::Oid) -> bool {
-    // SAFETY: a syscache probe that accepts any OID.
+/// Whether the syscache `cache`, keyed by one OID, has a row for `oid`.
+/// Needs a transaction.
+fn syscache_has(cache: pg_sys::SysCacheIdentifier::Type, oid: pg_sys::Oid) -> bool {
+    // SAFETY: a syscache probe of a one-OID-key cache, which accepts any OID.
     unsafe {
         pg_sys::SearchSysCacheExists(
-            pg_sys::SysCacheIdentifier::DATABASEOID as i32,
+            cache as i32,
             pg_sys::Datum::from(oid),
             pg_sys::Datum::from(0),
             pg_sys::Datum::from(0),
             pg_sys::Datum::from(0),
         )
     }
+}
+
+/// Whether database `oid` exists (a committed `pg_database` row: a backend
+/// can only connect to such a one). Needs a transaction.
+pub fn database_exists(oid: pg_sys::Oid) -> bool {
+    syscache_has(pg_sys::SysCacheIdentifier::DATABASEOID, oid)
 }
 
 /// Whether relation `relid` of this database is dropped for good: it does
@@ -1646,22 +1652,14 @@ pub fn relation_dropped(relid: pg_sys::Oid) -> bool {
     let share = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
     // SAFETY: a conditional lock on any relation OID (it never waits; the
     // lock manager needs no such relation) that also takes in the catalog
-    // invalidations of transactions that committed before it was granted;
-    // released right after the syscache probe, which accepts any OID.
-    unsafe {
-        if !pg_sys::ConditionalLockRelationOid(relid, share) {
-            return false;
-        }
-        let exists = pg_sys::SearchSysCacheExists(
-            pg_sys::SysCacheIdentifier::RELOID as i32,
-            pg_sys::Datum::from(relid),
-            pg_sys::Datum::from(0),
-            pg_sys::Datum::from(0),
-            pg_sys::Datum::from(0),
-        );
-        pg_sys::UnlockRelationOid(relid, share);
-        !exists
+    // invalidations of transactions that committed before it was granted.
+    if !unsafe { pg_sys::ConditionalLockRelationOid(relid, share) } {
+        return false;
     }
+    let exists = syscache_has(pg_sys::SysCacheIdentifier::RELOID, relid);
+    // SAFETY: the lock taken above, released right after the probe.
+    unsafe { pg_sys::UnlockRelationOid(relid, share) };
+    !exists
 }
 
 /// A timestamp as Postgres prints it (`DateStyle`, `TimeZone`).

@@ -123,6 +123,16 @@ pub struct StatSlot {
     table_name: UnsafeCell<FixedStr<512>>,
 }
 
+impl StatSlot {
+    /// Zeroes the counters (`lease.stats_reset()`, or a slot claimed anew).
+    fn zero(&self) {
+        self.accepted.store(0, Ordering::Relaxed);
+        self.refused.store(0, Ordering::Relaxed);
+        self.replicated.store(0, Ordering::Relaxed);
+        self.last_refusal.store(0, Ordering::Relaxed);
+    }
+}
+
 /// A claimed slot as `lease.stats` shows it (read under the lock).
 pub struct StatRow {
     pub dboid: pg_sys::Oid,
@@ -1017,10 +1027,7 @@ pub fn reset() {
         }
     }
     for slot in shared.stats() {
-        slot.accepted.store(0, Ordering::Relaxed);
-        slot.refused.store(0, Ordering::Relaxed);
-        slot.replicated.store(0, Ordering::Relaxed);
-        slot.last_refusal.store(0, Ordering::Relaxed);
+        slot.zero();
     }
 }
 
@@ -1096,7 +1103,7 @@ pub fn stat_slot(
     if let Some(claimed) = claim_stat_slot(shared, key, table_name, &[]) {
         return Some(claimed);
     }
-    let dead: Vec<u64> = shared
+    let mut dead: Vec<u64> = shared
         .stats()
         .iter()
         .map(|s| s.key.load(Ordering::Acquire))
@@ -1105,26 +1112,25 @@ pub fn stat_slot(
             k != 0 && k != key && gone(db, rel)
         })
         .collect();
+    // Sorted here, so that each slot's test under the lock is a binary search.
+    dead.sort_unstable();
     claim_stat_slot(shared, key, table_name, &dead)
 }
 
 /// Under the lock: the slot of `key` if another process claimed it
 /// meanwhile, else a free one claimed for it after freeing the slots whose
-/// keys are in `dead`; None when no slot is free.
+/// keys are in `dead` (sorted); None when no slot is free.
 fn claim_stat_slot(shared: &'static Shared, key: u64, table_name: &str, dead: &[u64]) -> Option<&'static StatSlot> {
     let _lock = Locked::acquire();
     let slots = shared.stats();
     if let Some(slot) = slots.iter().find(|s| s.key.load(Ordering::Relaxed) == key) {
         return Some(slot);
     }
-    for slot in slots.iter().filter(|s| dead.contains(&s.key.load(Ordering::Relaxed))) {
+    for slot in slots.iter().filter(|s| dead.binary_search(&s.key.load(Ordering::Relaxed)).is_ok()) {
         slot.key.store(0, Ordering::Release);
     }
     let slot = slots.iter().find(|s| s.key.load(Ordering::Relaxed) == 0)?;
-    slot.accepted.store(0, Ordering::Relaxed);
-    slot.refused.store(0, Ordering::Relaxed);
-    slot.replicated.store(0, Ordering::Relaxed);
-    slot.last_refusal.store(0, Ordering::Relaxed);
+    slot.zero();
     // SAFETY: a slot's name is written and read only under the lock (held:
     // `_lock`).
     unsafe { (*slot.table_name.get()).set(table_name) };

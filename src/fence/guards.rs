@@ -237,17 +237,12 @@ pub fn truncate_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     };
     let facts = refusal::facts(relid, &table, TriggerOp::Truncate, String::new(), None, None, None);
     let refused = refusal::on_relation(error, relid, summary, detail, facts);
-    // A replicated TRUNCATE names the subscription and the way out.
+    // A replicated TRUNCATE names the subscription and the way out (the
+    // subscription is noted for lease.audit_status() where every refusal in
+    // a worker is: refusal::in_replication_worker).
     let replicated = replication::subscription().map(|sub| match &target {
         Some(cfg) => refusal::replication_hint(&sub, Some((&display(cfg.protected_relid), cfg.is_high_water()))),
-        None => {
-            replication::note(&sub);
-            format!(
-                "Applied by logical replication subscription \"{}\": this node's owner tokens are never taken away by replication. The worker retries until the write goes through: skip the change (ALTER SUBSCRIPTION {} SKIP (lsn = ...), the LSN is in this error's CONTEXT), and publish {table} without truncate (ALTER PUBLICATION ... SET (publish = 'insert, update, delete')).",
-                sub.name,
-                crate::pg::quote_ident(&sub.name)
-            )
-        }
+        None => refusal::owner_truncate_hint(&sub, &table),
     });
     Err(match replicated {
         Some(hint) => refused.with_hint(hint),

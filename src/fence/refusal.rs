@@ -146,9 +146,26 @@ pub fn replication_hint(sub: &replication::Subscription, table: Option<(&str, bo
             ),
         }
     };
-    format!(
-        "Applied by logical replication subscription \"{name}\": {why}. The worker retries until the write goes through: {way_out}."
+    worker_hint(name, &why, &way_out)
+}
+
+/// The HINT of a replicated TRUNCATE of owner table `table`, refused from
+/// every subscription (trusted or not): it would erase this node's tokens.
+pub fn owner_truncate_hint(sub: &replication::Subscription, table: &str) -> String {
+    worker_hint(
+        &sub.name,
+        "this node's owner tokens are never taken away by replication",
+        &format!(
+            "{}and publish {table} without truncate (ALTER PUBLICATION ... SET (publish = 'insert, update, delete'))",
+            skip(&sub.name)
+        ),
     )
+}
+
+/// A refusal's HINT in the logical replication worker of subscription
+/// `name`: why its change was refused here, and the way out.
+fn worker_hint(name: &str, why: &str, way_out: &str) -> String {
+    format!("Applied by logical replication subscription \"{name}\": {why}. The worker retries until the write goes through: {way_out}.")
 }
 
 /// A refusal raised in a logical replication worker: its subscription is

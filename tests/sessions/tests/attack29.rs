@@ -199,8 +199,18 @@ fn a_database_owners_other_settings_cannot_stall_the_audit() {
     for tok in [1, 2, 3] {
         expect_error(&mut writer, &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {tok})"), "LF001");
     }
+    // The reader takes the database's settings too: it undoes every one
+    // that could fail its own queries (a 1 ms transaction_timeout did, now
+    // and then, on PostgreSQL 18).
     let mut reader = db.connect();
-    must_run(&mut reader, "SET default_transaction_read_only = off; SET statement_timeout = 0");
+    must_run(
+        &mut reader,
+        "SET default_transaction_read_only = off; SET statement_timeout = 0; SET lock_timeout = 0;
+         SET idle_in_transaction_session_timeout = 0",
+    );
+    if server_version_num() >= 170_000 {
+        must_run(&mut reader, "SET transaction_timeout = 0");
+    }
     let recorded = wait_until("the three refusals in lease.rejected_writes", Duration::from_secs(10), || {
         audited(&mut reader, "application_name = 'a29-dbsettings'") == 3
     });

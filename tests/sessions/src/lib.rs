@@ -127,6 +127,41 @@ pub fn server_version_num() -> i64 {
     one_i64(&mut connect_to("postgres", "postgres"), "SELECT current_setting('server_version_num')::bigint")
 }
 
+/// Polls `check` (an observation of another process's state, not a sleep
+/// standing in for one) every 20 ms until it holds or `timeout` has passed;
+/// whether it held.
+pub fn poll_until(timeout: std::time::Duration, mut check: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        if check() {
+            return true;
+        }
+        if start.elapsed() >= timeout {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// [`poll_until`] that fails the test, naming `what`, when `timeout` passes;
+/// how long it took.
+#[track_caller]
+pub fn wait_for(what: &str, timeout: std::time::Duration, check: impl FnMut() -> bool) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    assert!(poll_until(timeout, check), "timed out after {timeout:?} waiting for {what}");
+    start.elapsed()
+}
+
+/// Whether the server is PostgreSQL `major` or later; prints why a test is
+/// not run when it is not.
+pub fn at_least(major: i64, what: &str) -> bool {
+    let ok = server_version_num() >= major * 10_000;
+    if !ok {
+        println!("not run: {what} needs PostgreSQL {major}");
+    }
+    ok
+}
+
 /// The work one SQL command does, as the tuples it reads from tables and
 /// catalogs (sequential reads and index fetches, `pg_stat_xact_all_tables`):
 /// the fewest of three runs, each rolled back (the first may fill caches).
@@ -277,6 +312,17 @@ impl Cluster {
         std::fs::read(format!("{root}/{}/server.log", self.name))
             .map(|log| String::from_utf8_lossy(&log).into_owned())
             .unwrap_or_default()
+    }
+
+    /// Whether a line of the server log contains `needle`.
+    pub fn log_has(&self, needle: &str) -> bool {
+        self.server_log().lines().any(|l| l.contains(needle))
+    }
+
+    /// A libpq connection string for `postgres` on this cluster over TCP
+    /// (what a subscription's `CONNECTION` needs).
+    pub fn conninfo(&self) -> String {
+        format!("host=127.0.0.1 port={} user=postgres dbname=postgres", self.port)
     }
 
     /// A connection that also collects the notices and warnings it receives.

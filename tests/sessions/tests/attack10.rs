@@ -76,14 +76,6 @@ fn an_acquire_in_an_older_snapshot_issues_no_token_below_issue_tokens_above() {
     assert!(stored == 0 || stored > blue_ceiling, "lease.lease_state holds token {stored} <= {blue_ceiling}");
 }
 
-fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn status(c: &mut Client) -> String {
     c.query_one("SELECT status FROM lease.audit_status()", &[]).unwrap().get(0)
 }

@@ -149,17 +149,7 @@
 use pg_lease_sessions::postgres::Client;
 use pg_lease_sessions::*;
 use std::process::Command;
-use std::time::{Duration, Instant};
-
-/// Whether the server is PostgreSQL `major` or later (says so when not:
-/// the test is then not run).
-fn at_least(major: i64, what: &str) -> bool {
-    let ok = server_version_num() >= major * 10_000;
-    if !ok {
-        println!("not run: {what} needs PostgreSQL {major}");
-    }
-    ok
-}
+use std::time::Duration;
 
 fn scratch_root() -> String {
     std::env::var("PG_LEASE_SCRATCH").unwrap_or_else(|_| "/var/tmp/pg_lease".to_owned())
@@ -222,18 +212,6 @@ fn createsubscriber_pair(label: &str, port: u16) -> (Cluster, Cluster, i64) {
     (publisher, standby, before)
 }
 
-/// Waits up to `secs` for `cond`.
-fn wait_for(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(secs) {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    false
-}
-
 /// Hole (high). See the module comment.
 #[test]
 fn following_the_hint_after_pg_createsubscriber_keeps_the_token_bump() {
@@ -250,7 +228,7 @@ fn following_the_hint_after_pg_createsubscriber_keeps_the_token_bump() {
     // row shows when the subscriber has everything.
     must_run(&mut g, "INSERT INTO balances VALUES ('marker', 1)");
     let arrived = |s: &mut Client| one_i64(s, "SELECT count(*) FROM balances WHERE player = 'marker'") == 1;
-    if !wait_for(20, || arrived(&mut s)) {
+    if !poll_until(Duration::from_secs(20), || arrived(&mut s)) {
         // The worker is held back by pg_lease's refusal: do what its HINT says.
         let log = subscriber.server_log();
         let refused = log.lines().position(|l| l.contains("would overwrite a row of lease.lease_state"));
@@ -266,7 +244,10 @@ fn following_the_hint_after_pg_createsubscriber_keeps_the_token_bump() {
             .to_owned();
         let sub: String = s.query_one("SELECT subname::text FROM pg_subscription", &[]).unwrap().get(0);
         must_run(&mut s, &format!("ALTER SUBSCRIPTION \"{sub}\" SKIP (lsn = '{lsn}')"));
-        assert!(wait_for(30, || arrived(&mut s)), "the subscriber never caught up, even after SKIP");
+        assert!(
+            poll_until(Duration::from_secs(30), || arrived(&mut s)),
+            "the subscriber never caught up, even after SKIP"
+        );
     }
     let sub: String = s.query_one("SELECT subname::text FROM pg_subscription", &[]).unwrap().get(0);
     must_run(&mut s, &format!("DROP SUBSCRIPTION \"{sub}\""));
@@ -296,7 +277,7 @@ fn a_pg_createsubscriber_copy_applies_the_publishers_token_bumps() {
     let mut s = subscriber.connect_db("game");
     let new = take(&mut g, "host-a");
     must_run(&mut g, &format!("INSERT INTO payouts (table_id, fencing_token) VALUES (1, {new})"));
-    let caught_up = wait_for(20, || owner_token(&mut s) == Some(new));
+    let caught_up = poll_until(Duration::from_secs(20), || owner_token(&mut s) == Some(new));
     let status: String = s.query_one("SELECT status FROM lease.audit_status()", &[]).unwrap().get(0);
     assert!(
         caught_up,
@@ -434,7 +415,10 @@ fn copy_on_error_ignore_never_skips_a_refused_row() {
         let r = w.finish();
         assert_eq!(sqlstate(&r), "LF001", "COPY ({options}) with a stale row: {r:?}");
         assert_eq!(one_i64(&mut c, "SELECT count(*) FROM payouts"), 0, "nothing of the COPY ({options}) commits");
-        assert!(wait_for(10, || audited(&mut c) > before), "the refusal in COPY ({options}) was not audited");
+        assert!(
+            poll_until(Duration::from_secs(10), || audited(&mut c) > before),
+            "the refusal in COPY ({options}) was not audited"
+        );
     }
     // The option still does its own job: a token that does not parse is
     // skipped (that row was never written), the valid rows commit.
@@ -678,7 +662,7 @@ fn the_audited_row_does_not_claim_a_virtual_column_was_null() {
         let recorded = |c: &mut Client| {
             one_i64(c, "SELECT count(*) FROM lease.rejected_writes WHERE target_table = 'public.bets' AND database = current_database()")
         };
-        assert!(wait_for(10, || recorded(&mut c) == 1), "the refusal was not audited");
+        assert!(poll_until(Duration::from_secs(10), || recorded(&mut c) == 1), "the refusal was not audited");
         let row: String = c
             .query_one("SELECT row_data::text FROM lease.rejected_writes WHERE target_table = 'public.bets' AND database = current_database()", &[])
             .unwrap()

@@ -63,23 +63,9 @@ use pg_lease_sessions::*;
 use postgres::Client;
 use std::time::{Duration, Instant};
 
-fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while !check() {
-        if start.elapsed() > timeout {
-            eprintln!("timed out after {timeout:?} waiting for {what}");
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    true
-}
-
 /// Waits until `n` refusals are recorded in this database's audit table.
 fn wait_recorded(c: &mut Client, n: i64) {
-    let ok = wait_for("audit rows", Duration::from_secs(20), || {
-        one_i64(c, "SELECT count(*) FROM lease.rejected_writes") >= n
-    });
+    let ok = poll_until(Duration::from_secs(20), || one_i64(c, "SELECT count(*) FROM lease.rejected_writes") >= n);
     assert!(ok, "the audit never recorded {n} refusals");
 }
 
@@ -220,7 +206,7 @@ fn subscriber_skips_lease_rows_naming_tables_it_lacks() {
     let (_cl, mut p, mut s) = pair("a30_unlogged", 51164, GAME, "SELECT 1");
     must_run(&mut p, "INSERT INTO notes VALUES (1)");
     assert!(
-        wait_for("the initial copy", Duration::from_secs(30), || one_i64(&mut s, "SELECT count(*) FROM notes") == 1),
+        poll_until(Duration::from_secs(30), || one_i64(&mut s, "SELECT count(*) FROM notes") == 1),
         "the subscription never synced"
     );
     // The publisher creates and protects a new (empty) fenced table, which
@@ -228,7 +214,7 @@ fn subscriber_skips_lease_rows_naming_tables_it_lacks() {
     must_run(&mut p, "CREATE TABLE u_pay(table_id int, token bigint)");
     must_run(&mut p, "SELECT lease.protect('u_pay', '{table_id}', 'token', 'tables', '{id}', 'owner_fencing_token')");
     must_run(&mut p, "INSERT INTO notes VALUES (2)");
-    let arrived = wait_for("note 2", Duration::from_secs(20), || one_i64(&mut s, "SELECT count(*) FROM notes") == 2);
+    let arrived = poll_until(Duration::from_secs(20), || one_i64(&mut s, "SELECT count(*) FROM notes") == 2);
     let log = _cl.server_log();
     let why = log.lines().rfind(|l| l.contains("does not exist")).unwrap_or("").to_owned();
     assert!(arrived, "replication stopped after the publisher's lease.protect of a table the subscriber lacks: {why}");
@@ -238,7 +224,7 @@ fn subscriber_skips_lease_rows_naming_tables_it_lacks() {
 fn publisher_cannot_touch_subscriber_leases() {
     let (_cl, mut p, mut s) = pair("a30_leases", 51165, GAME, "INSERT INTO tables VALUES (1, NULL)");
     assert!(
-        wait_for("the initial copy", Duration::from_secs(30), || one_i64(&mut s, "SELECT count(*) FROM tables") == 1),
+        poll_until(Duration::from_secs(30), || one_i64(&mut s, "SELECT count(*) FROM tables") == 1),
         "the subscription never synced"
     );
     // The subscriber's own lease and session, same names as the publisher's.

@@ -114,36 +114,7 @@
 
 use pg_lease_sessions::postgres::Client;
 use pg_lease_sessions::*;
-use std::time::{Duration, Instant};
-
-/// Whether the server is PostgreSQL `major` or later (says so when not:
-/// the test is then not run).
-fn at_least(major: i64, what: &str) -> bool {
-    let ok = server_version_num() >= major * 10_000;
-    if !ok {
-        println!("not run: {what} needs PostgreSQL {major}");
-    }
-    ok
-}
-
-/// Polls `check` (an observation of another process's state, not a sleep
-/// standing in for one) until it holds.
-#[track_caller]
-fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn log_has(cluster: &Cluster, needle: &str) -> bool {
-    cluster.server_log().lines().any(|l| l.contains(needle))
-}
-
-fn conninfo(c: &Cluster) -> String {
-    format!("host=127.0.0.1 port={} user=postgres dbname=postgres", c.port)
-}
+use std::time::Duration;
 
 fn pg_lsn(c: &mut Client, sql: &str) -> String {
     c.query_one(&format!("SELECT ({sql})::text"), &[]).unwrap().get(0)
@@ -188,7 +159,7 @@ fn rows_after_a_high_water_tables_initial_copy_are_judged_even_in_the_sync_worke
     // its slot took the snapshot the copy reads.
     let mut blocker = subscriber.connect();
     blocker.batch_execute("BEGIN; INSERT INTO ledger VALUES (1, 99, 1)").unwrap();
-    s.batch_execute(&format!("CREATE SUBSCRIPTION hw CONNECTION '{}' PUBLICATION hw", conninfo(&publisher))).unwrap();
+    s.batch_execute(&format!("CREATE SUBSCRIPTION hw CONNECTION '{}' PUBLICATION hw", publisher.conninfo())).unwrap();
     let mut sync_pid = 0;
     wait_for("the table-sync worker", Duration::from_secs(30), || {
         sync_pid = s
@@ -215,7 +186,7 @@ fn rows_after_a_high_water_tables_initial_copy_are_judged_even_in_the_sync_worke
     // Either the table gets synchronized, or a refusal holds it back.
     wait_for("the sync to finish or be refused", Duration::from_secs(60), || {
         one_i64(&mut s, "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'") == 0
-            || log_has(&subscriber, "StaleOwnerBoundaryWrite")
+            || subscriber.log_has("StaleOwnerBoundaryWrite")
     });
     let mark: i64 = one_i64(&mut s, "SELECT max(token) FROM lease.high_water");
     assert_eq!(mark, 9, "the copied row raised the mark to 9");
@@ -264,7 +235,7 @@ fn a_nodes_owner_token_never_goes_down_under_bidirectional_replication() {
         node.batch_execute(&format!(
             "CREATE SUBSCRIPTION {name} CONNECTION '{}' PUBLICATION game
                  WITH (origin = none, copy_data = false, enabled = false)",
-            conninfo(other)
+            other.conninfo()
         ))
         .unwrap();
     }
@@ -349,7 +320,7 @@ fn a_non_superuser_subscription_cannot_push_stale_payouts_or_rewind_owner_tokens
             "CREATE SUBSCRIPTION {name} CONNECTION '{}' PUBLICATION {publication}
                  WITH (enabled = false, copy_data = false, password_required = false, run_as_owner = false,
                        streaming = parallel, binary = true, disable_on_error = false)",
-            conninfo(&publisher)
+            publisher.conninfo()
         ))
         .unwrap();
         s.batch_execute(&format!("ALTER SUBSCRIPTION {name} OWNER TO subown")).unwrap();
@@ -364,7 +335,7 @@ fn a_non_superuser_subscription_cannot_push_stale_payouts_or_rewind_owner_tokens
     p.batch_execute("UPDATE tables SET id = 3 WHERE id = 2").unwrap();
     p.batch_execute("INSERT INTO payouts VALUES ('stale', 1, 5)").unwrap();
     wait_for("both refusals", Duration::from_secs(60), || {
-        log_has(&subscriber, "FencingTokenRegression") && log_has(&subscriber, "StaleOwnerBoundaryWrite")
+        subscriber.log_has("FencingTokenRegression") && subscriber.log_has("StaleOwnerBoundaryWrite")
     });
     assert_eq!(
         s.query_one("SELECT string_agg(id || '=' || owner_fencing_token, ',' ORDER BY id) FROM tables", &[])
@@ -575,7 +546,7 @@ fn a_row_filter_on_the_owner_table_never_deletes_an_owner_row_with_a_token_on_th
     .unwrap();
     let mut s = subscriber.connect();
     s.batch_execute(schema).unwrap();
-    s.batch_execute(&format!("CREATE SUBSCRIPTION game CONNECTION '{}' PUBLICATION game", conninfo(&publisher)))
+    s.batch_execute(&format!("CREATE SUBSCRIPTION game CONNECTION '{}' PUBLICATION game", publisher.conninfo()))
         .unwrap();
     wait_for("the initial sync", Duration::from_secs(60), || {
         one_i64(&mut s, "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'") == 0
@@ -586,7 +557,7 @@ fn a_row_filter_on_the_owner_table_never_deletes_an_owner_row_with_a_token_on_th
     p.batch_execute("INSERT INTO payouts VALUES ('marker', 2, 7)").unwrap();
     wait_for("the update to be applied", Duration::from_secs(60), || {
         one_i64(&mut s, "SELECT count(*) FROM payouts WHERE id = 'marker'") == 1
-            || log_has(&subscriber, "FencingTokenRegression")
+            || subscriber.log_has("FencingTokenRegression")
     });
     let left = one_i64(&mut s, "SELECT count(*) FROM tables WHERE id = 1 AND owner_fencing_token = 7");
     s.batch_execute("ALTER SUBSCRIPTION game DISABLE").ok();

@@ -124,36 +124,7 @@
 
 use pg_lease_sessions::postgres::Client;
 use pg_lease_sessions::*;
-use std::time::{Duration, Instant};
-
-/// Whether the server is PostgreSQL `major` or later (says so when not:
-/// the test is then not run).
-fn at_least(major: i64, what: &str) -> bool {
-    let ok = server_version_num() >= major * 10_000;
-    if !ok {
-        println!("not run: {what} needs PostgreSQL {major}");
-    }
-    ok
-}
-
-/// Polls `check` (an observation of another process's state, not a sleep
-/// standing in for one) until it holds.
-#[track_caller]
-fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn log_has(cluster: &Cluster, needle: &str) -> bool {
-    cluster.server_log().lines().any(|l| l.contains(needle))
-}
-
-fn conninfo(c: &Cluster) -> String {
-    format!("host=127.0.0.1 port={} user=postgres dbname=postgres", c.port)
-}
+use std::time::Duration;
 
 /// The fenced application: `tables` owns the tokens, `payouts` is fenced,
 /// `marks` is an unfenced table whose rows tell a test that everything the
@@ -189,7 +160,7 @@ fn pair(
     p.batch_execute(&format!("{publisher_rows}; CREATE PUBLICATION game FOR TABLE tables, payouts, marks;")).unwrap();
     let mut s = subscriber.connect();
     s.batch_execute(&format!("CREATE EXTENSION pg_lease; {APP} {FENCE}")).unwrap();
-    s.batch_execute(&format!("CREATE SUBSCRIPTION game CONNECTION '{}' PUBLICATION game", conninfo(&publisher)))
+    s.batch_execute(&format!("CREATE SUBSCRIPTION game CONNECTION '{}' PUBLICATION game", publisher.conninfo()))
         .unwrap();
     wait_for("the initial sync", Duration::from_secs(60), || {
         one_i64(&mut s, "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'") == 0
@@ -205,7 +176,7 @@ fn mark_applied(p: &mut Client, s: &mut Client, subscriber: &Cluster, n: i32, fa
     let mut arrived = false;
     wait_for("the mark, or the apply worker's failure", Duration::from_secs(60), || {
         arrived = one_i64(s, &format!("SELECT count(*) FROM marks WHERE n = {n}")) == 1;
-        arrived || log_has(subscriber, failure)
+        arrived || subscriber.log_has(failure)
     });
     arrived
 }
@@ -376,7 +347,7 @@ fn two_way_replication_converges_on_the_higher_token_with_replica_identity_full(
         node.batch_execute(&format!(
             "CREATE SUBSCRIPTION {name} CONNECTION '{}' PUBLICATION game
                  WITH (origin = none, copy_data = false, enabled = false)",
-            conninfo(other)
+            other.conninfo()
         ))
         .unwrap();
     }
@@ -525,14 +496,14 @@ fn high_water_initial_syncs_of_partitioned_and_filtered_tables_finish_and_catch_
          SELECT lease.protect_high_water('ledger2', '{{k}}', 'token');"
     ))
     .unwrap();
-    s.batch_execute(&format!("CREATE SUBSCRIPTION hw CONNECTION '{}' PUBLICATION hw", conninfo(&publisher))).unwrap();
+    s.batch_execute(&format!("CREATE SUBSCRIPTION hw CONNECTION '{}' PUBLICATION hw", publisher.conninfo())).unwrap();
     wait_for("both tables' initial sync", Duration::from_secs(60), || {
         one_i64(&mut s, "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate = 'r'") == 2
     });
     let copied = (one_i64(&mut s, "SELECT count(*) FROM ledger"), one_i64(&mut s, "SELECT count(*) FROM ledger2"));
     // After the copy: a stale row for k = 1 (mark 9) is judged and refused.
     p.batch_execute("INSERT INTO ledger VALUES (5, 1, 4)").unwrap();
-    wait_for("the refusal", Duration::from_secs(60), || log_has(&subscriber, "\"presented_token\": 4"));
+    wait_for("the refusal", Duration::from_secs(60), || subscriber.log_has("\"presented_token\": 4"));
     let stale = one_i64(&mut s, "SELECT count(*) FROM ledger WHERE id = 5");
     drop_subscription(&mut s, "hw");
     assert_eq!(copied, (4, 2), "every copied row (out of token order) was taken");

@@ -50,14 +50,6 @@ use pg_lease_sessions::*;
 use postgres::Client;
 use std::time::{Duration, Instant};
 
-fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// A publisher (POKER plus an unfenced `events` table, all three published)
 /// and a subscriber with the same schema, `payouts` protected there too, and
 /// a non-superuser `migrator` that owns the tables named in `owned` on the

@@ -20,15 +20,6 @@ fn accounting(c: &mut Client) -> Accounting {
     Accounting { queued: r.get(0), refused: r.get(1), recorded: r.get(2), dropped: r.get(3) }
 }
 
-fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(20));
-    }
-    start.elapsed()
-}
-
 #[test]
 fn refusal_in_a_rolled_back_transaction_is_recorded() {
     let (db, mut c) = {

@@ -241,14 +241,6 @@ fn connect(cluster: &Cluster, user: &str) -> Result<Client, postgres::Error> {
     Client::connect(&format!("host=127.0.0.1 port={} user={user} dbname=game", cluster.port), NoTls)
 }
 
-fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < Duration::from_secs(60), "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// Every row of every replicated table, in one ordered text per table.
 fn contents(c: &mut Client) -> Vec<String> {
     TABLES
@@ -362,7 +354,7 @@ fn blue_green_upgrade_by_logical_replication_follows_the_readme() {
     let not_ready = "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'";
     assert_eq!(one_i64(&mut g, not_ready), 0);
     assert_eq!(one_i64(&mut g, "SELECT count(*) FROM pg_subscription_rel"), TABLES.len() as i64);
-    wait_for("the history on green", || contents(&mut g) == contents(&mut b));
+    wait_for("the history on green", Duration::from_secs(60), || contents(&mut g) == contents(&mut b));
     assert_eq!(one_i64(&mut g, "SELECT count(*) FROM payouts"), 370);
     assert_eq!(one_i64(&mut g, "SELECT owner_fencing_token FROM tables WHERE id = 7"), t7b);
     // Green alone would start its tokens over: an unbound lease's below blue's.
@@ -384,7 +376,7 @@ fn blue_green_upgrade_by_logical_replication_follows_the_readme() {
     assert_eq!(jackpot(&mut app, 7, j3), "");
     assert_eq!(jackpot(&mut app, 8, j2), "LF001", "a stale jackpot row on blue");
     app.batch_execute("UPDATE balances SET chips = chips - 500 WHERE player = 'bob'").unwrap();
-    wait_for("blue's changes on green", || contents(&mut g) == contents(&mut b));
+    wait_for("blue's changes on green", Duration::from_secs(60), || contents(&mut g) == contents(&mut b));
     assert_eq!(one_i64(&mut g, "SELECT count(*) FROM payouts WHERE table_id = 7 AND hand <= 10"), 0);
     assert_eq!(one_i64(&mut g, "SELECT owner_fencing_token FROM tables WHERE id = 8"), t8b);
     assert_eq!(one_i64(&mut g, "SELECT count(*) FROM payouts WHERE player = 'eve'"), 0);
@@ -443,7 +435,7 @@ fn a_standby_refuses_token_ceiling_and_issue_tokens_above() {
     primary.connect().batch_execute("CREATE EXTENSION pg_lease; CHECKPOINT").unwrap();
     let standby = Cluster::standby_of(&primary, "bg_standby", 54491);
     let mut s = standby.connect();
-    wait_for("the extension on the standby", || {
+    wait_for("the extension on the standby", Duration::from_secs(60), || {
         one_i64(&mut s, "SELECT count(*) FROM pg_extension WHERE extname = 'pg_lease'") == 1
     });
     for sql in ["SELECT lease.token_ceiling()", "SELECT lease.issue_tokens_above(1)"] {

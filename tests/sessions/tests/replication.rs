@@ -7,15 +7,7 @@
 
 use pg_lease_sessions::*;
 use postgres::Client;
-use std::time::{Duration, Instant};
-
-fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+use std::time::Duration;
 
 /// Every row of `table`, in one ordered text: what both sides must agree on.
 fn content(c: &mut Client, table: &str) -> String {

@@ -744,44 +744,66 @@ pub unsafe fn result_datum(col: i32) -> Option<pg_sys::Datum> {
     unsafe { row_datum(0, col) }
 }
 
-/// Writes `old`'s values back into the row version at `at` of `relid`: one
-/// `UPDATE ... SET (every live, not generated column) = ROW($1, ...) WHERE
-/// ctid = $n`, through SPI, as the table's owner ([`as_table_owner`]). An
-/// AFTER UPDATE row trigger's way to undo the update it fired for. Whether
-/// it found the row (the version at `at` is the one this transaction sees).
+/// Writes `old`'s values back into the row version at `at` of `relid`: the
+/// AFTER UPDATE row trigger's way to undo the update it fired for
+/// ([`write_row_at`] of every column). Whether it found the row (the version
+/// at `at` is the one this transaction sees).
 pub fn put_back_row(relid: pg_sys::Oid, old: Row, at: pg_sys::ItemPointerData) -> bool {
-    let desc = old.desc();
+    write_row_at(relid, old, at, &[], None)
+}
+
+/// Writes `row`'s values into the row version at `at` of `relid`: one
+/// `UPDATE ... SET (every live, not generated column of row but keep) =
+/// ROW($1, ...) WHERE ctid = $n`, through SPI, as the table's owner
+/// ([`as_table_owner`]); column `raise` (of `row`) is set to the greater of
+/// its value there and `row`'s (`GREATEST`: never lowered, a NULL in `row`
+/// leaves it). Columns are matched by name, so `row` may come from another
+/// partition of the table. Whether it found the row (the version at `at` is
+/// the one this transaction sees).
+pub fn write_row_at(
+    relid: pg_sys::Oid,
+    row: Row,
+    at: pg_sys::ItemPointerData,
+    keep: &[i16],
+    raise: Option<i16>,
+) -> bool {
+    let desc = row.desc();
     // SAFETY: a Row's descriptor is valid (Row::new's contract).
     let natts = unsafe { (*desc).natts } as usize;
     let mut columns = Vec::new();
+    let mut exprs = Vec::new();
     let mut types = Vec::new();
     let mut values = Vec::new();
     for i in 0..natts {
         // SAFETY: i < natts.
         let a = unsafe { desc_attribute(desc, i) };
-        if a.attisdropped || a.attgenerated != 0 {
+        if a.attisdropped || a.attgenerated != 0 || keep.contains(&a.attnum) {
             continue;
         }
         // SAFETY: attname is a NUL-terminated NameData.
-        let name = unsafe { CStr::from_ptr(a.attname.data.as_ptr()) };
-        columns.push(quote_ident(&from_server(name.to_bytes())));
+        let name = quote_ident(&from_server(unsafe { CStr::from_ptr(a.attname.data.as_ptr()) }.to_bytes()));
         types.push(a.atttypid);
-        values.push(old.attr(a.attnum));
+        values.push(row.attr(a.attnum));
+        exprs.push(if raise == Some(a.attnum) {
+            format!("GREATEST(t.{name}, ${})", values.len())
+        } else {
+            format!("${}", values.len())
+        });
+        columns.push(name);
     }
     let n = columns.len();
-    let placeholders: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
     let sql = server_cstring(&format!(
         "UPDATE {} AS t SET ({}) = ROW({}) WHERE t.ctid OPERATOR(pg_catalog.=) ${}",
         sql_name(relid),
         columns.join(", "),
-        placeholders.join(", "),
+        exprs.join(", "),
         n + 1
     ));
     let mut tid = at;
     types.push(pg_sys::TIDOID);
     values.push(Some(pg_sys::Datum::from(&mut tid as *mut pg_sys::ItemPointerData)));
     // (`tid` lives on this frame until the call returns.)
-    execute_as_owner(relid, &sql, &mut types, &values, "writing back a row") == 1
+    execute_as_owner(relid, &sql, &mut types, &values, "writing a row") == 1
 }
 
 /// For a row about to be inserted into owner table `relid`: whether a row
@@ -816,6 +838,17 @@ pub fn raise_token_of_same_key(
         conditions.join(" AND ")
     ));
     execute_as_owner(relid, &sql, &mut types, &values, "raising a token") > 0
+}
+
+/// Whether owner table `relid` (this relation only, not its partitions)
+/// has a row whose `token_column` is not NULL, as this transaction sees it:
+/// one SELECT through SPI as the table's owner, parsed per call (asked once
+/// per table by a table synchronization worker's copy).
+pub fn carries_tokens(relid: pg_sys::Oid, token_column: &str) -> bool {
+    let column = quote_ident(token_column);
+    let sql =
+        server_cstring(&format!("SELECT FROM ONLY {} AS t WHERE t.{column} IS NOT NULL LIMIT 1", sql_name(relid)));
+    execute_as_owner(relid, &sql, &mut [], &[], "looking for tokens") > 0
 }
 
 /// Runs `sql` (one statement on table `relid`, with parameters of `types`

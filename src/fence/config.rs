@@ -12,7 +12,7 @@ use crate::fence::identity::Canon;
 use crate::fence::FastMap;
 use crate::pg::{
     attcollation, attribute, is_token_type, key_match, prepare_saved, qualified_name, quote_ident, rel_owner,
-    relation_names, shown_relation_names, ServerText, UniqueIndex,
+    relation_names, shown_relation_names, UniqueIndex,
 };
 use pgrx::prelude::*;
 use pgrx::spi::Spi;
@@ -198,27 +198,27 @@ pub fn owner_table(relid: pg_sys::Oid) -> Option<bool> {
     if let Some(known) = OWNER_TABLES.with(|o| o.borrow().get(&relid).copied()) {
         return known;
     }
-    let known = Spi::get_one_with_args::<bool>(
-        &format!(
-            "SELECT pg_catalog.bool_or(COALESCE({JUDGE_REPLICATED}, false)) FROM lease.protected p
-              WHERE p.owner_table::pg_catalog.oid OPERATOR(pg_catalog.=) $1
-                 OR p.owner_table::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (ARRAY(
-                        SELECT a.relid::pg_catalog.oid FROM pg_catalog.pg_partition_ancestors($1) a))"
-        ),
-        &[relid.into()],
-    )
-    .ok()
-    .flatten()
-    .or_else(|| {
-        // A Citus shard of an owner table: its distributed table is one
-        // (this node's lease.protected says so, on a coordinator that holds
-        // shards), or carries pg_lease's owner guard, which only protect
-        // installs there and Citus copies to every node (fence::citus).
-        let shard = citus::shard_of(relid)?;
-        owner_table(shard.logical).or_else(|| {
-            citus::shell_trigger_args(shard.logical, "pg_lease_owner_guard", "lease.owner_guard()").map(|_| false)
-        })
-    });
+    // Under the latest snapshot: kept past this transaction (see load_row).
+    let oid = relid.to_u32();
+    let query = std::ffi::CString::new(format!(
+        "SELECT pg_catalog.bool_or(COALESCE({JUDGE_REPLICATED}, false))::pg_catalog.text FROM lease.protected p
+          WHERE p.owner_table::pg_catalog.oid OPERATOR(pg_catalog.=) '{oid}'::pg_catalog.oid
+             OR p.owner_table::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (ARRAY(
+                    SELECT a.relid::pg_catalog.oid
+                      FROM pg_catalog.pg_partition_ancestors('{oid}'::pg_catalog.oid::pg_catalog.regclass) a))"
+    ))
+    .expect("no NUL");
+    let known =
+        crate::pg::query_text_under(&query, true, "reading lease.protected").map(|t| t == b"true").or_else(|| {
+            // A Citus shard of an owner table: its distributed table is one
+            // (this node's lease.protected says so, on a coordinator that holds
+            // shards), or carries pg_lease's owner guard, which only protect
+            // installs there and Citus copies to every node (fence::citus).
+            let shard = citus::shard_of(relid)?;
+            owner_table(shard.logical).or_else(|| {
+                citus::shell_trigger_args(shard.logical, "pg_lease_owner_guard", "lease.owner_guard()").map(|_| false)
+            })
+        });
     OWNER_TABLES.with(|o| o.borrow_mut().insert(relid, known));
     known
 }
@@ -261,45 +261,68 @@ struct ProtectedRow {
 const JUDGE_REPLICATED: &str =
     "(pg_catalog.to_jsonb(p) OPERATOR(pg_catalog.->>) 'judge_replicated'::pg_catalog.text)::pg_catalog.bool";
 
+/// `relid`'s row of `lease.protected` (or its nearest partitioned
+/// ancestor's), as committed now: read under the latest snapshot, since a
+/// config is kept past this transaction (until an invalidation drops it),
+/// and one read under an older snapshot (a REPEATABLE READ transaction's,
+/// or a statement's that began before a `protect` or `unprotect` committed)
+/// would outlive it, judging later transactions by a fence that is gone. A
+/// transaction whose snapshot sees another row (it began before the change)
+/// fails with `40001`, as it does when an owner row changed after its
+/// snapshot: retried, it is judged by the fence as it is now.
 fn load_row(relid: pg_sys::Oid) -> Option<ProtectedRow> {
     // Runs with the writer's search_path: every operator is schema-qualified,
     // so look-alike objects in other schemas cannot steer it.
-    Spi::connect(|client| {
-        let rows = client
-            .select(
-                &format!(
-                    "SELECT p.relid::pg_catalog.oid, p.mode, p.key_columns, p.token_column, p.owner_table::pg_catalog.oid,
-                            p.owner_key_columns, p.owner_token_column,
-                            COALESCE({JUDGE_REPLICATED}, p.mode OPERATOR(pg_catalog.=) 'high_water')
-                       FROM lease.protected p
-                      WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) $1::pg_catalog.oid
-                         OR p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (ARRAY(
-                                SELECT a.relid::pg_catalog.oid FROM pg_catalog.pg_partition_ancestors($1) a))"
-                ),
-                Some(1),
-                // SAFETY: an OID is a by-value datum, a valid regclass.
-                &[unsafe { pgrx::datum::DatumWithOid::new(relid, pg_sys::REGCLASSOID) }],
-            )
-            .expect("reading lease.protected");
-        let row = rows.first();
-        if row.is_empty() {
-            return None;
-        }
-        // Names in the database's encoding, as Rust text.
-        let text = |i| row.get::<ServerText>(i).unwrap().map(|t| t.0);
-        let texts =
-            |i| row.get::<Vec<ServerText>>(i).unwrap().unwrap_or_default().into_iter().map(|t| t.0).collect::<Vec<_>>();
-        Some(ProtectedRow {
-            protected_relid: row.get(1).unwrap().unwrap(),
-            mode: text(2).unwrap(),
-            key_columns: texts(3),
-            token_column: text(4),
-            owner_table: row.get(5).unwrap(),
-            owner_key_columns: texts(6),
-            owner_token_column: text(7),
-            judge_replicated: row.get(8).unwrap().unwrap_or(true),
-            from_trigger: false,
-        })
+    let oid = relid.to_u32();
+    let query = std::ffi::CString::new(format!(
+        "SELECT pg_catalog.json_build_array(p.relid::pg_catalog.oid::pg_catalog.int8, p.mode, p.key_columns, p.token_column,
+                p.owner_table::pg_catalog.oid::pg_catalog.int8, p.owner_key_columns, p.owner_token_column,
+                COALESCE({JUDGE_REPLICATED}, p.mode OPERATOR(pg_catalog.=) 'high_water'))::pg_catalog.text
+           FROM lease.protected p
+          WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) '{oid}'::pg_catalog.oid
+             OR p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (ARRAY(
+                    SELECT a.relid::pg_catalog.oid
+                      FROM pg_catalog.pg_partition_ancestors('{oid}'::pg_catalog.oid::pg_catalog.regclass) a))
+          LIMIT 1"
+    ))
+    .expect("no NUL");
+    let now = crate::pg::query_text_under(&query, true, "reading lease.protected");
+    if crate::pg::uses_transaction_snapshot()
+        && crate::pg::query_text_under(&query, false, "reading lease.protected") != now
+    {
+        pgrx::ereport!(
+            ERROR,
+            pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+            format!(
+                "pg_lease: the fence on {} changed after this transaction's snapshot was taken",
+                crate::pg::display(relid)
+            ),
+            "Retry the transaction: lease.protect or lease.unprotect committed since it began, and a write is judged by the fence as it is now."
+        );
+    }
+    // Names in the database's encoding, as Rust text.
+    type Read = (
+        u32,
+        String,
+        Option<Vec<String>>,
+        Option<String>,
+        Option<u32>,
+        Option<Vec<String>>,
+        Option<String>,
+        Option<bool>,
+    );
+    let (protected, mode, keys, token, owner, owner_keys, owner_token, judge): Read =
+        serde_json::from_str(&crate::pg::from_server_json(&now?)).expect("lease.protected row as JSON");
+    Some(ProtectedRow {
+        protected_relid: pg_sys::Oid::from(protected),
+        mode,
+        key_columns: keys.unwrap_or_default(),
+        token_column: token,
+        owner_table: owner.map(pg_sys::Oid::from),
+        owner_key_columns: owner_keys.unwrap_or_default(),
+        owner_token_column: owner_token,
+        judge_replicated: judge.unwrap_or(true),
+        from_trigger: false,
     })
 }
 

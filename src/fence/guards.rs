@@ -17,6 +17,8 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     if !call.is_before_row() {
         pgrx::error!("lease.owner_guard() must be a BEFORE ... FOR EACH ROW trigger");
     }
+    // Asked on every call: it is for the call right after the skipped delete.
+    let skipped = replication::take_skipped_delete();
     let relid = call.relid();
     let Some(judges) = config::owner_table(relid) else {
         not_protected("lease.owner_guard", relid);
@@ -54,7 +56,7 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
     };
 
     if trusted {
-        return Ok(trusted_change(call, (token_column, attnum, typid), &keys, before, after, &owner_display));
+        return Ok(trusted_change(call, skipped, (token_column, attnum, typid), &keys, before, after, &owner_display));
     }
     // SAFETY: superuser() is a syscache lookup of the current user (a
     // backend global), valid in any transaction.
@@ -124,6 +126,7 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
 /// starts over. Each such change is logged.
 fn trusted_change(
     call: &TriggerCall,
+    skipped: Option<(pg_sys::Oid, pg_sys::ItemPointerData)>,
     token: (&str, i16, pg_sys::Oid),
     keys: &[(&str, i16, pg_sys::Oid)],
     before: Option<i64>,
@@ -134,8 +137,32 @@ fn trusted_change(
     let old = call.trigtuple().expect("a row trigger has a row");
     let (kept, what, b) = match (call.op(), before) {
         (TriggerOp::Insert, _) => {
-            // (A table's initial copy goes into a table of its own.)
-            if replication::initial_copy() || !crate::pg::raise_token_of_same_key(relid, token, keys, old) {
+            // SAFETY: a syscache lookup of the trigger's (locked) relation.
+            let moved_here =
+                skipped.filter(|&(from, _)| from != relid && unsafe { pg_sys::get_rel_relispartition(relid) });
+            if let Some((from, at)) = moved_here {
+                // The second half of an update moving a row that carries a
+                // token to this partition: the row stays where it is with its
+                // key, taking the update's other columns and its token where
+                // higher, as an update within one partition would.
+                let keep: Vec<i16> = keys.iter().map(|&(_, attnum, _)| attnum).collect();
+                if crate::pg::write_row_at(from, old, at, &keep, Some(token.1)) {
+                    let key = key::describe(old, keys.iter().copied());
+                    log_kept(
+                        &format!(
+                            "would move an owner row that carries a token from partition {} to key {key} in partition {owner_display}",
+                            display(from)
+                        ),
+                        "its update is applied with the row's key kept, and the higher token",
+                    );
+                    return pg_sys::Datum::from(0usize);
+                }
+            }
+            // A table's initial copy meets rows of this node only where the
+            // table had tokens before it (asked once per copy).
+            let copy_alone = replication::initial_copy()
+                && !replication::copy_meets_tokens(relid, || crate::pg::carries_tokens(relid, token.0));
+            if copy_alone || !crate::pg::raise_token_of_same_key(relid, token, keys, old) {
                 return call.pass();
             }
             let what = format!(
@@ -169,13 +196,25 @@ fn trusted_change(
         }
     };
     let key = key::describe(old, keys.iter().copied());
-    let name = replication::subscription().map_or_else(|| "(unknown)".to_owned(), |s| s.name);
-    let taking = match b {
-        Some(b) => format!("would take fencing token {b} away from owner row {key} of {owner_display}"),
-        None => format!("would insert owner row {key} of {owner_display}, which carries a token here"),
-    };
-    pgrx::log!("pg_lease: logical replication subscription \"{name}\" {taking}: {what}");
+    log_kept(
+        &match b {
+            Some(b) => format!("would take fencing token {b} away from owner row {key} of {owner_display}"),
+            None => format!("would insert owner row {key} of {owner_display}, which carries a token here"),
+        },
+        &what,
+    );
+    if call.op() == TriggerOp::Delete {
+        // SAFETY: a trigger's row is valid for the call (TriggerCall).
+        replication::note_skipped_delete(relid, unsafe { (*old.tuple()).t_self });
+    }
     kept
+}
+
+/// Logs that the trusted subscription applying this change `would` do
+/// something `trusted_change` does not let it, and `what` it did instead.
+fn log_kept(would: &str, what: &str) {
+    let name = replication::subscription().map_or_else(|| "(unknown)".to_owned(), |s| s.name);
+    pgrx::log!("pg_lease: logical replication subscription \"{name}\" {would}: {what}");
 }
 
 /// A guard fired on a relation pg_lease does not guard: refuse plainly (and

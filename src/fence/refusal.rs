@@ -94,13 +94,16 @@ pub fn of_row(
 /// The SKIP way out of a refused replicated change, where it applies: not to
 /// a table's initial copy, which ALTER SUBSCRIPTION ... SKIP cannot skip.
 fn skip(subscription: &str) -> String {
+    let sub = quote_ident(subscription);
+    let drops = "it drops the whole remote transaction, owner-token raises in it too: compare the owner tables' tokens with the publisher's after";
     if replication::initial_copy() {
         String::new()
-    } else {
+    } else if replication::parallel_apply() {
         format!(
-            "skip the change (ALTER SUBSCRIPTION {} SKIP (lsn = ...), the LSN is in this error's CONTEXT), ",
-            quote_ident(subscription)
+            "skip the transaction (a parallel apply worker's error does not give its LSN: ALTER SUBSCRIPTION {sub} SET (streaming = on) first, then ALTER SUBSCRIPTION {sub} SKIP (lsn = ...) with the LSN in the retried error's CONTEXT; {drops}), "
         )
+    } else {
+        format!("skip the transaction (ALTER SUBSCRIPTION {sub} SKIP (lsn = ...), the LSN is in this error's CONTEXT; {drops}), ")
     }
 }
 

@@ -36,13 +36,21 @@ thread_local! {
     static PENDING: std::cell::RefCell<Option<(pg_sys::Oid, String)>> = const { std::cell::RefCell::new(None) };
     /// See [`last_rewriting_trigger`].
     static REWRITER: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+    /// Whether this process is a parallel apply worker (once known).
+    static PARALLEL: Cell<Option<bool>> = const { Cell::new(None) };
     /// Whether this process is a table synchronization worker (once known).
     static TABLESYNC: Cell<Option<bool>> = const { Cell::new(None) };
     /// Whether this transaction of a table synchronization worker is its
     /// table's initial copy (once known; see `initial_copy`).
     static COPYING: Cell<Option<bool>> = const { Cell::new(None) };
+    /// Owner tables this transaction's initial copy writes into, and whether
+    /// each held a row with a token before it (see `copy_meets_tokens`).
+    static COPY_TOKENS: std::cell::RefCell<Vec<(pg_sys::Oid, bool)>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Whether this worker has logged that it skips changes to pg_lease's tables.
     static SKIP_LOGGED: Cell<bool> = const { Cell::new(false) };
+    /// The partition and row of an owner-row delete a trusted worker skipped,
+    /// until the owner guard's next call (see `note_skipped_delete`).
+    static SKIPPED_DELETE: Cell<Option<(pg_sys::Oid, pg_sys::ItemPointerData)>> = const { Cell::new(None) };
     /// The depth each open subtransaction started at (see `on_subxact`).
     static SAVED: std::cell::RefCell<Vec<(pg_sys::SubTransactionId, u32)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
@@ -110,7 +118,6 @@ pub fn init() {
     }
 }
 
-/// A transaction ended: no statement of it runs any more.
 /// A transaction ended: no statement of it runs any more. A refusal raised
 /// in a logical replication worker that aborts the transaction is noted for
 /// `lease.audit_status()` now (a refusal that user code caught, letting the
@@ -118,6 +125,8 @@ pub fn init() {
 extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     DEPTH.with(|d| d.set(0));
     COPYING.with(|c| c.set(None));
+    SKIPPED_DELETE.with(|c| c.set(None));
+    COPY_TOKENS.with(|c| c.borrow_mut().clear());
     SAVED.with(|s| s.borrow_mut().clear());
     let pending = PENDING.with(|p| p.borrow_mut().take());
     if let Some((oid, name)) = pending {
@@ -125,6 +134,41 @@ extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi
             crate::audit::note_replication_refusal(oid, &name);
         }
     }
+}
+
+/// For a row the initial copy ([`initial_copy`]) writes into owner table
+/// `relid`: whether the table held a row with a token when the copy first
+/// wrote into it (`carries`, asked once per table and transaction). Only
+/// then can a copied key meet a row of this node that carries a token,
+/// which the copy must not fail on or replace (`guards::trusted_change`);
+/// a copy into a table without tokens costs nothing more per row.
+pub fn copy_meets_tokens(relid: pg_sys::Oid, carries: impl FnOnce() -> bool) -> bool {
+    if let Some((_, known)) = COPY_TOKENS.with(|c| c.borrow().iter().find(|(r, _)| *r == relid).copied()) {
+        return known;
+    }
+    let known = carries();
+    COPY_TOKENS.with(|c| c.borrow_mut().push((relid, known)));
+    known
+}
+
+/// A trusted worker's delete of the owner row at `at` of partition `relid`
+/// was skipped (`guards::trusted_change`). An apply worker applies an UPDATE
+/// that moves a row to another partition as a delete from the one and, next,
+/// an insert into the other: remembered until the next owner-row change this
+/// transaction makes ([`take_skipped_delete`]).
+pub fn note_skipped_delete(relid: pg_sys::Oid, at: pg_sys::ItemPointerData) {
+    // SAFETY: a syscache lookup of a relation the trigger holds a lock on.
+    let partition = unsafe { pg_sys::get_rel_relispartition(relid) };
+    SKIPPED_DELETE.with(|c| c.set(partition.then_some((relid, at))));
+}
+
+/// The partition and row of a trusted owner-row delete skipped by the owner
+/// guard's previous call in this transaction, if it was one
+/// ([`note_skipped_delete`]); forgotten once asked, so every owner-guard call
+/// asks. A trusted insert into another partition that comes right after it
+/// is taken for the other half of that row's move.
+pub fn take_skipped_delete() -> Option<(pg_sys::Oid, pg_sys::ItemPointerData)> {
+    SKIPPED_DELETE.with(Cell::take)
 }
 
 /// A subtransaction started (remember the depth), ended (forget it) or
@@ -251,18 +295,32 @@ pub fn applying() -> bool {
 /// Whether this process is a table synchronization worker (asked once per
 /// process: a worker never changes kind).
 fn tablesync() -> bool {
-    if let Some(known) = TABLESYNC.with(Cell::get) {
+    worker_kind(&TABLESYNC, "w.relid IS NOT NULL")
+}
+
+/// Whether this process is a parallel apply worker (`streaming = parallel`,
+/// PostgreSQL 16 on), whose errors do not give the transaction's finish LSN
+/// that `ALTER SUBSCRIPTION ... SKIP` needs (asked once per process, for a
+/// refusal's HINT).
+pub fn parallel_apply() -> bool {
+    !cfg!(feature = "pg15") && in_worker() && worker_kind(&PARALLEL, "w.leader_pid IS NOT NULL")
+}
+
+/// `test`, a condition on this process's row `w` of `pg_stat_subscription`
+/// (false without one), asked once per process and kept in `known`.
+fn worker_kind(known: &'static std::thread::LocalKey<Cell<Option<bool>>>, test: &str) -> bool {
+    if let Some(known) = known.with(Cell::get) {
         return known;
     }
-    let known = pgrx::spi::Spi::get_one::<bool>(
-        "SELECT w.relid IS NOT NULL FROM pg_catalog.pg_stat_subscription w
-          WHERE w.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() LIMIT 1",
-    )
+    let answer = pgrx::spi::Spi::get_one::<bool>(&format!(
+        "SELECT {test} FROM pg_catalog.pg_stat_subscription w
+          WHERE w.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() LIMIT 1"
+    ))
     .ok()
     .flatten()
     .unwrap_or(false);
-    TABLESYNC.with(|t| t.set(Some(known)));
-    known
+    known.with(|k| k.set(Some(answer)));
+    answer
 }
 
 /// Whether this is the initial copy of a table, applied by a table

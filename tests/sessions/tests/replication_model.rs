@@ -4,8 +4,9 @@
 //! holds* (README, Logical replication).
 //!
 //! Two real clusters, A and B, each with pg_lease, the owner table `tables`
-//! (`id int` key, token, and a `note` column the token rules leave alone) and
-//! the fenced `payouts`. A publishes both to B through a superuser-owned
+//! (`id int` key, token, and a `note` column the token rules leave alone;
+//! hash-partitioned on B, so a replicated key move there can cross
+//! partitions) and the fenced `payouts`. A publishes both to B through a superuser-owned
 //! (trusted) subscription; on PostgreSQL 16 and later B publishes them back to
 //! A as well (`origin = none`: two-way replication). Subscriptions stay
 //! disabled except in a `Deliver` step, which enables one, waits until a mark
@@ -61,12 +62,28 @@ const REGRESSION: &str = "LF004";
 const NO_OWNER: &str = "LF007";
 const UNIQUE: &str = "23505";
 
+/// Node A's schema; B's owner table is hash-partitioned on its key (see
+/// `schema`), so that a replicated key move there may cross partitions (the
+/// apply worker then deletes from one and inserts into the other).
 const SCHEMA: &str = "CREATE EXTENSION pg_lease;
      CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint, note int NOT NULL DEFAULT 0);
      CREATE TABLE payouts (id text PRIMARY KEY, table_id int NOT NULL, fencing_token bigint);
      CREATE TABLE marks (node text, n int, PRIMARY KEY (node, n));
      SELECT lease.protect('payouts', '{table_id}', 'fencing_token');
-     CREATE PUBLICATION game FOR TABLE tables, payouts, marks;";
+     CREATE PUBLICATION game FOR TABLE tables, payouts, marks WITH (publish_via_partition_root = true);";
+
+fn schema(node: Node) -> String {
+    match node {
+        Node::A => SCHEMA.to_owned(),
+        Node::B => SCHEMA.replacen(
+            "note int NOT NULL DEFAULT 0);",
+            "note int NOT NULL DEFAULT 0) PARTITION BY HASH (id);
+             CREATE TABLE tables_0 PARTITION OF tables FOR VALUES WITH (MODULUS 2, REMAINDER 0);
+             CREATE TABLE tables_1 PARTITION OF tables FOR VALUES WITH (MODULUS 2, REMAINDER 1);",
+            1,
+        ),
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Node {
@@ -446,8 +463,8 @@ impl Pair {
         let a = Cluster::start_with("repl_model_a", 54640, &conf);
         let b = Cluster::start_with("repl_model_b", 54641, &conf);
         let (mut ca, mut cb) = (a.connect(), b.connect());
-        ca.batch_execute(SCHEMA).unwrap();
-        cb.batch_execute(SCHEMA).unwrap();
+        ca.batch_execute(&schema(Node::A)).unwrap();
+        cb.batch_execute(&schema(Node::B)).unwrap();
         let two_way = server_version_num() >= 160_000;
         let origin = if two_way { ", origin = none" } else { "" };
         let subscribe = |c: &mut Client, name: &str, from: &Cluster| {

@@ -730,7 +730,10 @@ fn a_terminated_table_sync_copies_again_and_its_marks_end_at_the_copy() {
 
 #[test]
 fn a_table_sync_killed_by_sigkill_copies_again_and_its_marks_end_at_the_copy() {
-    if !at_least(15, "the same steps (run on 18 here)") {
+    // On 15 the crash restart can leave another table's sync retrying for a
+    // slot that is gone ("could not start WAL streaming: replication slot
+    // ... does not exist"), with or without pg_lease: seen once in CI.
+    if !at_least(16, "a table sync that survives a crash restart") {
         return;
     }
     let (_publisher, subscriber, mut p, _s, pid, sink) = blocked_ledger_copy("a33_tk9", 54616);

@@ -704,6 +704,16 @@ pub fn query_text_under(sql: &CStr, latest: bool, what: &str) -> Option<Vec<u8>>
     })
 }
 
+/// `sql` ([`query_text_under`]) as committed now, and whether this
+/// transaction's own snapshot (REPEATABLE READ and above) reads something
+/// else: what depends on it then cannot be judged under that snapshot
+/// (the caller fails with `40001`).
+pub fn query_text_now(sql: &CStr, what: &str) -> (Option<Vec<u8>>, bool) {
+    let now = query_text_under(sql, true, what);
+    let older = uses_transaction_snapshot() && query_text_under(sql, false, what) != now;
+    (now, older)
+}
+
 /// SPI's parameter arrays for `params` (None: NULL): the values, and the
 /// nulls as SPI spells them (`'n'` for NULL, `' '` otherwise).
 fn spi_args(params: &[Option<pg_sys::Datum>]) -> (Vec<pg_sys::Datum>, Vec<std::ffi::c_char>) {

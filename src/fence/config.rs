@@ -199,13 +199,10 @@ pub fn owner_table(relid: pg_sys::Oid) -> Option<bool> {
         return known;
     }
     // Under the latest snapshot: kept past this transaction (see load_row).
-    let oid = relid.to_u32();
     let query = std::ffi::CString::new(format!(
         "SELECT pg_catalog.bool_or(COALESCE({JUDGE_REPLICATED}, false))::pg_catalog.text FROM lease.protected p
-          WHERE p.owner_table::pg_catalog.oid OPERATOR(pg_catalog.=) '{oid}'::pg_catalog.oid
-             OR p.owner_table::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (ARRAY(
-                    SELECT a.relid::pg_catalog.oid
-                      FROM pg_catalog.pg_partition_ancestors('{oid}'::pg_catalog.oid::pg_catalog.regclass) a))"
+          WHERE {}",
+        names_relation("p.owner_table", relid)
     ))
     .expect("no NUL");
     let known =
@@ -261,6 +258,18 @@ struct ProtectedRow {
 const JUDGE_REPLICATED: &str =
     "(pg_catalog.to_jsonb(p) OPERATOR(pg_catalog.->>) 'judge_replicated'::pg_catalog.text)::pg_catalog.bool";
 
+/// SQL: `column` (a regclass of `lease.protected p`) names `relid` or one of
+/// its partition ancestors (the rows of `lease.protected` that apply to it).
+fn names_relation(column: &str, relid: pg_sys::Oid) -> String {
+    let oid = relid.to_u32();
+    format!(
+        "{column}::pg_catalog.oid OPERATOR(pg_catalog.=) '{oid}'::pg_catalog.oid
+             OR {column}::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (ARRAY(
+                    SELECT a.relid::pg_catalog.oid
+                      FROM pg_catalog.pg_partition_ancestors('{oid}'::pg_catalog.oid::pg_catalog.regclass) a))"
+    )
+}
+
 /// `relid`'s row of `lease.protected` (or its nearest partitioned
 /// ancestor's), as committed now: read under the latest snapshot, since a
 /// config is kept past this transaction (until an invalidation drops it),
@@ -273,23 +282,18 @@ const JUDGE_REPLICATED: &str =
 fn load_row(relid: pg_sys::Oid) -> Option<ProtectedRow> {
     // Runs with the writer's search_path: every operator is schema-qualified,
     // so look-alike objects in other schemas cannot steer it.
-    let oid = relid.to_u32();
     let query = std::ffi::CString::new(format!(
         "SELECT pg_catalog.json_build_array(p.relid::pg_catalog.oid::pg_catalog.int8, p.mode, p.key_columns, p.token_column,
                 p.owner_table::pg_catalog.oid::pg_catalog.int8, p.owner_key_columns, p.owner_token_column,
                 COALESCE({JUDGE_REPLICATED}, p.mode OPERATOR(pg_catalog.=) 'high_water'))::pg_catalog.text
            FROM lease.protected p
-          WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) '{oid}'::pg_catalog.oid
-             OR p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (ARRAY(
-                    SELECT a.relid::pg_catalog.oid
-                      FROM pg_catalog.pg_partition_ancestors('{oid}'::pg_catalog.oid::pg_catalog.regclass) a))
-          LIMIT 1"
+          WHERE {}
+          LIMIT 1",
+        names_relation("p.relid", relid)
     ))
     .expect("no NUL");
-    let now = crate::pg::query_text_under(&query, true, "reading lease.protected");
-    if crate::pg::uses_transaction_snapshot()
-        && crate::pg::query_text_under(&query, false, "reading lease.protected") != now
-    {
+    let (now, older) = crate::pg::query_text_now(&query, "reading lease.protected");
+    if older {
         pgrx::ereport!(
             ERROR,
             pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,

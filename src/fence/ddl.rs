@@ -252,9 +252,7 @@ pub fn fresh_catalog(tag: crate::pg::ShownText, touched: Vec<pg_sys::Oid>, whole
         rels.join(",")
     ))
     .expect("digits and punctuation");
-    let then = crate::pg::query_text_under(&query, false, "lease._catalog_version()");
-    let now = crate::pg::query_text_under(&query, true, "lease._catalog_version()");
-    if then != now {
+    if crate::pg::query_text_now(&query, "lease._catalog_version()").1 {
         pgrx::ereport!(
             ERROR,
             pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,

@@ -162,6 +162,33 @@ pub fn at_least(major: i64, what: &str) -> bool {
     ok
 }
 
+/// `lease.acquire('table:<id>', owner, 60 s, 'tables', '{<id>}')` ([`POKER`]'s
+/// owner table): the token.
+pub fn acquire_table(c: &mut Client, id: i32, owner: &str) -> i64 {
+    c.query_one(&format!("SELECT token FROM lease.acquire('table:{id}', '{owner}', 60000, 'tables', '{{{id}}}')"), &[])
+        .unwrap()
+        .get(0)
+}
+
+/// Commits mark `n` into the publisher's `marks (n int)` (published to `s`)
+/// and waits until the subscriber has it (everything committed before it
+/// applied), or until `subscriber`'s log has `failure` (then false).
+pub fn mark_applied(p: &mut Client, s: &mut Client, subscriber: &Cluster, n: i32, failure: &str) -> bool {
+    p.batch_execute(&format!("INSERT INTO marks VALUES ({n})")).unwrap();
+    let mut arrived = false;
+    wait_for("the mark, or the apply worker's failure", std::time::Duration::from_secs(60), || {
+        arrived = one_i64(s, &format!("SELECT count(*) FROM marks WHERE n = {n}")) == 1;
+        arrived || subscriber.log_has(failure)
+    });
+    arrived
+}
+
+/// Disables and drops subscription `name` (a test's cleanup: failures ignored).
+pub fn drop_subscription(s: &mut Client, name: &str) {
+    s.batch_execute(&format!("ALTER SUBSCRIPTION {name} DISABLE")).ok();
+    s.batch_execute(&format!("DROP SUBSCRIPTION {name}")).ok();
+}
+
 /// The work one SQL command does, as the tuples it reads from tables and
 /// catalogs (sequential reads and index fetches, `pg_stat_xact_all_tables`):
 /// the fewest of three runs, each rolled back (the first may fill caches).

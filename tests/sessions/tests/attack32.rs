@@ -134,12 +134,6 @@ const APP: &str = "CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token 
      CREATE TABLE marks (n int PRIMARY KEY);";
 const FENCE: &str = "SELECT lease.protect('payouts', '{table_id}', 'fencing_token');";
 
-fn acquire(c: &mut Client, id: i32, owner: &str) -> i64 {
-    c.query_one(&format!("SELECT token FROM lease.acquire('table:{id}', '{owner}', 60000, 'tables', '{{{id}}}')"), &[])
-        .unwrap()
-        .get(0)
-}
-
 /// A publisher (pg_lease on it or not) and a trusted subscriber (pg_lease,
 /// superuser-owned subscription `game` to `tables, payouts, marks`), the
 /// initial sync done.
@@ -168,24 +162,6 @@ fn pair(
     (publisher, subscriber, p, s)
 }
 
-/// Commits mark `n` on the publisher and waits until the subscriber has it
-/// (everything committed before it applied), or until the subscriber's log
-/// says its apply worker failed with `failure` (then false).
-fn mark_applied(p: &mut Client, s: &mut Client, subscriber: &Cluster, n: i32, failure: &str) -> bool {
-    p.batch_execute(&format!("INSERT INTO marks VALUES ({n})")).unwrap();
-    let mut arrived = false;
-    wait_for("the mark, or the apply worker's failure", Duration::from_secs(60), || {
-        arrived = one_i64(s, &format!("SELECT count(*) FROM marks WHERE n = {n}")) == 1;
-        arrived || subscriber.log_has(failure)
-    });
-    arrived
-}
-
-fn drop_subscription(s: &mut Client, name: &str) {
-    s.batch_execute(&format!("ALTER SUBSCRIPTION {name} DISABLE")).ok();
-    s.batch_execute(&format!("DROP SUBSCRIPTION {name}")).ok();
-}
-
 // ---------------------------------------------------------------------------
 // Owner rows on a trusted subscriber
 // ---------------------------------------------------------------------------
@@ -198,7 +174,7 @@ fn a_replicated_key_change_never_moves_a_token_off_the_subscribers_owner_row() {
     let (_publisher, subscriber, mut p, mut s) = pair("a32_rk", 54570, true, "INSERT INTO tables VALUES (1, NULL)");
     // The subscriber's own lease service bound table 1 (say it is the other
     // node of a two-way pair, or it serves writers of its own).
-    let mine = acquire(&mut s, 1, "sub-host");
+    let mine = acquire_table(&mut s, 1, "sub-host");
     s.batch_execute(&format!("INSERT INTO payouts VALUES ('s1', 1, {mine})")).unwrap();
     // The publisher, whose row 1 carries no token, re-keys it (its owner
     // guard allows that: no token), then a new row 1 gets a token by hand.
@@ -235,7 +211,7 @@ fn a_replicated_key_change_never_moves_a_token_off_the_subscribers_owner_row() {
 #[test]
 fn a_replicated_key_change_that_raises_the_token_keeps_the_key_and_the_higher_token() {
     let (_publisher, subscriber, mut p, mut s) = pair("a32_rkr", 54584, true, "INSERT INTO tables VALUES (1, NULL)");
-    let mine = acquire(&mut s, 1, "sub-host");
+    let mine = acquire_table(&mut s, 1, "sub-host");
     let higher = mine + 1000;
     p.batch_execute(&format!("UPDATE tables SET id = 3, owner_fencing_token = {higher} WHERE id = 1")).unwrap();
     assert!(mark_applied(&mut p, &mut s, &subscriber, 1, "conflict detected"), "the change was applied");
@@ -263,7 +239,7 @@ fn a_replicated_truncate_never_erases_the_subscribers_owner_tokens() {
     // owner row".
     let (_publisher, subscriber, mut p, mut s) =
         pair("a32_tr", 54572, false, "INSERT INTO tables VALUES (1, NULL), (2, NULL)");
-    let mine = acquire(&mut s, 1, "sub-host");
+    let mine = acquire_table(&mut s, 1, "sub-host");
     p.batch_execute("TRUNCATE tables; INSERT INTO tables VALUES (1, 3)").unwrap();
     // (Session 17) The TRUNCATE is refused, loudly: a statement trigger
     // cannot skip it, and applying it would erase the tokens.
@@ -299,7 +275,7 @@ fn a_skipped_owner_row_delete_does_not_stop_the_subscription_when_the_row_comes_
         return;
     }
     let (_publisher, subscriber, mut p, mut s) = pair("a32_di", 54574, true, "INSERT INTO tables VALUES (1, NULL)");
-    let mine = acquire(&mut s, 1, "sub-host");
+    let mine = acquire_table(&mut s, 1, "sub-host");
     // Legitimate on the publisher (row 1 carries no token there).
     p.batch_execute("BEGIN; DELETE FROM tables WHERE id = 1; INSERT INTO tables VALUES (1, NULL); COMMIT;").unwrap();
     let flowing = mark_applied(&mut p, &mut s, &subscriber, 1, "conflict=insert_exists");

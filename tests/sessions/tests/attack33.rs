@@ -148,12 +148,6 @@ const FENCE: &str = "SELECT lease.protect('payouts', '{table_id}', 'fencing_toke
 const HW: &str = "SELECT lease.protect_high_water('ledger', '{k}', 'token');";
 const PUBLISH: &str = "CREATE PUBLICATION game FOR TABLE tables, payouts, marks, ledger, filler;";
 
-fn acquire(c: &mut Client, id: i32, owner: &str) -> i64 {
-    c.query_one(&format!("SELECT token FROM lease.acquire('table:{id}', '{owner}', 60000, 'tables', '{{{id}}}')"), &[])
-        .unwrap()
-        .get(0)
-}
-
 /// Publisher `pub_setup` (+ publication `game`), subscriber `sub_setup`, a
 /// superuser-owned (trusted) subscription `game WITH (options)`; the
 /// initial sync done.
@@ -184,23 +178,6 @@ fn pair(
         one_i64(&mut s, "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'") == 0
     });
     (publisher, subscriber, p, s)
-}
-
-/// Commits mark `n` on the publisher and waits until the subscriber has it,
-/// or until the subscriber's log has `failure` (then false).
-fn mark_applied(p: &mut Client, s: &mut Client, subscriber: &Cluster, n: i32, failure: &str) -> bool {
-    p.batch_execute(&format!("INSERT INTO marks VALUES ({n})")).unwrap();
-    let mut arrived = false;
-    wait_for("the mark, or the apply worker's failure", Duration::from_secs(60), || {
-        arrived = one_i64(s, &format!("SELECT count(*) FROM marks WHERE n = {n}")) == 1;
-        arrived || subscriber.log_has(failure)
-    });
-    arrived
-}
-
-fn drop_subscription(s: &mut Client, name: &str) {
-    s.batch_execute(&format!("ALTER SUBSCRIPTION {name} DISABLE")).ok();
-    s.batch_execute(&format!("DROP SUBSCRIPTION {name}")).ok();
 }
 
 fn owner_rows(s: &mut Client) -> Vec<(i32, Option<i64>)> {
@@ -258,7 +235,7 @@ fn a_prepared_replicated_transaction_never_takes_the_subscribers_owner_tokens() 
         one_i64(&mut s, "SELECT count(*) FROM pg_subscription WHERE subtwophasestate = 'e'") == 1
     });
     // The subscriber's own lease service bound tables 1..4.
-    let t: Vec<i64> = (1..=4).map(|id| acquire(&mut s, id, "sub-host")).collect();
+    let t: Vec<i64> = (1..=4).map(|id| acquire_table(&mut s, id, "sub-host")).collect();
     // On the publisher (no token there: its guard allows all of it), a
     // prepared transaction lowers row 1, deletes row 2, re-keys row 3 and
     // deletes and re-inserts row 4.
@@ -401,7 +378,7 @@ fn streamed_large_transactions_never_take_the_subscribers_owner_tokens() {
         &format!("CREATE EXTENSION pg_lease; {APP} {FENCE} {HW}"),
         "streaming = parallel",
     );
-    let t: Vec<i64> = (1..=8).map(|id| acquire(&mut s, id, "sub-host")).collect();
+    let t: Vec<i64> = (1..=8).map(|id| acquire_table(&mut s, id, "sub-host")).collect();
     // The leader starts parallel apply workers only once it sees every
     // table ready: one small transaction first.
     assert!(mark_applied(&mut p, &mut s, &subscriber, 100, "never"));
@@ -447,7 +424,7 @@ fn a_parallel_applied_truncate_is_refused_and_its_skip_lsn_is_in_the_log() {
         &format!("CREATE EXTENSION pg_lease; {APP} {FENCE} {HW}"),
         "streaming = parallel",
     );
-    let mine = acquire(&mut s, 1, "sub-host");
+    let mine = acquire_table(&mut s, 1, "sub-host");
     assert!(mark_applied(&mut p, &mut s, &subscriber, 100, "never"), "every table ready: parallel apply may start");
     p.batch_execute(
         "BEGIN;
@@ -502,7 +479,7 @@ fn refused_takeover(name: &str, port: u16) -> (Cluster, Cluster, Client, Client,
         "enabled = true",
     );
     s.batch_execute("INSERT INTO ledger VALUES (1000, 1, 100)").unwrap();
-    let old = acquire(&mut p, 1, "pub-a");
+    let old = acquire_table(&mut p, 1, "pub-a");
     p.batch_execute(&format!("INSERT INTO payouts VALUES ('p1', 1, {old})")).unwrap();
     assert!(mark_applied(&mut p, &mut s, &subscriber, 1, "never"));
     p.batch_execute(&format!("SELECT lease.release('table:1', 'pub-a', {old})")).unwrap();
@@ -611,7 +588,7 @@ fn partitioned_subscriber(name: &str, port: u16, publisher_partitioned: bool) {
     wait_for("the initial sync", Duration::from_secs(60), || {
         one_i64(&mut s, "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'") == 0
     });
-    let t: Vec<i64> = (1..=3).map(|id| acquire(&mut s, id, "sub-host")).collect();
+    let t: Vec<i64> = (1..=3).map(|id| acquire_table(&mut s, id, "sub-host")).collect();
     let higher = t[0] + 1000;
     // Row 1 moves to the other partition with a higher token, row 2 is
     // lowered, row 3 moves without a token, all legitimate on the publisher
@@ -803,7 +780,7 @@ fn an_owner_tables_initial_copy_over_a_row_that_carries_a_token_keeps_it_and_fin
     .unwrap();
     p.batch_execute("SELECT pg_create_logical_replication_slot('a33_ocp', 'pgoutput')").unwrap();
     s.batch_execute(&format!("CREATE EXTENSION pg_lease; {APP} {FENCE}; INSERT INTO tables VALUES (1, NULL)")).unwrap();
-    let mine = acquire(&mut s, 1, "sub-host");
+    let mine = acquire_table(&mut s, 1, "sub-host");
     s.batch_execute(&format!(
         "CREATE SUBSCRIPTION game CONNECTION 'host=127.0.0.1 port={} user=postgres dbname=pubdb' PUBLICATION game
              WITH (create_slot = false, slot_name = 'a33_ocp')",

@@ -188,6 +188,15 @@ fn owner_rows(s: &mut Client) -> Vec<(i32, Option<i64>)> {
         .collect()
 }
 
+/// Waits for the ERROR of a refusal in the apply worker (written with its
+/// HINT and CONTEXT) to be in `cluster`'s log: the refusal's LOG line (with
+/// a CONTEXT of its own), which `mark_applied` watches for, comes before it.
+fn refusal_logged(cluster: &Cluster) {
+    wait_for("the refusal's ERROR and HINT in the log", Duration::from_secs(30), || {
+        cluster.log_has("HINT:  Applied by logical replication subscription")
+    });
+}
+
 /// The LSN of the last "finished at" in `cluster`'s log (a failed
 /// transaction's commit or prepare LSN, what SKIP takes).
 fn last_finish_lsn(cluster: &Cluster) -> Option<String> {
@@ -310,6 +319,7 @@ fn a_prepared_stale_high_water_row_is_refused_and_can_be_skipped() {
     p.batch_execute("COMMIT PREPARED 'a33_hw'").unwrap();
     let refusal = "\"presented_token\": 50";
     assert!(!mark_applied(&mut p, &mut s, &subscriber, 1, refusal), "the stale row was refused at PREPARE");
+    refusal_logged(&subscriber);
     let prepared = one_i64(&mut s, "SELECT count(*) FROM pg_prepared_xacts");
     let log = subscriber.server_log();
     let hinted = log.contains("Applied by logical replication subscription \"game\"");
@@ -492,6 +502,7 @@ fn refused_takeover(name: &str, port: u16) -> (Cluster, Cluster, Client, Client,
         .unwrap();
     tx.commit().unwrap();
     assert!(!mark_applied(&mut p, &mut s, &subscriber, 2, "\"presented_token\": 50"), "the ledger row was refused");
+    refusal_logged(&subscriber);
     (publisher, subscriber, p, s, old, new)
 }
 

@@ -20,7 +20,9 @@
 //! levels, owner key moves and owner re-inserts, roles), high-water mode
 //! (equal keys written in different forms), session reuse (session-level
 //! `pg_lease.token`), catalog drift (renames and look-alike owner tables while
-//! sessions keep warm caches), tampering (admin DDL between steps while the
+//! sessions keep warm caches; `lease.unprotect` / `lease.protect` of a fenced
+//! table while sessions keep warm caches and REPEATABLE READ or SERIALIZABLE
+//! snapshots older than the change), tampering (admin DDL between steps while the
 //! sessions keep warm caches: same-type `ALTER COLUMN ... TYPE ... USING` of
 //! fenced columns, `ALTER COLUMN` of other columns, BEFORE row triggers named
 //! before or after pg_lease's, `CREATE OR REPLACE TRIGGER` of its triggers,
@@ -433,6 +435,25 @@ enum Rename {
     },
 }
 
+/// The fenced table's fence changed by the admin between steps (Catalog
+/// drift family); `fenced_b` stays protected against the same owner table,
+/// so the owner guard stays (unprotecting every table fenced against an
+/// owner table drops its guard, and lowering owner tokens is then allowed).
+#[derive(Clone, Copy, Debug)]
+enum FenceDdl {
+    /// `lease.unprotect` when the table is protected (writes are then not
+    /// judged), else `lease.protect` with the setup's arguments: an open
+    /// REPEATABLE READ or SERIALIZABLE transaction whose snapshot predates
+    /// it fails its next write to the table with 40001.
+    Toggle,
+    /// The call that does not apply: `lease.unprotect` of a table not
+    /// protected (42704), `lease.protect` of a protected one (42710).
+    Misplaced,
+    /// Both in one admin statement: the same fence, new triggers; nothing
+    /// changes for writers (no 40001).
+    Reprotect,
+}
+
 /// One generated step. Steps only name sessions, resource slots and token
 /// kinds; the executor resolves them against the model when they run, so any
 /// sub-sequence of a case is a valid case (what shrinking needs). A step whose
@@ -520,6 +541,16 @@ enum Step {
         local: bool,
     },
     Rename(Rename),
+    /// `lease.unprotect` / `lease.protect` of the fenced table (`fenced`)
+    /// while sessions keep warm caches and open snapshots.
+    Fence(FenceDdl),
+    /// In an open transaction, the session reads the owner rows (as it sees
+    /// them; the model's view must agree): a REPEATABLE READ or
+    /// SERIALIZABLE transaction takes its snapshot there, with no lock on
+    /// a fenced table that would hold a `FenceDdl` back.
+    ReadOwners {
+        s: usize,
+    },
     /// `lease.acquire` for the slot's lease, bound to its owner row, by host
     /// `h0` or `h1` (a live lease of the other host: LF005).
     Acquire {
@@ -857,6 +888,15 @@ fn renames() -> BoxedStrategy<Step> {
     .boxed()
 }
 
+fn fence_ddl() -> BoxedStrategy<Step> {
+    prop_oneof![
+        5 => Just(Step::Fence(FenceDdl::Toggle)),
+        1 => Just(Step::Fence(FenceDdl::Misplaced)),
+        1 => Just(Step::Fence(FenceDdl::Reprotect)),
+    ]
+    .boxed()
+}
+
 fn acquire() -> BoxedStrategy<Step> {
     (session(), slot(), form(), 0u8..2).prop_map(|(s, slot, form, host)| Step::Acquire { s, slot, form, host }).boxed()
 }
@@ -993,6 +1033,8 @@ fn family_steps(family: Family) -> BoxedStrategy<Step> {
         }
         Family::CatalogDrift => {
             arms.push((3, renames()));
+            arms.push((4, fence_ddl()));
+            arms.push((3, session().prop_map(|s| Step::ReadOwners { s }).boxed()));
             arms.push((8, write(OWNER_TABS, false)));
             arms.push((2, write(HW_TABS, false)));
             arms.push((2, bump()));
@@ -1262,6 +1304,9 @@ struct Frame {
     writes: Vec<(Scope, usize, i64)>,
     /// Lease rows written by lease.acquire (slot -> (host, token)), locked.
     leases: BTreeMap<usize, (u8, i64)>,
+    /// Fenced rows last written while their table was not protected (not
+    /// judged: the invariant does not hold them).
+    unjudged: BTreeSet<i64>,
 }
 
 impl Frame {
@@ -1281,6 +1326,7 @@ impl Frame {
             local_replica: None,
             writes: Vec::new(),
             leases: BTreeMap::new(),
+            unjudged: BTreeSet::new(),
         }
     }
     fn role(&self) -> Role {
@@ -1346,6 +1392,10 @@ struct Model {
     detached: BTreeMap<u32, Vec<(i64, FRow)>>,
     /// The token the last lease.acquire returned (read by `apply`).
     acquired: Option<i64>,
+    /// Whether `fenced` is protected, by commit sequence number (`FenceDdl`).
+    fenced_on: Versions<bool>,
+    /// Committed fenced rows last written while not protected.
+    unfenced_rows: BTreeSet<i64>,
 }
 
 /// The model's verdict on one statement.
@@ -1464,6 +1514,8 @@ impl Model {
             owner_rule: false,
             detached: BTreeMap::new(),
             acquired: None,
+            fenced_on: Versions(vec![(0, Some(true))]),
+            unfenced_rows: BTreeSet::new(),
         }
     }
 
@@ -1608,7 +1660,12 @@ impl Model {
             Prim::Bump { .. } | Prim::MoveKey { .. } | Prim::DeleteOwner { .. } | Prim::InsertOwner { .. } => {
                 self.eval_owner_dml(s, p)
             }
-            Prim::Resync | Prim::Verify => Eval::ok(Effect::None),
+            // Reading the owner rows locks the owner table (ACCESS SHARE).
+            Prim::Resync | Prim::Verify => {
+                let mut f = self.txn(s).frame.clone();
+                f.rels.insert(Rel::Owners);
+                Eval::ok(Effect::Frame(Box::new(f)))
+            }
             Prim::Acquire { slot, host, .. } => self.eval_acquire(s, *slot, *host),
             Prim::Truncate(rel) => self.eval_truncate(s, *rel),
             // A session-level token may be refused outright; if accepted it
@@ -1688,6 +1745,21 @@ impl Model {
     /// INSERT, UPDATE or DELETE of fenced rows.
     fn eval_write(&self, s: usize, p: &Prim) -> Eval {
         let (tab, order, presented, slot) = self.write_view(s, p);
+        if tab == Tab::Fenced {
+            if self.fenced_on.latest() != Some(true) {
+                let f = &self.txn(s).frame;
+                let mut fa = f.clone();
+                for id in self.record_write(s, f, &mut fa, p, tab, slot, presented) {
+                    fa.unjudged.insert(id);
+                }
+                return Eval::ok(Effect::Frame(Box::new(fa))).why("not protected: not judged");
+            }
+            if let View::At(snap) = self.view(s) {
+                if self.fenced_on.at(snap) != Some(true) {
+                    return Eval::fail(&[SERIALIZATION], "lease.protect committed after this transaction's snapshot");
+                }
+            }
+        }
         let scope = tab.scope();
         let mut e = self.judge_write(s, p, tab, &order, presented, slot);
         e.other_err = self.drifted && scope == Scope::Owner;
@@ -1738,24 +1810,9 @@ impl Model {
         let mut fa = f.clone();
         match self.run_checks(s, &mut fa, scope, order, presented) {
             Check::Pass(soft) => {
-                match p {
-                    Prim::Insert { id, .. } => {
-                        fa.rows.insert(*id, Some(FRow { tab, slot, tok: presented, part: 0 }));
-                    }
-                    Prim::Update { ids, .. } => {
-                        for id in ids {
-                            let part = self.row_visible(s, f, *id).map_or(0, |r| r.part);
-                            fa.rows.insert(*id, Some(FRow { tab, slot, tok: presented, part }));
-                        }
-                    }
-                    Prim::Delete { ids, .. } => {
-                        for id in ids {
-                            fa.rows.insert(*id, None);
-                        }
-                    }
-                    _ => unreachable!(),
+                for id in self.record_write(s, f, &mut fa, p, tab, slot, presented) {
+                    fa.unjudged.remove(&id);
                 }
-                fa.rels.insert(Rel::T(tab));
                 let why = format!("token {} is current for slot(s) {order:?}", show(presented));
                 Eval::ok(Effect::Frame(Box::new(fa))).also(&soft).why(why)
             }
@@ -1773,6 +1830,43 @@ impl Model {
                 e
             }
         }
+    }
+
+    /// Records an accepted write of fenced rows in `fa` (a copy of `f`, the
+    /// frame the statement ran in); returns the ids written.
+    #[allow(clippy::too_many_arguments)]
+    fn record_write(
+        &self,
+        s: usize,
+        f: &Frame,
+        fa: &mut Frame,
+        p: &Prim,
+        tab: Tab,
+        slot: usize,
+        presented: Option<i64>,
+    ) -> Vec<i64> {
+        let ids = match p {
+            Prim::Insert { id, .. } => {
+                fa.rows.insert(*id, Some(FRow { tab, slot, tok: presented, part: 0 }));
+                vec![*id]
+            }
+            Prim::Update { ids, .. } => {
+                for id in ids {
+                    let part = self.row_visible(s, f, *id).map_or(0, |r| r.part);
+                    fa.rows.insert(*id, Some(FRow { tab, slot, tok: presented, part }));
+                }
+                ids.clone()
+            }
+            Prim::Delete { ids, .. } => {
+                for id in ids {
+                    fa.rows.insert(*id, None);
+                }
+                ids.clone()
+            }
+            _ => unreachable!(),
+        };
+        fa.rels.insert(Rel::T(tab));
+        ids
     }
 
     fn run_checks(&self, s: usize, f: &mut Frame, scope: Scope, slots: &[usize], token: Option<i64>) -> Check {
@@ -2267,7 +2361,13 @@ impl Model {
         let seq = self.seq;
         for (id, st) in &f.rows {
             if let Some(r) = st {
-                self.row_floor.insert(*id, self.floor_of(r.tab.scope(), r.slot));
+                if f.unjudged.contains(id) {
+                    self.unfenced_rows.insert(*id);
+                    self.row_floor.remove(id);
+                } else {
+                    self.unfenced_rows.remove(id);
+                    self.row_floor.insert(*id, self.floor_of(r.tab.scope(), r.slot));
+                }
             }
             self.rows.entry(*id).or_default().0.push((seq, st.clone()));
         }
@@ -2815,6 +2915,12 @@ impl Runner<'_> {
                 }
             }
             Step::Rename(ddl) => self.rename(ddl)?,
+            Step::Fence(ddl) => self.fence(ddl)?,
+            Step::ReadOwners { s } => {
+                if self.model.in_txn(s) {
+                    self.prim(Who::S(s), Prim::Verify)?;
+                }
+            }
             Step::Acquire { s, slot, form, host } => self.in_txn(s, |r| {
                 r.set_timezone(s, form)?;
                 if r.prim(Who::S(s), Prim::Acquire { slot, form, host })? {
@@ -2944,6 +3050,40 @@ impl Runner<'_> {
                     }
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// `lease.unprotect` / `lease.protect` of `fenced` with the setup's
+    /// arguments, by the admin (the DDL locks `fenced` and, through the owner
+    /// guard's trigger, the owner table).
+    fn fence(&mut self, ddl: FenceDdl) -> StepResult {
+        let on = self.model.fenced_on.latest() == Some(true);
+        let fenced = self.names.tab(Tab::Fenced);
+        let arr = self.key.key_array();
+        let protect = format!("lease.protect('{fenced}', {arr}, 'tok', '{}', {arr}, 'tok')", self.names.owners());
+        let unprotect = format!("lease.unprotect('{fenced}')");
+        let unprotecting = matches!((ddl, on), (FenceDdl::Toggle, true) | (FenceDdl::Misplaced, false));
+        let (sql, ok, errs, after, why): (String, bool, &[&'static str], bool, &str) = match ddl {
+            FenceDdl::Toggle | FenceDdl::Misplaced if unprotecting => {
+                (format!("SELECT {unprotect}"), on, &["42704"], false, "unprotect")
+            }
+            FenceDdl::Toggle | FenceDdl::Misplaced => (format!("SELECT {protect}"), !on, &["42710"], true, "protect"),
+            FenceDdl::Reprotect => (
+                format!("DO $$ BEGIN PERFORM {unprotect}; PERFORM {protect}; END $$"),
+                on,
+                &["42704"],
+                true,
+                "unprotect and protect again",
+            ),
+        };
+        let errs = if ok { Vec::new() } else { errs.to_vec() };
+        let why = if on { format!("{why}; protected") } else { format!("{why}; not protected") };
+        let locks = vec![Rel::T(Tab::Fenced), Rel::Owners];
+        if self.prim(Who::Admin, Prim::Tamper { sql, locks, ok, errs, why })? && after != on {
+            self.model.seq += 1;
+            let seq = self.model.seq;
+            self.model.fenced_on.0.push((seq, Some(after)));
         }
         Ok(())
     }
@@ -3255,7 +3395,7 @@ impl Runner<'_> {
                 *seen = (*seen).max(*tok);
             }
         }
-        for ((tab, id), (slot, tok)) in &fenced {
+        for ((tab, id), (slot, tok)) in fenced.iter().filter(|((_, id), _)| !self.model.unfenced_rows.contains(id)) {
             let floor = self.model.row_floor.get(id).copied().unwrap_or(i64::MIN);
             if tok.is_none_or(|t| t < floor) {
                 problems.push(format!(
@@ -3770,4 +3910,55 @@ fn catalog_drift_never_redirects_the_fence() {
 #[test]
 fn tampering_between_steps_never_lets_a_stale_write_commit() {
     run_family(Family::Tamper);
+}
+
+/// The catalog drift family's fence steps, played once in the order that
+/// matters (attack34, session 18): a REPEATABLE READ or SERIALIZABLE
+/// transaction takes its snapshot while `fenced` is not protected, the
+/// admin protects it, and the transaction writes to it (40001 expected,
+/// then the write again, judged); a reprotect between two writes of a warm
+/// session changes nothing; READ COMMITTED writes while unprotected are not
+/// judged, and after protect are. Random cases reach these orders rarely:
+/// this one checks the model's rules for them on every run.
+#[test]
+fn fence_changes_under_open_snapshots_play_as_the_model_says() {
+    let _ = port();
+    let env = FamilyEnv::new(Family::CatalogDrift);
+    let write =
+        |s, tok| Step::Write { s, tab: Tab::Fenced, op: Op::Insert, slot: 0, form: 0, tok, bind: BindVia::BindToken };
+    for iso in [Iso::RepeatableRead, Iso::Serializable] {
+        let steps = vec![
+            write(0, Tok::Current),
+            Step::Fence(FenceDdl::Toggle),
+            write(0, Tok::Stale(1)),
+            Step::Begin { s: 1, iso },
+            Step::ReadOwners { s: 1 },
+            Step::Fence(FenceDdl::Toggle),
+            write(1, Tok::Current),
+            Step::Rollback { s: 1 },
+            write(1, Tok::Stale(1)),
+            write(1, Tok::Current),
+            Step::Fence(FenceDdl::Reprotect),
+            Step::Begin { s: 2, iso },
+            Step::ReadOwners { s: 2 },
+            Step::Fence(FenceDdl::Reprotect),
+            write(2, Tok::Stale(1)),
+            write(2, Tok::Current),
+            Step::Commit { s: 2 },
+            Step::Fence(FenceDdl::Misplaced),
+            Step::Fence(FenceDdl::Toggle),
+            Step::Fence(FenceDdl::Misplaced),
+        ];
+        let case = Case { key: KeyType::Int, index: OwnerIndex::PrimaryKey, steps, audit: false };
+        if let Err(f) = env.run_case(&case) {
+            panic!("{}\n{}", f.summary, f.script);
+        }
+    }
+    let stats = env.stats.borrow();
+    let count = |code: &str| stats.outcomes.get(code).copied().unwrap_or(0);
+    let counts = [SERIALIZATION, STALE, "ddl 42704", "ddl 42710", "ddl ok"].map(count);
+    // Per isolation level: one snapshot older than protect; two stale writes
+    // judged (a stale one while unprotected is accepted); each misplaced
+    // call refused once; unprotect, protect, two reprotects, unprotect.
+    assert_eq!(counts, [2, 4, 2, 2, 10], "{:?}", stats.outcomes);
 }

@@ -828,26 +828,73 @@ pub fn raise_token_of_same_key(
     keys: &[(&str, i16, pg_sys::Oid)],
     row: Row,
 ) -> bool {
-    let mut types = Vec::with_capacity(keys.len() + 1);
-    let mut values = Vec::with_capacity(keys.len() + 1);
-    let mut conditions = Vec::with_capacity(keys.len() + 1);
-    for (i, &(name, attnum, typid)) in keys.iter().enumerate() {
-        let Some(value) = row.attr(attnum) else { return false };
-        conditions.push(format!("t.{} OPERATOR(pg_catalog.=) ${}", quote_ident(name), i + 1));
-        types.push(typid);
-        values.push(Some(value));
+    let Some(mut update) = KeyedUpdate::of(keys, row) else { return false };
+    let (column, n) = (quote_ident(token.0), update.param(token.2, row.attr(token.1)));
+    update.conditions.push(format!("t.{column} IS NOT NULL"));
+    update.run(relid, &format!("{column} = GREATEST(t.{column}, ${n})"), "raising a token") > 0
+}
+
+/// Raises `column` of the row of table `relid` whose key columns equal
+/// `row`'s values to `row`'s token, where it is lower or NULL (never lowers
+/// it): whether it did. `keys`: each key column's name in `relid`, with the
+/// attnum and type of its value in `row`, compared by
+/// `OPERATOR(pg_catalog.=)`; `token`: the attnum and type of the token in
+/// `row`. One UPDATE through SPI as the table's owner, parsed per call (a
+/// rare path: a replicated write ahead of this node's owner row). False at
+/// once when a key value or the token of `row` is NULL.
+pub fn raise_token_to(
+    relid: pg_sys::Oid,
+    column: &str,
+    keys: &[(&str, i16, pg_sys::Oid)],
+    row: Row,
+    token: (i16, pg_sys::Oid),
+) -> bool {
+    let Some(mut update) = KeyedUpdate::of(keys, row) else { return false };
+    let Some(value) = row.attr(token.0) else { return false };
+    let (column, n) = (quote_ident(column), update.param(token.1, Some(value)));
+    update.conditions.push(format!("(t.{column} IS NULL OR t.{column} OPERATOR(pg_catalog.<) ${n})"));
+    update.run(relid, &format!("{column} = ${n}"), "raising a token") > 0
+}
+
+/// An UPDATE of the row whose key columns equal a row's values, built up
+/// for [`raise_token_of_same_key`] and [`raise_token_to`].
+struct KeyedUpdate {
+    conditions: Vec<String>,
+    types: Vec<pg_sys::Oid>,
+    values: Vec<Option<pg_sys::Datum>>,
+}
+
+impl KeyedUpdate {
+    /// `t.k1 OPERATOR(pg_catalog.=) $1 AND ...` for `keys` (name in the
+    /// updated table, attnum and type in `row`); None when a key value is NULL.
+    fn of(keys: &[(&str, i16, pg_sys::Oid)], row: Row) -> Option<KeyedUpdate> {
+        let mut update = KeyedUpdate { conditions: Vec::new(), types: Vec::new(), values: Vec::new() };
+        for &(name, attnum, typid) in keys {
+            let value = row.attr(attnum)?;
+            let n = update.param(typid, Some(value));
+            update.conditions.push(format!("t.{} OPERATOR(pg_catalog.=) ${n}", quote_ident(name)));
+        }
+        Some(update)
     }
-    let column = quote_ident(token.0);
-    conditions.push(format!("t.{column} IS NOT NULL"));
-    types.push(token.2);
-    values.push(row.attr(token.1));
-    let sql = server_cstring(&format!(
-        "UPDATE {} AS t SET {column} = GREATEST(t.{column}, ${}) WHERE {}",
-        sql_name(relid),
-        keys.len() + 1,
-        conditions.join(" AND ")
-    ));
-    execute_as_owner(relid, &sql, &mut types, &values, "raising a token") > 0
+
+    /// Adds a parameter; its number.
+    fn param(&mut self, typid: pg_sys::Oid, value: Option<pg_sys::Datum>) -> usize {
+        self.types.push(typid);
+        self.values.push(value);
+        self.values.len()
+    }
+
+    /// `UPDATE relid AS t SET <set> WHERE <conditions>` as the table's owner;
+    /// the rows it changed. The values must stay valid during the call (read
+    /// from a row valid for the trigger call).
+    fn run(mut self, relid: pg_sys::Oid, set: &str, what: &str) -> usize {
+        let sql = server_cstring(&format!(
+            "UPDATE {} AS t SET {set} WHERE {}",
+            sql_name(relid),
+            self.conditions.join(" AND ")
+        ));
+        execute_as_owner(relid, &sql, &mut self.types, &self.values, what)
+    }
 }
 
 /// Whether owner table `relid` (this relation only, not its partitions)

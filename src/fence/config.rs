@@ -55,6 +55,10 @@ pub struct OwnerLookup {
     pub index: Option<UniqueIndex>,
     /// The owner table's token column (attnum, integer type).
     pub token: (i16, pg_sys::Oid),
+    /// The names of the owner table's token column and key columns (in key
+    /// order), for the rare statements that write an owner row (fence::owner).
+    pub token_name: String,
+    pub key_names: Vec<String>,
     /// The owner table and its partitions: where an owner row may come from.
     pub tables: Vec<pg_sys::Oid>,
 }
@@ -609,6 +613,8 @@ fn prepare_owner_lookup(
             peek,
             index,
             token: (token_attnum, token_typid),
+            token_name: token_column,
+            key_names: row.owner_key_columns.clone(),
             tables,
         },
         owner_attnums,

@@ -148,7 +148,7 @@ fn trusted_change(
                 let keep: Vec<i16> = keys.iter().map(|&(_, attnum, _)| attnum).collect();
                 if crate::pg::write_row_at(from, old, at, &keep, Some(token.1)) {
                     let key = key::describe(old, keys.iter().copied());
-                    log_kept(
+                    replication::log_kept(
                         &format!(
                             "would move an owner row that carries a token from partition {} to key {key} in partition {owner_display}",
                             display(from)
@@ -196,7 +196,7 @@ fn trusted_change(
         }
     };
     let key = key::describe(old, keys.iter().copied());
-    log_kept(
+    replication::log_kept(
         &match b {
             Some(b) => format!("would take fencing token {b} away from owner row {key} of {owner_display}"),
             None => format!("would insert owner row {key} of {owner_display}, which carries a token here"),
@@ -208,13 +208,6 @@ fn trusted_change(
         replication::note_skipped_delete(relid, unsafe { (*old.tuple()).t_self });
     }
     kept
-}
-
-/// Logs that the trusted subscription applying this change `would` do
-/// something `trusted_change` does not let it, and `what` it did instead.
-fn log_kept(would: &str, what: &str) {
-    let name = replication::subscription().map_or_else(|| "(unknown)".to_owned(), |s| s.name);
-    pgrx::log!("pg_lease: logical replication subscription \"{name}\" {would}: {what}");
 }
 
 /// A guard fired on a relation pg_lease does not guard: refuse plainly (and

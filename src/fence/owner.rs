@@ -1,9 +1,10 @@
 //! Owner mode's lookups: the owner row's current token, locked `FOR SHARE`
 //! (the verdict) or peeked at without a lock (a refusal's DETAIL).
 
-use crate::fence::config::{self, FenceConfig, OwnerLookup};
-use crate::fence::key;
+use crate::fence::config::{self, FenceConfig, OwnerLookup, TokenSource};
+use crate::fence::{key, replication};
 use crate::pg::{as_role, run_token_plan, Probe, Row};
+use pgrx::pg_sys;
 
 /// `SELECT token ... FOR SHARE` on the owner row, as the owner table's owner.
 /// None: no owner row. Some(None): the owner row's token is NULL.
@@ -53,7 +54,51 @@ pub fn lock(cfg: &FenceConfig, owner: &OwnerLookup, row: Row) -> Option<Option<i
 /// The owner row's token as this statement's snapshot sees it, without a
 /// lock; None also when the row is missing or not of the owner table.
 pub fn peek(cfg: &FenceConfig, owner: &OwnerLookup, row: Row) -> Option<i64> {
+    peek_row(cfg, owner, row).flatten()
+}
+
+/// As [`peek`], telling a missing owner row (None) from one without a token
+/// (Some(None)).
+fn peek_row(cfg: &FenceConfig, owner: &OwnerLookup, row: Row) -> Option<Option<i64>> {
     // SAFETY: as in `lock`, for the unlocked twin of the plan.
     let (found, tableoid) = unsafe { run_token_plan(owner.peek, &mut key::args(cfg, row), owner.rel_owner) };
-    found.flatten().filter(|_| owner.tables.contains(&tableoid))
+    found.filter(|_| owner.tables.contains(&tableoid))
+}
+
+/// A trusted subscription applies `row` (an INSERT, or an UPDATE's new row)
+/// to an owner-mode table, unjudged here, with `token` in its token column:
+/// its publisher's fence accepted it at that token, so the publisher's owner
+/// row held it. Where this node's owner row holds a lower token or none, the
+/// change that raised it did not arrive (`ALTER SUBSCRIPTION ... SKIP` of the
+/// transaction that carried it, a row filter or column list on the owner
+/// table): the row is raised to `token` now, as that change would have
+/// raised it, and the raise is logged. Tokens only rise; a missing owner row
+/// is left missing.
+///
+/// Costs the unlocked owner lookup per such row (the saved plan); the UPDATE
+/// only when the row is behind. Not during a table's initial copy, whose rows
+/// are the publisher's history, not its present.
+pub fn catch_up(cfg: &FenceConfig, owner: &OwnerLookup, row: Row, token: i64) {
+    if replication::initial_copy() || cfg.keys.iter().any(|k| row.attr(k.attnum).is_none()) {
+        return;
+    }
+    let Some(current) = peek_row(cfg, owner, row) else { return };
+    if current.is_some_and(|c| c >= token) {
+        return;
+    }
+    let TokenSource::Column { attnum, typid } = cfg.token else { return };
+    let keys: Vec<(&str, i16, pg_sys::Oid)> =
+        owner.key_names.iter().zip(&cfg.keys).map(|(name, k)| (name.as_str(), k.attnum, k.typid)).collect();
+    if crate::pg::raise_token_to(owner.relid, &owner.token_name, &keys, row, (attnum, typid)) {
+        let resource = key::describe_resource(cfg, row);
+        replication::log_kept(
+            &format!(
+                "applied a write to {} for resource {resource} at fencing token {token}, above owner row's token {} in {}",
+                cfg.display,
+                current.map_or_else(|| "NULL".to_owned(), |c| c.to_string()),
+                owner.display
+            ),
+            &format!("the owner row is raised to {token} (the change that raised it on the publisher did not arrive here)"),
+        );
+    }
 }

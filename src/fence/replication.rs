@@ -419,6 +419,13 @@ pub struct Subscription {
     pub trusted: bool,
 }
 
+/// Logs that the trusted subscription applying this change `would` do
+/// something pg_lease does not let it, and `what` it did instead.
+pub fn log_kept(would: &str, what: &str) {
+    let name = subscription().map_or_else(|| "(unknown)".to_owned(), |s| s.name);
+    pgrx::log!("pg_lease: logical replication subscription \"{name}\" {would}: {what}");
+}
+
 /// In a logical replication worker: which subscription it applies, who owns
 /// it and whether it is trusted. None elsewhere.
 pub fn subscription() -> Option<Subscription> {

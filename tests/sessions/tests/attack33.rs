@@ -527,12 +527,12 @@ fn a_refused_transaction_taken_by_judge_replicated_keeps_its_owner_token_raise()
 }
 
 /// The HINT's other way out, SKIP: what is skipped with it is the owner
-/// row's bump, while the new holder's later payouts replicate: the
-/// subscriber then holds payouts at the new token and still accepts the old
-/// one. Documented limit (README, Logical replication and Limits): nothing
-/// brings the skipped raise back.
+/// row's bump, while the new holder's later payouts replicate. (Session 18:
+/// the subscriber then held payouts at the new token and still accepted the
+/// old one, a documented limit.) Session 19: a trusted replicated payout
+/// above the subscriber's owner token raises the owner row to it, so the old
+/// holder is refused from the new holder's first replicated write on.
 #[test]
-#[ignore = "documented limit: SKIP drops the owner-token raises of the skipped transaction (README, Limits)"]
 fn skipping_a_refused_transaction_never_leaves_the_subscriber_accepting_a_token_older_than_its_payouts() {
     if !at_least(15, "the same steps (run on 18 here)") {
         return;
@@ -560,6 +560,8 @@ fn skipping_a_refused_transaction_never_leaves_the_subscriber_accepting_a_token_
         stale, "LF001",
         "after SKIP the subscriber holds payouts at {new} but its owner row is still at {row1}: a payout at {old} commits"
     );
+    assert_eq!(row1, new, "the owner row caught up with the replicated payout");
+    assert!(subscriber.log_has(&format!("the owner row is raised to {new}")), "the subscriber logs the raise");
 }
 
 // ---------------------------------------------------------------------------

@@ -28,7 +28,9 @@
 //! update's token when higher), a delete of such a row is skipped, an insert
 //! of a key whose row carries a token is skipped with that row's token raised
 //! to the insert's when higher, an update or delete of a missing row does
-//! nothing (PostgreSQL's `update_missing`/`delete_missing`). Statements that
+//! nothing (PostgreSQL's `update_missing`/`delete_missing`), and a payout whose
+//! token is above the owner row's there (or the row has none) raises the row
+//! to it. Statements that
 //! would make PostgreSQL's own apply fail on a unique key (the same key created
 //! on both nodes while they are apart) are left out: they stop any
 //! subscription, with or without pg_lease.
@@ -218,8 +220,8 @@ struct Model {
     /// How often each rule of the subscriber fired (README, Logical
     /// replication), for the run's summary: a token kept on an update, a key
     /// kept on a move, a delete skipped, an insert skipped, a change of a
-    /// missing row.
-    fired: [u32; 5],
+    /// missing row, an owner row raised to a replicated payout's token.
+    fired: [u32; 6],
     /// Whether changes of node `i` reach the other node (A's always do; B's on
     /// 16+ only).
     publishes: [bool; 2],
@@ -417,6 +419,14 @@ impl Model {
                     None => self.fired[4] += 1,
                 },
                 Change::Payout { id, key, token } => {
+                    // Accepted at its origin at `token`: an owner row here
+                    // below it (or without one) is raised to it.
+                    if let (Some(t), Some((local, _))) = (token, to.rows.get_mut(&key)) {
+                        if local.is_none_or(|l| l < t) {
+                            *local = Some(t);
+                            self.fired[5] += 1;
+                        }
+                    }
                     to.payouts.insert(id, (key, token));
                 }
             }
@@ -548,7 +558,7 @@ impl Pair {
     }
 }
 
-fn run_case(pair: &Pair, case: i32, steps: &[Step], fired: &Cell<[u32; 5]>) -> Result<(), TestCaseError> {
+fn run_case(pair: &Pair, case: i32, steps: &[Step], fired: &Cell<[u32; 6]>) -> Result<(), TestCaseError> {
     let base = case * 10;
     let prefix = format!("c{case}-");
     let b_partition = pair
@@ -562,7 +572,7 @@ fn run_case(pair: &Pair, case: i32, steps: &[Step], fired: &Cell<[u32; 5]>) -> R
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    let mut model = Model { nodes: Default::default(), b_partition, fired: [0; 5], publishes: [true, pair.two_way] };
+    let mut model = Model { nodes: Default::default(), b_partition, fired: [0; 6], publishes: [true, pair.two_way] };
     let mut trace = String::new();
     // Highest token each node was seen to hold per key (the model-free check).
     let mut seen: [BTreeMap<i32, i64>; 2] = Default::default();
@@ -697,15 +707,16 @@ fn two_nodes_joined_by_logical_replication_follow_the_model() {
     let config = Config { cases, failure_persistence: None, max_shrink_iters: 100, ..Config::default() };
     let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes));
     let next = Cell::new(0);
-    let fired = Cell::new([0; 5]);
+    let fired = Cell::new([0; 6]);
     let result = runner.run(&prop::collection::vec(step(), 1..=steps), |steps| {
         next.set(next.get() + 1);
         run_case(&pair, next.get(), &steps, &fired)
     });
-    let [lowering, key_move, delete, insert, missing] = fired.get();
+    let [lowering, key_move, delete, insert, missing, caught_up] = fired.get();
     println!(
         "replication model: {} cases run ({}), seed {seed}; the subscriber kept a token {lowering} times, a key \
-         {key_move}, skipped {delete} deletes and {insert} inserts, found no row for {missing} changes",
+         {key_move}, skipped {delete} deletes and {insert} inserts, found no row for {missing} changes, raised an \
+         owner row to a payout's token {caught_up} times",
         next.get(),
         if pair.two_way { "two-way" } else { "A to B only" }
     );

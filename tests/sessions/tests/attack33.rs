@@ -564,6 +564,60 @@ fn skipping_a_refused_transaction_never_leaves_the_subscriber_accepting_a_token_
     assert!(subscriber.log_has(&format!("the owner row is raised to {new}")), "the subscriber logs the raise");
 }
 
+/// (Session 19) The owner table's changes stop arriving (here: dropped from
+/// the publication, as a row filter or a skipped transaction would lose
+/// them) while the publisher's holders go on paying out: each replicated
+/// payout whose token is above the subscriber's owner row (or whose row has
+/// none) raises that row to it, logged; a missing owner row stays missing; a
+/// payout at or below the row's token changes nothing. The subscriber then
+/// refuses the old holders.
+#[test]
+fn replicated_payouts_ahead_of_the_subscribers_owner_rows_raise_them() {
+    let (_publisher, subscriber, mut p, mut s) = pair(
+        "a33_cu",
+        54644,
+        &[],
+        &[],
+        &format!("CREATE EXTENSION pg_lease; {APP} {FENCE}; INSERT INTO tables VALUES (1, NULL), (2, NULL), (3, NULL)"),
+        &format!("CREATE EXTENSION pg_lease; {APP} {FENCE}"),
+        "enabled = true",
+    );
+    let t1 = acquire_table(&mut p, 1, "pub-a");
+    assert!(mark_applied(&mut p, &mut s, &subscriber, 1, "never"));
+    // Row 3 is gone here (a row without a token may be deleted).
+    s.batch_execute("DELETE FROM tables WHERE id = 3").unwrap();
+    p.batch_execute("ALTER PUBLICATION game DROP TABLE tables").unwrap();
+    p.batch_execute(&format!("SELECT lease.release('table:1', 'pub-a', {t1})")).unwrap();
+    let n1 = acquire_table(&mut p, 1, "pub-b");
+    let n2 = acquire_table(&mut p, 2, "pub-b");
+    let n3 = acquire_table(&mut p, 3, "pub-b");
+    p.batch_execute(&format!(
+        "INSERT INTO payouts VALUES ('a', 1, {n1}), ('b', 2, {n2}), ('c', 3, {n3});
+         UPDATE payouts SET fencing_token = {n1} WHERE id = 'a'"
+    ))
+    .unwrap();
+    assert!(mark_applied(&mut p, &mut s, &subscriber, 2, "never"));
+    let rows: Vec<(i32, Option<i64>)> = s
+        .query("SELECT id, owner_fencing_token FROM tables ORDER BY id", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let stale = try_sql(&mut s, &format!("INSERT INTO payouts VALUES ('stale', 1, {t1})"));
+    let current = try_sql(&mut s, &format!("INSERT INTO payouts VALUES ('cur', 2, {n2})"));
+    drop_subscription(&mut s, "game");
+    assert_eq!(rows, vec![(1, Some(n1)), (2, Some(n2))], "raised to the payouts' tokens; row 3 stays missing");
+    assert_eq!((stale.as_str(), current.as_str()), ("LF001", ""), "the old holder refused, the new one accepted");
+    assert!(
+        subscriber.log_has(&format!("above owner row's token {t1} in public.tables: the owner row is raised to {n1}")),
+        "the raise from the old token is logged"
+    );
+    assert!(
+        subscriber.log_has(&format!("above owner row's token NULL in public.tables: the owner row is raised to {n2}")),
+        "the raise from no token is logged"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Partitioned owner tables on the subscriber
 // ---------------------------------------------------------------------------

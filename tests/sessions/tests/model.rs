@@ -3612,7 +3612,11 @@ struct FamilyEnv {
 impl FamilyEnv {
     fn new(family: Family) -> FamilyEnv {
         let db = TestDb::new(&format!("model_{}", family.tag()));
-        let role = format!("model_app_{}_{}", family.tag(), std::process::id());
+        // One role per environment: two of one family may run at once (the
+        // family test and a fixed case of it).
+        static ENVS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = ENVS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let role = format!("model_app_{}_{}_{n}", family.tag(), std::process::id());
         let mut admin = db.connect();
         let acl = PARAMETER_ACL.lock().unwrap_or_else(|e| e.into_inner());
         admin

@@ -597,12 +597,7 @@ fn replicated_payouts_ahead_of_the_subscribers_owner_rows_raise_them() {
     ))
     .unwrap();
     assert!(mark_applied(&mut p, &mut s, &subscriber, 2, "never"));
-    let rows: Vec<(i32, Option<i64>)> = s
-        .query("SELECT id, owner_fencing_token FROM tables ORDER BY id", &[])
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let rows = owner_rows(&mut s);
     let stale = try_sql(&mut s, &format!("INSERT INTO payouts VALUES ('stale', 1, {t1})"));
     let current = try_sql(&mut s, &format!("INSERT INTO payouts VALUES ('cur', 2, {n2})"));
     drop_subscription(&mut s, "game");

@@ -613,6 +613,30 @@ fn replicated_payouts_ahead_of_the_subscribers_owner_rows_raise_them() {
     );
 }
 
+/// (Session 19) A table's initial copy raises no owner row (its rows are the
+/// publisher's history); what the subscription applies after it does. The
+/// publisher here does not fence `payouts`, so its writers' tokens are
+/// whatever they wrote: the subscriber takes them as its README says.
+#[test]
+fn an_initial_copy_raises_no_owner_row_and_what_follows_it_does() {
+    let (_publisher, subscriber, mut p, mut s) = pair(
+        "a33_cc",
+        54646,
+        &[],
+        &[],
+        &format!("{APP}; INSERT INTO tables VALUES (1, NULL); INSERT INTO payouts VALUES ('old', 1, 5)"),
+        &format!("CREATE EXTENSION pg_lease; {APP} {FENCE}"),
+        "enabled = true",
+    );
+    let copied = (owner_rows(&mut s), one_i64(&mut s, "SELECT count(*) FROM payouts"));
+    p.batch_execute("INSERT INTO payouts VALUES ('new', 1, 7)").unwrap();
+    assert!(mark_applied(&mut p, &mut s, &subscriber, 1, "never"));
+    let applied = owner_rows(&mut s);
+    drop_subscription(&mut s, "game");
+    assert_eq!(copied, (vec![(1, None)], 1), "the copy took the payout and raised nothing");
+    assert_eq!(applied, vec![(1, Some(7))], "the applied payout raised the owner row");
+}
+
 // ---------------------------------------------------------------------------
 // Partitioned owner tables on the subscriber
 // ---------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 
 use crate::fence::config::{self, FenceConfig, OwnerLookup, TokenSource};
 use crate::fence::{key, replication};
-use crate::pg::{as_role, run_token_plan, Probe, Row};
+use crate::pg::{as_role, run_token_plan, token_from_datum, Probe, Row, TriggerCall, TriggerOp};
 use pgrx::pg_sys;
 
 /// `SELECT token ... FOR SHARE` on the owner row, as the owner table's owner.
@@ -65,20 +65,28 @@ fn peek_row(cfg: &FenceConfig, owner: &OwnerLookup, row: Row) -> Option<Option<i
     found.filter(|_| owner.tables.contains(&tableoid))
 }
 
-/// A trusted subscription applies `row` (an INSERT, or an UPDATE's new row)
-/// to an owner-mode table, unjudged here, with `token` in its token column:
-/// its publisher's fence accepted it at that token, so the publisher's owner
-/// row held it. Where this node's owner row holds a lower token or none, the
-/// change that raised it did not arrive (`ALTER SUBSCRIPTION ... SKIP` of the
-/// transaction that carried it, a row filter or column list on the owner
-/// table): the row is raised to `token` now, as that change would have
-/// raised it, and the raise is logged. Tokens only rise; a missing owner row
-/// is left missing.
+/// A trusted subscription applies the row of `call` (an INSERT, or an
+/// UPDATE's new row) to an owner-mode table fenced by a token column,
+/// unjudged here: its publisher's fence accepted it at the token it carries,
+/// so the publisher's owner row held that token. Where this node's owner row
+/// holds a lower token or none, the change that raised it did not arrive
+/// (`ALTER SUBSCRIPTION ... SKIP` of the transaction that carried it, a row
+/// filter or column list on the owner table): the row is raised to the token
+/// now, as that change would have raised it, and the raise is logged. Tokens
+/// only rise; a missing owner row is left missing.
 ///
 /// Costs the unlocked owner lookup per such row (the saved plan); the UPDATE
 /// only when the row is behind. Not during a table's initial copy, whose rows
 /// are the publisher's history, not its present.
-pub fn catch_up(cfg: &FenceConfig, owner: &OwnerLookup, row: Row, token: i64) {
+pub fn catch_up(cfg: &FenceConfig, owner: &OwnerLookup, call: &TriggerCall) {
+    let TokenSource::Column { attnum, typid } = cfg.token else { return };
+    let row = match call.op() {
+        TriggerOp::Insert => call.trigtuple(),
+        TriggerOp::Update => call.newtuple(),
+        _ => None,
+    };
+    let Some(row) = row else { return };
+    let Some(token) = row.attr(attnum).map(|d| token_from_datum(d, typid)) else { return };
     if replication::initial_copy() || cfg.keys.iter().any(|k| row.attr(k.attnum).is_none()) {
         return;
     }
@@ -86,7 +94,6 @@ pub fn catch_up(cfg: &FenceConfig, owner: &OwnerLookup, row: Row, token: i64) {
     if current.is_some_and(|c| c >= token) {
         return;
     }
-    let TokenSource::Column { attnum, typid } = cfg.token else { return };
     let keys: Vec<(&str, i16, pg_sys::Oid)> =
         owner.key_names.iter().zip(&cfg.keys).map(|(name, k)| (name.as_str(), k.attnum, k.typid)).collect();
     if crate::pg::raise_token_to(owner.relid, &owner.token_name, &keys, row, (attnum, typid)) {

@@ -37,17 +37,8 @@ pub fn fence_row(call: &TriggerCall) -> Outcome {
     let adopting = match &cfg.mode {
         Mode::Owner(lookup) if trusted && !cfg.judge_replicated => {
             // The row's token was current at its origin: this node's owner
-            // row must not stay below it (fence::owner::catch_up).
-            let written = match call.op() {
-                TriggerOp::Insert => call.trigtuple(),
-                TriggerOp::Update => call.newtuple(),
-                _ => None,
-            };
-            if let (Some(row), TokenSource::Column { .. }) = (written, &cfg.token) {
-                if let Some(token) = presented_token(&cfg, row) {
-                    owner::catch_up(&cfg, lookup, row, token);
-                }
-            }
+            // row must not stay below it.
+            owner::catch_up(&cfg, lookup, call);
             return Outcome { stats: cfg.stats.slot(), result: Ok(call.pass()), replicated: true };
         }
         Mode::Owner(_) => false,

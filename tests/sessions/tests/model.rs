@@ -1747,9 +1747,8 @@ impl Model {
         let (tab, order, presented, slot) = self.write_view(s, p);
         if tab == Tab::Fenced {
             if self.fenced_on.latest() != Some(true) {
-                let f = &self.txn(s).frame;
-                let mut fa = f.clone();
-                for id in self.record_write(s, f, &mut fa, p, tab, slot, presented) {
+                let mut fa = self.txn(s).frame.clone();
+                for id in self.record_write(s, &mut fa, p, tab, slot, presented) {
                     fa.unjudged.insert(id);
                 }
                 return Eval::ok(Effect::Frame(Box::new(fa))).why("not protected: not judged");
@@ -1810,7 +1809,7 @@ impl Model {
         let mut fa = f.clone();
         match self.run_checks(s, &mut fa, scope, order, presented) {
             Check::Pass(soft) => {
-                for id in self.record_write(s, f, &mut fa, p, tab, slot, presented) {
+                for id in self.record_write(s, &mut fa, p, tab, slot, presented) {
                     fa.unjudged.remove(&id);
                 }
                 let why = format!("token {} is current for slot(s) {order:?}", show(presented));
@@ -1832,13 +1831,11 @@ impl Model {
         }
     }
 
-    /// Records an accepted write of fenced rows in `fa` (a copy of `f`, the
-    /// frame the statement ran in); returns the ids written.
-    #[allow(clippy::too_many_arguments)]
+    /// Records an accepted write of fenced rows in `fa`, the frame the
+    /// statement runs in; returns the ids written.
     fn record_write(
         &self,
         s: usize,
-        f: &Frame,
         fa: &mut Frame,
         p: &Prim,
         tab: Tab,
@@ -1852,7 +1849,7 @@ impl Model {
             }
             Prim::Update { ids, .. } => {
                 for id in ids {
-                    let part = self.row_visible(s, f, *id).map_or(0, |r| r.part);
+                    let part = self.row_visible(s, fa, *id).map_or(0, |r| r.part);
                     fa.rows.insert(*id, Some(FRow { tab, slot, tok: presented, part }));
                 }
                 ids.clone()

@@ -10,12 +10,14 @@ of pg_lease's ratio to the baseline per workload in bench/ratios.svg.
 
 Environment: BENCH_RUNS (rounds, default 5), BENCH_SECONDS (per throughput run,
 default 5), BENCH_PORT (PostgreSQL's port, default 54450; Redis takes the next
-one, the Citus row's coordinator and two workers the three after it), PG_CONFIG
+one, the Citus row's coordinator and two workers the three after it, the
+logical replication row's publisher and subscriber the two after those), PG_CONFIG
 (the PostgreSQL to build against and run: its bindir's
 initdb/postgres/psql/pgbench; default the pg_config on PATH).
 
 `bench/run.py citus` runs only the Citus row (on its own cluster, built by
-scripts/citus.sh) and prints it, leaving BENCHMARKS.md as it is.
+scripts/citus.sh) and prints it, leaving BENCHMARKS.md as it is;
+`bench/run.py replication` does the same for the logical replication row.
 """
 
 import os
@@ -34,6 +36,8 @@ PORT = int(os.environ.get("BENCH_PORT", "54450"))
 REDIS_PORT = PORT + 1
 # The Citus row's coordinator, then its two workers.
 CITUS_PORTS = [PORT + 2, PORT + 3, PORT + 4]
+# The logical replication row's publisher and subscriber.
+REPLICATION_PORTS = [PORT + 5, PORT + 6]
 RUNS = int(os.environ.get("BENCH_RUNS", "5"))
 SECONDS = int(os.environ.get("BENCH_SECONDS", "5"))
 # The DDL guard's rows are per-statement latencies of thousands of statements per
@@ -515,6 +519,65 @@ def citus_row():
             cluster("stop", name)
 
 
+REPLICATION_NODES = ["bench_pub", "bench_sub"]
+REPLICATION_ROWS = 100_000
+
+
+def replication_row():
+    """A subscriber applying a publisher's payout stream: 100,000 payout rows of
+    1,000 resources committed in one publisher transaction, timed from the commit
+    until the subscriber has applied them (a mark committed after them is there),
+    into a table the subscriber protects (the trusted path: the row is not judged,
+    its owner row is raised if it is behind, fence::owner::catch_up) against one it
+    does not; both tables are protected on the publisher. Starts and stops its own
+    two servers."""
+    publisher, subscriber = REPLICATION_PORTS
+    try:
+        cluster("start", REPLICATION_NODES[0], str(publisher), *SETTINGS, "wal_level = logical")
+        cluster("start", REPLICATION_NODES[1], str(subscriber), *SETTINGS)
+        schema = f"""
+            CREATE EXTENSION pg_lease;
+            CREATE TABLE tables (id int PRIMARY KEY, owner_fencing_token bigint NOT NULL);
+            CREATE TABLE r_none ({PAYOUT_COLUMNS});
+            CREATE TABLE r_lease ({PAYOUT_COLUMNS});
+            CREATE TABLE marks (n int PRIMARY KEY);
+            SELECT lease.protect('r_lease', '{{table_id}}', 'fencing_token');"""
+        psql_file(schema + """
+            SELECT lease.protect('r_none', '{table_id}', 'fencing_token');
+            INSERT INTO tables SELECT g, 5 FROM generate_series(1, 1000) g;
+            CREATE PUBLICATION bench FOR TABLE tables, r_none, r_lease, marks;""", db="postgres", port=publisher)
+        psql_file(schema + f"""
+            CREATE SUBSCRIPTION bench CONNECTION 'host=127.0.0.1 port={publisher} user=postgres dbname=postgres'
+              PUBLICATION bench;""", db="postgres", port=subscriber)
+        wait_applied = """DO $$ BEGIN
+            WHILE NOT EXISTS (SELECT FROM pg_subscription_rel WHERE srsubstate = 'r' HAVING count(*) = 4) LOOP
+                PERFORM pg_sleep(0.05);
+            END LOOP; END $$;"""
+        psql(wait_applied, db="postgres", port=subscriber)
+        marks = iter(range(1, 1_000_000))
+
+        def applied(table):
+            def run_once():
+                psql(f"""INSERT INTO {table} (table_id, hand, player, amount, fencing_token)
+                         SELECT 1 + g % 1000, g, 'ann', g, 5 FROM generate_series(1, {REPLICATION_ROWS}) g""",
+                     db="postgres", port=publisher)
+                mark = next(marks)
+                started = time.time()
+                psql(f"INSERT INTO marks VALUES ({mark})", db="postgres", port=publisher)
+                psql(f"""DO $$ BEGIN
+                    WHILE NOT EXISTS (SELECT FROM marks WHERE n = {mark}) LOOP PERFORM pg_sleep(0.002); END LOOP;
+                    END $$;""", db="postgres", port=subscriber)
+                return None, (time.time() - started) * 1000
+            return run_once
+
+        return Workload(f"logical replication: subscriber applies {REPLICATION_ROWS:,} payout rows of 1,000 "
+                        "resources", "ms", {"none": applied("r_none"), "pg_lease": applied("r_lease")}, "none",
+                        ("pg_lease", "≤ 1.15× none", at(le, 1.15)), runs=2 * RUNS).measure()
+    finally:
+        for name in REPLICATION_NODES:
+            cluster("stop", name)
+
+
 # A distributed table's unique constraints must include its distribution column:
 # the payout rows have no key of their own here.
 CITUS_PAYOUT_COLUMNS = "table_id int NOT NULL, hand int, player text, amount bigint, fencing_token bigint"
@@ -632,7 +695,12 @@ Target: fenced ≥ 0.90× no trigger.
 refuse 2,000 stale writes per second. Citus: a coordinator and two workers of their own (Citus 13.2.2,
 the same settings but `shared_buffers = '256MB'` each), `tables` (1,000 rows) distributed by `id`,
 the payout tables distributed by `table_id` co-located with it (32 shards), single-row INSERTs
-through the coordinator, fenced against unfenced, interleaved; target ≥ 0.95. DDL guard: one client, one statement per transaction, on a
+through the coordinator, fenced against unfenced, interleaved; target ≥ 0.95. Logical replication: a
+publisher and a subscriber of their own (the same settings, the publisher with `wal_level = logical`);
+{REPLICATION_ROWS:,} payout rows of 1,000 resources committed in one publisher transaction, timed from its
+commit until the subscriber has a mark committed after it, into a table the subscriber protects (the
+trusted path: rows not judged, owner rows behind them raised) against one it does not, both
+protected on the publisher; {2 * RUNS} rounds; target ≤ 1.15× (as for a 100,000-row INSERT). DDL guard: one client, one statement per transaction, on a
 random one of 100 protected tables, in databases whose catalogs were never analyzed.
 
 For throughput (tx/s) higher is better; for latency (ms), WAL (bytes) and MultiXact counts lower is
@@ -676,23 +744,30 @@ def chart(workloads):
     (ROOT / "bench/ratios.svg").write_text("\n".join(out))
 
 
-def citus_only():
-    """`bench/run.py citus`: the Citus row alone, printed (BENCHMARKS.md is not rewritten)."""
+ONLY = {"citus": citus_row, "replication": replication_row}
+
+
+def only(row):
+    """`bench/run.py citus|replication`: that row alone, printed (BENCHMARKS.md is not rewritten)."""
     print("Building and installing pg_lease (release)...", flush=True)
     run(["cargo", "pgrx", "install", "--release", "--pg-config", PG_CONFIG], cwd=ROOT)
-    w = citus_row()
+    w = ONLY[row]()
     if w is None:
         return
-    print(f"{w.name}: " + ", ".join(f"{v} median {w.median(v):,.0f} tx/s (min {min(w.samples[v]):,.0f}, "
-                                    f"max {max(w.samples[v]):,.0f})" for v in w.variants)
-          + f"; pg_lease / none = {w.ratio('pg_lease'):.3f} (target ≥ 0.95: {'met' if w.target[2](w) else 'missed'})")
+    unit = UNITS[w.metric]
+    rr = w.round_ratios("pg_lease")
+    print(f"{w.name}: " + ", ".join(f"{v} median {fmt(w.median(v), w.metric)} {unit} (min "
+                                    f"{fmt(min(w.samples[v]), w.metric)}, max {fmt(max(w.samples[v]), w.metric)})"
+                                    for v in w.variants)
+          + f"; pg_lease / none = {w.ratio('pg_lease'):.3f} (per round {min(rr):.2f} – {max(rr):.2f}; target "
+          f"{w.target[1]}: {'met' if w.target[2](w) else 'missed'})")
 
 
 def main():
-    if sys.argv[1:] == ["citus"]:
-        return citus_only()
+    if len(sys.argv) == 2 and sys.argv[1] in ONLY:
+        return only(sys.argv[1])
     if sys.argv[1:]:
-        sys.exit(f"usage: {sys.argv[0]} [citus]")
+        sys.exit(f"usage: {sys.argv[0]} [{'|'.join(ONLY)}]")
     started = time.time()
     redis_server = setup()
     try:
@@ -791,7 +866,8 @@ def main():
                 {"no pg_lease": ddl("ddl_plain", statement), "pg_lease": ddl("ddl_guard", statement)}, "no pg_lease",
                 ("pg_lease", "guard adds < 5 ms", lambda w: w.median("pg_lease") - w.median("no pg_lease") < 5),
                 runs=DDL_RUNS).measure())
-        # Last, on a cluster of its own (the bench cluster's rows are done).
+        # Last, on clusters of their own (the bench cluster's rows are done).
+        workloads.append(replication_row())
         workloads.append(citus_row())
         workloads = [w for w in workloads if w is not None]
         report(workloads, time.time() - started, line)

@@ -723,6 +723,10 @@ BEGIN
             'The owner table needs a PRIMARY KEY or UNIQUE constraint on exactly these columns in the operator family of that equality.');
     END IF;
 
+    -- No other change to the fences on this owner table runs beside this
+    -- one from here on (lease._lock_owner_table): whether its owner guard is
+    -- in place, and what it watches, is read after that one committed.
+    PERFORM lease._lock_owner_table(target, owner, 'protect');
     -- One owner guard per owner table, shared by every table fenced against it.
     SELECT (lease._trigger_args(t.tgargs))[1] INTO existing_guard FROM pg_catalog.pg_trigger t
      WHERE t.tgrelid OPERATOR(pg_catalog.=) owner AND t.tgname OPERATOR(pg_catalog.=) 'pg_lease_owner_guard' AND NOT t.tgisinternal;
@@ -806,7 +810,15 @@ BEGIN
         END IF;
         PERFORM lease._fail('42704', format('pg_lease: %s is not protected', target));
     END IF;
-    PERFORM lease._unregister(target);
+    -- (Unprotected meanwhile by another session: nothing left to do.)
+    IF NOT lease._unregister(target) THEN
+        PERFORM lease._fail('42704', format('pg_lease: %s is not protected', target));
+    END IF;
+    -- Whether this was the last fence on its owner table is decided after
+    -- any other change to that table's fences committed (lease._lock_owner_table).
+    IF p.owner_table IS NOT NULL THEN
+        PERFORM lease._lock_owner_table(target, p.owner_table, 'unprotect');
+    END IF;
     PERFORM lease._trigger_ddl(target, format('DROP TRIGGER pg_lease_fence ON %s', target));
     FOR part IN SELECT t.relid FROM pg_partition_tree(target) t UNION SELECT target LOOP
         PERFORM lease._trigger_ddl(part, format('DROP TRIGGER IF EXISTS pg_lease_truncate ON %s', part));
@@ -1268,7 +1280,10 @@ CREATE FUNCTION lease._concerned(rels oid[]) RETURNS oid[]
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
     -- (lease._related once, not once per fence and column: OFFSET 0 keeps
     -- the planner from pulling the call into the WHERE clause.)
-    SELECT array_agg(p.relid::oid)
+    -- (Empty, never NULL, when none: NULL means every fence to
+    -- lease._fence_problems, which would then judge, and lock, every owner
+    -- table in the database for a command on a table no fence uses.)
+    SELECT coalesce(array_agg(p.relid::oid), '{}')
       FROM (SELECT lease._related(rels) AS r OFFSET 0) x, lease.protected p
      WHERE p.relid::oid = ANY (x.r) OR p.owner_table::oid = ANY (x.r)
 $$;
@@ -1377,7 +1392,6 @@ DECLARE
     stray record;
     jr record;
     joined oid[];
-    members oid[];
     bad boolean;
     match text;
     citus_pending oid[] := '{}';
@@ -1628,21 +1642,23 @@ BEGIN
     -- Guards left behind on tables that left a fenced or owner tree (DETACH
     -- PARTITION): owner rows may not leave; a detached fenced partition is no
     -- longer fenced, so its TRUNCATE guard goes.
-    IF tg_tag = 'ALTER TABLE' THEN
-        -- Every table in a fenced or owner table's partition tree, once.
-        members := ARRAY(SELECT r.root FROM lease.protected p
-                           CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
-                         UNION
-                         SELECT t.relid FROM lease.protected p
-                           CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
-                           CROSS JOIN LATERAL pg_partition_tree(r.root) t);
-    END IF;
+    -- (One statement, so one snapshot: a fence another session protects
+    -- meanwhile has its lease.protected row and its guards in the same one.
+    -- pg_inherits read as a table, not through pg_partition_tree, which
+    -- would lock every partition of every tree for a command on any table.)
     FOR stray IN
+        WITH RECURSIVE members (relid) AS (
+            -- Every table in a fenced or owner table's partition tree.
+            SELECT r.root FROM lease.protected p
+              CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
+            UNION
+            SELECT i.inhrelid FROM pg_inherits i JOIN members m ON i.inhparent = m.relid
+             WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = i.inhrelid AND c.relispartition))
         SELECT g.tgrelid, g.tgname FROM pg_trigger g
          WHERE tg_tag = 'ALTER TABLE'
            AND g.tgname IN ('pg_lease_truncate', 'pg_lease_owner_truncate')
            AND g.tgfoid = 'lease.truncate_guard'::regproc
-           AND NOT (g.tgrelid = ANY (members))
+           AND NOT EXISTS (SELECT 1 FROM members m WHERE m.relid = g.tgrelid)
     LOOP
         -- (Whatever rows it holds, by any snapshot: a partition of an owner
         -- table never leaves it while a fence uses it.)
@@ -1683,6 +1699,8 @@ CREATE FUNCTION lease._guard_drop() RETURNS event_trigger
 DECLARE
     dropped_tables oid[];
     owner_roots oid[];
+    left_owners oid[];
+    left_owner oid;
     orphan record;
     victim record;
 BEGIN
@@ -1712,7 +1730,17 @@ BEGIN
     END IF;
     owner_roots := ARRAY(SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL);
     dropped_tables := ARRAY(SELECT d.objid FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'table');
+    -- The owner tables (not dropped) of the fences dropped: whether any
+    -- fence still uses them is decided below, after any other change to
+    -- their fences committed (lease._lock_owner_table), in owner order.
+    left_owners := ARRAY(SELECT DISTINCT p.owner_table::oid FROM lease.protected p
+                          WHERE p.relid::oid = ANY (dropped_tables) AND p.owner_table IS NOT NULL
+                            AND NOT (p.owner_table::oid = ANY (dropped_tables))
+                          ORDER BY 1);
     DELETE FROM lease.protected p WHERE p.relid::oid = ANY (dropped_tables);
+    FOREACH left_owner IN ARRAY left_owners LOOP
+        PERFORM lease._lock_owner_table(0, left_owner, 'drop');
+    END LOOP;
     DELETE FROM lease.high_water h WHERE h.target::oid = ANY (dropped_tables);
     -- Owner tables that no fenced table uses any more lose their guards (as
     -- after lease.unprotect), so no guard outlives its fence.
@@ -1782,7 +1810,11 @@ BEGIN
             format('pg_lease fences %s with it.', victim.relid));
     END IF;
     -- A dropped index no longer names its table: look at every owner table.
-    IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'index') THEN
+    -- Not for an index that went with its table or its constraint (neither
+    -- named nor reached through a normal dependency: DROP TABLE, DROP
+    -- CONSTRAINT, DROP COLUMN), whose table the checks above judged.
+    IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d
+                WHERE d.object_type = 'index' AND (d.original OR d.normal)) THEN
         -- (Owner keys only: no partition needs looking at.)
         SELECT f.relid, f.problem INTO victim FROM lease._fence_problems_in(NULL, '{}') f WHERE f.kind = 'constraint' LIMIT 1;
         IF FOUND THEN

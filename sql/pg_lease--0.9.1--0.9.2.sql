@@ -89,6 +89,16 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'exists_latest_wrapper';
 REVOKE EXECUTE ON FUNCTION lease._exists_latest(text) FROM PUBLIC;
+-- Serializes the changes of the fences on one owner table (protect,
+-- unprotect, the drop guard): src/fence/register.rs.
+CREATE FUNCTION lease."_lock_owner_table"(
+	"target" oid, /* pg_sys :: Oid */
+	"owner" oid, /* pg_sys :: Oid */
+	"by" TEXT /* ServerText */
+) RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'lock_owner_table_wrapper';
 -- What the DDL guard's verdict on a command that touched `touched` depends
 -- on, as one text: the fences that command concerns (all of them when
 -- `whole`: ALTER SCHEMA and ALTER EXTENSION find the tables they touch in
@@ -165,6 +175,8 @@ CREATE OR REPLACE FUNCTION lease._guard_drop() RETURNS event_trigger
 DECLARE
     dropped_tables oid[];
     owner_roots oid[];
+    left_owners oid[];
+    left_owner oid;
     orphan record;
     victim record;
 BEGIN
@@ -194,7 +206,17 @@ BEGIN
     END IF;
     owner_roots := ARRAY(SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL);
     dropped_tables := ARRAY(SELECT d.objid FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'table');
+    -- The owner tables (not dropped) of the fences dropped: whether any
+    -- fence still uses them is decided below, after any other change to
+    -- their fences committed (lease._lock_owner_table), in owner order.
+    left_owners := ARRAY(SELECT DISTINCT p.owner_table::oid FROM lease.protected p
+                          WHERE p.relid::oid = ANY (dropped_tables) AND p.owner_table IS NOT NULL
+                            AND NOT (p.owner_table::oid = ANY (dropped_tables))
+                          ORDER BY 1);
     DELETE FROM lease.protected p WHERE p.relid::oid = ANY (dropped_tables);
+    FOREACH left_owner IN ARRAY left_owners LOOP
+        PERFORM lease._lock_owner_table(0, left_owner, 'drop');
+    END LOOP;
     DELETE FROM lease.high_water h WHERE h.target::oid = ANY (dropped_tables);
     -- Owner tables that no fenced table uses any more lose their guards (as
     -- after lease.unprotect), so no guard outlives its fence.
@@ -264,7 +286,11 @@ BEGIN
             format('pg_lease fences %s with it.', victim.relid));
     END IF;
     -- A dropped index no longer names its table: look at every owner table.
-    IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'index') THEN
+    -- Not for an index that went with its table or its constraint (neither
+    -- named nor reached through a normal dependency: DROP TABLE, DROP
+    -- CONSTRAINT, DROP COLUMN), whose table the checks above judged.
+    IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d
+                WHERE d.object_type = 'index' AND (d.original OR d.normal)) THEN
         -- (Owner keys only: no partition needs looking at.)
         SELECT f.relid, f.problem INTO victim FROM lease._fence_problems_in(NULL, '{}') f WHERE f.kind = 'constraint' LIMIT 1;
         IF FOUND THEN
@@ -545,7 +571,6 @@ DECLARE
     stray record;
     jr record;
     joined oid[];
-    members oid[];
     bad boolean;
     match text;
     citus_pending oid[] := '{}';
@@ -796,21 +821,23 @@ BEGIN
     -- Guards left behind on tables that left a fenced or owner tree (DETACH
     -- PARTITION): owner rows may not leave; a detached fenced partition is no
     -- longer fenced, so its TRUNCATE guard goes.
-    IF tg_tag = 'ALTER TABLE' THEN
-        -- Every table in a fenced or owner table's partition tree, once.
-        members := ARRAY(SELECT r.root FROM lease.protected p
-                           CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
-                         UNION
-                         SELECT t.relid FROM lease.protected p
-                           CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
-                           CROSS JOIN LATERAL pg_partition_tree(r.root) t);
-    END IF;
+    -- (One statement, so one snapshot: a fence another session protects
+    -- meanwhile has its lease.protected row and its guards in the same one.
+    -- pg_inherits read as a table, not through pg_partition_tree, which
+    -- would lock every partition of every tree for a command on any table.)
     FOR stray IN
+        WITH RECURSIVE members (relid) AS (
+            -- Every table in a fenced or owner table's partition tree.
+            SELECT r.root FROM lease.protected p
+              CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
+            UNION
+            SELECT i.inhrelid FROM pg_inherits i JOIN members m ON i.inhparent = m.relid
+             WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = i.inhrelid AND c.relispartition))
         SELECT g.tgrelid, g.tgname FROM pg_trigger g
          WHERE tg_tag = 'ALTER TABLE'
            AND g.tgname IN ('pg_lease_truncate', 'pg_lease_owner_truncate')
            AND g.tgfoid = 'lease.truncate_guard'::regproc
-           AND NOT (g.tgrelid = ANY (members))
+           AND NOT EXISTS (SELECT 1 FROM members m WHERE m.relid = g.tgrelid)
     LOOP
         -- (Whatever rows it holds, by any snapshot: a partition of an owner
         -- table never leaves it while a fence uses it.)
@@ -866,7 +893,10 @@ CREATE OR REPLACE FUNCTION lease._concerned(rels oid[]) RETURNS oid[]
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
     -- (lease._related once, not once per fence and column: OFFSET 0 keeps
     -- the planner from pulling the call into the WHERE clause.)
-    SELECT array_agg(p.relid::oid)
+    -- (Empty, never NULL, when none: NULL means every fence to
+    -- lease._fence_problems, which would then judge, and lock, every owner
+    -- table in the database for a command on a table no fence uses.)
+    SELECT coalesce(array_agg(p.relid::oid), '{}')
       FROM (SELECT lease._related(rels) AS r OFFSET 0) x, lease.protected p
      WHERE p.relid::oid = ANY (x.r) OR p.owner_table::oid = ANY (x.r)
 $$;
@@ -1191,4 +1221,171 @@ BEGIN
     DELETE FROM lease.rejected_writes WHERE rejected_at < now() - older_than;
     GET DIAGNOSTICS purged = ROW_COUNT;
     RETURN purged;
+END $$;
+
+CREATE OR REPLACE FUNCTION lease.protect(
+    target regclass,
+    key_columns text[],
+    token_column name DEFAULT NULL,
+    owner_table regclass DEFAULT NULL,
+    owner_key_columns text[] DEFAULT '{id}',
+    owner_token_column name DEFAULT 'owner_fencing_token'
+) RETURNS void
+-- No SET search_path: a NULL owner_table means "tables" as the caller's
+-- search_path resolves it. Every other name below is schema-qualified.
+LANGUAGE plpgsql AS $$
+DECLARE
+    owner regclass := owner_table;
+    i int;
+    existing_guard text;
+BEGIN
+    PERFORM lease._check_columns(target, 'target table', key_columns, token_column);
+    PERFORM lease._check_not_protected(target);
+    IF owner IS NULL THEN
+        owner := pg_catalog.to_regclass('tables');
+        IF owner IS NULL THEN
+            PERFORM lease._fail('42P01', 'pg_lease: owner table "tables" does not exist', NULL, 'Pass owner_table => ''your_schema.your_owner_table''.');
+        END IF;
+    END IF;
+    IF owner OPERATOR(pg_catalog.=) target THEN
+        PERFORM lease._fail('22023', format('pg_lease: %s cannot be its own owner table', target));
+    END IF;
+    IF owner_token_column IS NULL THEN
+        PERFORM lease._fail('22004', 'pg_lease: owner_token_column must not be NULL');
+    END IF;
+    PERFORM lease._check_columns(owner, 'owner table', owner_key_columns, owner_token_column);
+    IF pg_catalog.cardinality(owner_key_columns) OPERATOR(pg_catalog.<>) pg_catalog.cardinality(key_columns) THEN
+        PERFORM lease._fail('22023', format('pg_lease: %s key columns %s do not pair with owner key columns %s', target, key_columns, owner_key_columns));
+    END IF;
+    -- The owner key is unique under its own type's equality and collation.
+    IF lease._owner_key_index(owner, owner_key_columns,
+                              ARRAY(SELECT lease._column_type(owner, u.c)::pg_catalog.oid
+                                      FROM pg_catalog.unnest(owner_key_columns) WITH ORDINALITY u(c, n) ORDER BY u.n)) IS NULL THEN
+        PERFORM lease._fail('42830', format('pg_lease: there is no unique constraint matching key columns %s of owner table %s', owner_key_columns, owner),
+            'Each fenced row must match exactly one owner row.');
+    END IF;
+    -- Each key pair must be comparable (raises undefined_function otherwise).
+    BEGIN
+        EXECUTE pg_catalog.format('SELECT 1 FROM %s o WHERE %s LIMIT 0', owner,
+            (SELECT pg_catalog.string_agg(pg_catalog.format('o.%I OPERATOR(pg_catalog.=) NULL::%s', owner_key_columns[n],
+                                             lease._column_type(target, key_columns[n])), ' AND ')
+               FROM pg_catalog.generate_series(1, pg_catalog.cardinality(key_columns)) n));
+    EXCEPTION
+        WHEN undefined_function THEN
+            PERFORM lease._fail('42883',
+                format('pg_lease: key columns %s of %s cannot be compared with owner key columns %s of %s',
+                       key_columns, target, owner_key_columns, owner),
+                format('%s (the types of the key columns, in order: %s against %s)', SQLERRM,
+                       (SELECT pg_catalog.string_agg(lease._column_type(target, c)::text, ', ') FROM pg_catalog.unnest(key_columns) c),
+                       (SELECT pg_catalog.string_agg(lease._column_type(owner, c)::text, ', ') FROM pg_catalog.unnest(owner_key_columns) c)),
+                'Give each key column the type of its owner key column, or a type its = operator accepts.');
+        WHEN insufficient_privilege THEN
+            PERFORM lease._fail('42501', format('pg_lease: must be owner of table %s', owner),
+                'lease.protect needs ownership of the protected table and of its owner table.');
+    END;
+    -- A key's identity must not depend on the session (date = timestamptz
+    -- reads TimeZone) nor on a conversion function.
+    IF EXISTS (SELECT 1 FROM pg_catalog.generate_series(1, pg_catalog.cardinality(key_columns)) n
+                WHERE lease._key_equality(lease._column_type(owner, owner_key_columns[n]),
+                                          lease._column_type(target, key_columns[n])) IS NULL) THEN
+        PERFORM lease._fail('42804',
+            format('pg_lease: key columns %s of %s compare with owner key columns %s of %s through an equality that is not immutable or needs a conversion',
+                   key_columns, target, owner_key_columns, owner),
+            format('The types of the key columns, in order: %s against %s.',
+                   (SELECT pg_catalog.string_agg(lease._column_type(target, c)::text, ', ') FROM pg_catalog.unnest(key_columns) c),
+                   (SELECT pg_catalog.string_agg(lease._column_type(owner, c)::text, ', ') FROM pg_catalog.unnest(owner_key_columns) c)),
+            'A resource must be the same whatever a writer''s settings: give each key column the type of its owner key column.');
+    END IF;
+    -- Each fenced row matches at most one owner row: the owner key is unique
+    -- under the very equality the fence compares a fenced key with.
+    IF lease._owner_key_index(owner, owner_key_columns,
+                              ARRAY(SELECT lease._column_type(target, u.c)::pg_catalog.oid
+                                      FROM pg_catalog.unnest(key_columns) WITH ORDINALITY u(c, n) ORDER BY u.n)) IS NULL THEN
+        PERFORM lease._fail('42830', format('pg_lease: the owner key %s of %s is not unique under the equality that compares it with key columns %s of %s', owner_key_columns, owner, key_columns, target),
+            'Each fenced row must match exactly one owner row.',
+            'The owner table needs a PRIMARY KEY or UNIQUE constraint on exactly these columns in the operator family of that equality.');
+    END IF;
+
+    -- No other change to the fences on this owner table runs beside this
+    -- one from here on (lease._lock_owner_table): whether its owner guard is
+    -- in place, and what it watches, is read after that one committed.
+    PERFORM lease._lock_owner_table(target, owner, 'protect');
+    -- One owner guard per owner table, shared by every table fenced against it.
+    SELECT (lease._trigger_args(t.tgargs))[1] INTO existing_guard FROM pg_catalog.pg_trigger t
+     WHERE t.tgrelid OPERATOR(pg_catalog.=) owner AND t.tgname OPERATOR(pg_catalog.=) 'pg_lease_owner_guard' AND NOT t.tgisinternal;
+    IF existing_guard IS NOT NULL AND existing_guard OPERATOR(pg_catalog.<>) owner_token_column THEN
+        PERFORM lease._fail('0A000', format('pg_lease: owner table %s already guards token column "%s"', owner, existing_guard), 'All tables fenced against one owner table must use the same owner token column.');
+    END IF;
+    -- One guard per owner table, watching the key columns of every table
+    -- fenced against it: installed, extended by this table's key columns, or
+    -- (what a schema-only restore left) made whole.
+    PERFORM lease._check_citus_layout(target, key_columns, owner, owner_key_columns);
+    PERFORM lease._guard_owner(owner, owner_token_column, owner_key_columns);
+
+    PERFORM lease._install_target_triggers(target,
+        lease._shard_config(target, 'owner', key_columns, token_column, owner, owner_key_columns, owner_token_column));
+    PERFORM lease._register(target, 'owner', key_columns, token_column, owner, owner_key_columns, owner_token_column);
+    PERFORM lease._check_enforced(target);
+END $$;
+
+CREATE OR REPLACE FUNCTION lease.unprotect(target regclass) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    p lease.protected;
+    part regclass;
+    leftover record;
+    dropped integer := 0;
+BEGIN
+    IF target IS NULL THEN
+        PERFORM lease._fail('22004', 'lease.unprotect: target must not be NULL');
+    END IF;
+    -- Forget the config first: the DDL guard then no longer expects the triggers.
+    SELECT * INTO p FROM lease.protected x WHERE x.relid = target;
+    IF NOT FOUND THEN
+        -- pg_lease's triggers without their config (a schema-only dump and
+        -- restore carries the triggers, not lease.protected): removing them
+        -- is what unprotect means here. On an owner table still named by a
+        -- protected table's config they stay.
+        IF EXISTS (SELECT 1 FROM lease.protected o WHERE o.owner_table = target) THEN
+            PERFORM lease._fail('42704', format('pg_lease: %s is not protected (it is the owner table of a protected table: unprotect that one)', target));
+        END IF;
+        FOR leftover IN
+            SELECT g.tgrelid::regclass AS rel, g.tgname
+              FROM pg_trigger g
+             WHERE g.tgrelid IN (SELECT t.relid FROM pg_partition_tree(target) t UNION SELECT target)
+               AND g.tgparentid = 0
+               AND g.tgname IN ('pg_lease_fence', 'pg_lease_truncate', 'pg_lease_owner_guard', 'pg_lease_owner_truncate')
+               AND g.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.truncate_guard'::regproc, 'lease.owner_guard'::regproc)
+        LOOP
+            PERFORM lease._trigger_ddl(leftover.rel, format('DROP TRIGGER %I ON %s', leftover.tgname, leftover.rel));
+            dropped := dropped + 1;
+        END LOOP;
+        IF dropped > 0 THEN
+            RAISE NOTICE 'pg_lease: % had % of pg_lease''s triggers but no protection config (a schema-only restore?): removed them', target, dropped;
+            RETURN;
+        END IF;
+        PERFORM lease._fail('42704', format('pg_lease: %s is not protected', target));
+    END IF;
+    -- (Unprotected meanwhile by another session: nothing left to do.)
+    IF NOT lease._unregister(target) THEN
+        PERFORM lease._fail('42704', format('pg_lease: %s is not protected', target));
+    END IF;
+    -- Whether this was the last fence on its owner table is decided after
+    -- any other change to that table's fences committed (lease._lock_owner_table).
+    IF p.owner_table IS NOT NULL THEN
+        PERFORM lease._lock_owner_table(target, p.owner_table, 'unprotect');
+    END IF;
+    PERFORM lease._trigger_ddl(target, format('DROP TRIGGER pg_lease_fence ON %s', target));
+    FOR part IN SELECT t.relid FROM pg_partition_tree(target) t UNION SELECT target LOOP
+        PERFORM lease._trigger_ddl(part, format('DROP TRIGGER IF EXISTS pg_lease_truncate ON %s', part));
+    END LOOP;
+    IF p.owner_table IS NOT NULL AND NOT EXISTS (SELECT 1 FROM lease.protected o WHERE o.owner_table = p.owner_table) THEN
+        PERFORM lease._trigger_ddl(p.owner_table, format('DROP TRIGGER IF EXISTS pg_lease_owner_guard ON %s', p.owner_table));
+        FOR part IN SELECT t.relid FROM pg_partition_tree(p.owner_table) t UNION SELECT p.owner_table LOOP
+            PERFORM lease._trigger_ddl(part, format('DROP TRIGGER IF EXISTS pg_lease_owner_truncate ON %s', part));
+        END LOOP;
+    ELSIF p.owner_table IS NOT NULL THEN
+        -- Still guarding other fenced tables: watch only their key columns.
+        PERFORM lease._guard_owner(p.owner_table, p.owner_token_column);
+    END IF;
 END $$;

@@ -30,6 +30,7 @@ pgrx::extension_sql_file!(
         fence::identity::is_token_type,
         fence::register::register,
         fence::register::unregister,
+        fence::register::lock_owner_table,
         fence::ddl::exists_as_owner,
         fence::ddl::name_problem,
         fence::ddl::owner_key_index,

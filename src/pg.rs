@@ -144,6 +144,17 @@ fn inexact(what: &str, bytes: &[u8]) -> ! {
     unreachable!("an ERROR does not return");
 }
 
+/// Raises `40001` with `message` and `detail` and the HINT every such error
+/// of pg_lease has: the transaction can be retried (as a serialization
+/// failure of PostgreSQL's own).
+pub fn serialization_failure(message: String, detail: &str) -> ! {
+    pgrx::pg_sys::panic::ErrorReport::new(pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE, message, "pg_lease")
+        .set_detail(detail)
+        .set_hint("Retry the transaction.")
+        .report(pgrx::PgLogLevel::ERROR);
+    unreachable!("an ERROR does not return");
+}
+
 /// The database's encoding's name (`EUC_JP`).
 pub fn encoding_name() -> String {
     // SAFETY: GetDatabaseEncodingName returns a static ASCII name.
@@ -1608,7 +1619,9 @@ impl<'a> TriggerCall<'a> {
 
 /// The first row of a saved one-row plan: its first column, an integer token
 /// (None: no row; Some(None): NULL), and its second column as an oid
-/// (InvalidOid when absent or NULL). Runs the plan as `role`.
+/// (InvalidOid when absent or NULL). Runs the plan as `role`: with
+/// [`Access::Read`] under the latest snapshot (see there), else under a fresh
+/// one as any statement of the transaction.
 ///
 /// # Safety
 /// `plan` is a saved SPI plan taking `args.len()` parameters of the types the
@@ -1617,6 +1630,7 @@ pub unsafe fn run_token_plan(
     plan: pg_sys::SPIPlanPtr,
     args: &mut [pg_sys::Datum],
     role: pg_sys::Oid,
+    access: Access,
 ) -> (Option<Option<i64>>, pg_sys::Oid) {
     // SAFETY: the caller's contract for the plan and its arguments (`args`
     // holds exactly the plan's parameters; a null `nulls` means none is
@@ -1629,7 +1643,19 @@ pub unsafe fn run_token_plan(
         pg_sys::SPI_connect();
         // read_only = false: a fresh snapshot, so READ COMMITTED sees the latest
         // committed token, and the lock waits for (then follows) concurrent bumps.
-        let rc = as_role(role, || pg_sys::SPI_execute_plan(plan, args.as_mut_ptr(), std::ptr::null(), false, 1));
+        let rc = as_role(role, || match access {
+            Access::LockShare => pg_sys::SPI_execute_plan(plan, args.as_mut_ptr(), std::ptr::null(), false, 1),
+            Access::Read => pg_sys::SPI_execute_snapshot(
+                plan,
+                args.as_mut_ptr(),
+                std::ptr::null(),
+                pg_sys::GetLatestSnapshot(),
+                std::ptr::null_mut(),
+                false,
+                true,
+                1,
+            ),
+        });
         if rc < 0 {
             pgrx::error!("pg_lease: fence lookup failed (SPI code {rc})");
         }
@@ -1803,9 +1829,21 @@ pub struct UniqueIndex {
     pub keys: Vec<IndexKey>,
 }
 
-/// What [`UniqueIndex::lock_share`] found.
+/// How [`UniqueIndex::probe`] reads the row.
+#[derive(Clone, Copy)]
+pub enum Access {
+    /// Locked `FOR SHARE`: the verdict.
+    LockShare,
+    /// Unlocked, under the latest snapshot (what is committed now, at any
+    /// isolation level, and this transaction's own changes): what a refusal
+    /// reports, what a trusted replicated row is compared with.
+    Read,
+}
+
+/// What [`UniqueIndex::probe`] found.
 pub enum Probe {
-    /// The row, locked `FOR SHARE`: its token column (None when NULL).
+    /// The row (locked `FOR SHARE` with `Access::LockShare`): its token
+    /// column (None when NULL).
     Found(Option<i64>),
     /// No such row (or it went away while waiting for its lock).
     Missing,
@@ -1959,30 +1997,36 @@ impl UniqueIndex {
         }
     }
 
-    /// Locks `FOR SHARE` the row whose key equals `args` (in argument order)
-    /// and reads its token column `token` (attnum, integer type), exactly as
-    /// the SPI lookup with a fresh snapshot does: at READ COMMITTED a row
-    /// updated concurrently is waited for and its newest version locked (and
-    /// matched against the key again, as EvalPlanQual would); above it, a
-    /// row changed since the transaction's snapshot is a serialization
-    /// failure; a row deleted meanwhile, or changed by this transaction in a
-    /// later command, is not found. `still_current` runs once the table's
-    /// lock is held (which delivers pending invalidations): false ends the
-    /// probe with [`Probe::Stale`] before the index is touched.
+    /// With [`Access::LockShare`], locks `FOR SHARE` the row whose key equals
+    /// `args` (in argument order) and reads its token column `token` (attnum,
+    /// integer type), exactly as the SPI lookup with a fresh snapshot does: at
+    /// READ COMMITTED a row updated concurrently is waited for and its newest
+    /// version locked (and matched against the key again, as EvalPlanQual
+    /// would); above it, a row changed since the transaction's snapshot is a
+    /// serialization failure; a row deleted meanwhile, or changed by this
+    /// transaction in a later command, is not found. With [`Access::Read`],
+    /// reads the token under the latest snapshot (the same lookup without
+    /// `FOR SHARE`, as READ COMMITTED would run it at any isolation level),
+    /// taking only a plain SELECT's locks and waiting for no row lock.
+    /// `still_current` runs once the table's lock is held (which delivers
+    /// pending invalidations): false ends the probe with [`Probe::Stale`]
+    /// before the index is touched.
     ///
     /// # Safety
     /// `args` holds valid, non-NULL datums of the argument types this index
     /// was found for, `token` is an integer column of the table, and the
     /// caller runs inside a transaction as the role the lookup should run as.
-    pub unsafe fn lock_share(
+    pub unsafe fn probe(
         &self,
         args: &[pg_sys::Datum],
         token: (i16, pg_sys::Oid),
+        access: Access,
         still_current: impl FnOnce() -> bool,
     ) -> Probe {
         // SAFETY: the locks are those of SELECT ... FOR SHARE (RowShareLock on
         // the table, AccessShareLock on the index, both kept to transaction
-        // end); the snapshot is pushed and the command counter advanced as
+        // end), or of a plain SELECT (AccessShareLock on both) when not
+        // locking; the snapshot is pushed and the command counter advanced as
         // SPI does for a non-read-only statement, and popped before return
         // (an ERROR in between unwinds both at (sub)transaction abort, as do
         // the scan, the slot and the relation references); the scan keys are
@@ -1992,13 +2036,19 @@ impl UniqueIndex {
         // are valid datums of the types the operators take (the caller's
         // contract).
         unsafe {
-            let heap = pg_sys::table_open(self.heap, pg_sys::RowShareLock as _);
+            let lock = matches!(access, Access::LockShare);
+            let table_lock = if lock { pg_sys::RowShareLock } else { pg_sys::AccessShareLock };
+            let heap = pg_sys::table_open(self.heap, table_lock as _);
             if !still_current() {
                 pg_sys::table_close(heap, pg_sys::NoLock as _);
                 return Probe::Stale;
             }
             let index = pg_sys::index_open(self.index, pg_sys::AccessShareLock as _);
-            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+            pg_sys::PushActiveSnapshot(if lock {
+                pg_sys::GetTransactionSnapshot()
+            } else {
+                pg_sys::GetLatestSnapshot()
+            });
             pg_sys::CommandCounterIncrement();
             pg_sys::UpdateActiveSnapshotCommandId();
             let snapshot = pg_sys::GetActiveSnapshot();
@@ -2031,6 +2081,8 @@ impl UniqueIndex {
 
             let probe = if !visible {
                 Probe::Missing
+            } else if !lock {
+                Probe::Found(slot_int(slot, token))
             } else {
                 let xact_snapshot = pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32;
                 let mut flags = pg_sys::TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS;
@@ -2077,7 +2129,7 @@ impl UniqueIndex {
     /// scan matched) still has the key `args`.
     ///
     /// # Safety
-    /// `slot` holds a row of this index's table; `args` as for `lock_share`.
+    /// `slot` holds a row of this index's table; `args` as for `probe`.
     unsafe fn same_key(&self, slot: *mut pg_sys::TupleTableSlot, args: &[pg_sys::Datum]) -> bool {
         self.keys.iter().all(|key| {
             // SAFETY: the caller's contract; the operator function takes

@@ -82,7 +82,7 @@ AS 'MODULE_PATHNAME', 'band_above_sql_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:172
+-- src/fence/ddl.rs:209
 -- pg_lease::fence::ddl::_exists_as_owner
 CREATE  FUNCTION "_exists_as_owner"(
 	"rel" oid, /* pg_sys :: Oid */
@@ -94,7 +94,7 @@ AS 'MODULE_PATHNAME', 'exists_as_owner_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:192
+-- src/fence/ddl.rs:229
 -- pg_lease::fence::ddl::_exists_latest
 CREATE  FUNCTION "_exists_latest"(
 	"query" TEXT /* crate :: pg :: ServerBytes */
@@ -105,7 +105,7 @@ AS 'MODULE_PATHNAME', 'exists_latest_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:207
+-- src/fence/ddl.rs:244
 -- pg_lease::fence::ddl::_fresh_catalog
 CREATE  FUNCTION "_fresh_catalog"(
 	"tag" TEXT, /* crate :: pg :: ShownText */
@@ -118,7 +118,7 @@ AS 'MODULE_PATHNAME', 'fresh_catalog_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:143
+-- src/fence/ddl.rs:180
 -- pg_lease::fence::ddl::_in_internal_ddl
 CREATE  FUNCTION "_in_internal_ddl"() RETURNS bool /* bool */
 STRICT VOLATILE PARALLEL UNSAFE 
@@ -127,7 +127,7 @@ AS 'MODULE_PATHNAME', 'in_internal_ddl_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:136
+-- src/fence/ddl.rs:173
 -- pg_lease::fence::ddl::_internal_ddl
 CREATE  FUNCTION "_internal_ddl"(
 	"running" bool /* bool */
@@ -149,7 +149,7 @@ AS 'MODULE_PATHNAME', 'is_token_type_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/register.rs:133
+-- src/fence/register.rs:186
 -- pg_lease::fence::register::_judge_replicated
 CREATE  FUNCTION "_judge_replicated"(
 	"target" oid, /* pg_sys :: Oid */
@@ -161,7 +161,7 @@ AS 'MODULE_PATHNAME', 'judge_replicated_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:447
+-- src/fence/ddl.rs:480
 -- pg_lease::fence::ddl::_key_equality
 CREATE  FUNCTION "_key_equality"(
 	"left" oid, /* pg_sys :: Oid */
@@ -197,7 +197,20 @@ AS 'MODULE_PATHNAME', 'lock_owner_row_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:239
+-- src/fence/register.rs:73
+-- pg_lease::fence::register::_lock_owner_table
+CREATE  FUNCTION "_lock_owner_table"(
+	"target" oid, /* pg_sys :: Oid */
+	"owner" oid, /* pg_sys :: Oid */
+	"by" TEXT /* ServerText */
+) RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'lock_owner_table_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/fence/ddl.rs:272
 -- pg_lease::fence::ddl::_name_problem
 CREATE  FUNCTION "_name_problem"(
 	"rel" oid /* pg_sys :: Oid */
@@ -234,7 +247,7 @@ AS 'MODULE_PATHNAME', 'origin_sql_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:402
+-- src/fence/ddl.rs:435
 -- pg_lease::fence::ddl::_owner_key_index
 CREATE  FUNCTION "_owner_key_index"(
 	"owner" oid, /* pg_sys :: Oid */
@@ -247,7 +260,7 @@ AS 'MODULE_PATHNAME', 'owner_key_index_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/register.rs:54
+-- src/fence/register.rs:111
 -- pg_lease::fence::register::_register
 CREATE  FUNCTION "_register"(
 	"target" oid, /* pg_sys :: Oid */
@@ -310,7 +323,7 @@ AS 'MODULE_PATHNAME', 'shown_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:77
+-- src/audit/status.rs:68
 -- pg_lease::audit::status::_stats
 CREATE  FUNCTION "_stats"() RETURNS TABLE (
 	"database_oid" oid,  /* pg_sys :: Oid */
@@ -352,7 +365,7 @@ AS 'MODULE_PATHNAME', 'token_floor_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/register.rs:115
+-- src/fence/register.rs:168
 -- pg_lease::fence::register::_unregister
 CREATE  FUNCTION "_unregister"(
 	"target" oid /* pg_sys :: Oid */
@@ -370,6 +383,7 @@ AS 'MODULE_PATHNAME', 'unregister_wrapper';
 --   fence::identity::is_token_type
 --   fence::register::register
 --   fence::register::unregister
+--   fence::register::lock_owner_table
 --   fence::ddl::exists_as_owner
 --   fence::ddl::name_problem
 --   fence::ddl::owner_key_index
@@ -1103,6 +1117,10 @@ BEGIN
             'The owner table needs a PRIMARY KEY or UNIQUE constraint on exactly these columns in the operator family of that equality.');
     END IF;
 
+    -- No other change to the fences on this owner table runs beside this
+    -- one from here on (lease._lock_owner_table): whether its owner guard is
+    -- in place, and what it watches, is read after that one committed.
+    PERFORM lease._lock_owner_table(target, owner, 'protect');
     -- One owner guard per owner table, shared by every table fenced against it.
     SELECT (lease._trigger_args(t.tgargs))[1] INTO existing_guard FROM pg_catalog.pg_trigger t
      WHERE t.tgrelid OPERATOR(pg_catalog.=) owner AND t.tgname OPERATOR(pg_catalog.=) 'pg_lease_owner_guard' AND NOT t.tgisinternal;
@@ -1186,7 +1204,15 @@ BEGIN
         END IF;
         PERFORM lease._fail('42704', format('pg_lease: %s is not protected', target));
     END IF;
-    PERFORM lease._unregister(target);
+    -- (Unprotected meanwhile by another session: nothing left to do.)
+    IF NOT lease._unregister(target) THEN
+        PERFORM lease._fail('42704', format('pg_lease: %s is not protected', target));
+    END IF;
+    -- Whether this was the last fence on its owner table is decided after
+    -- any other change to that table's fences committed (lease._lock_owner_table).
+    IF p.owner_table IS NOT NULL THEN
+        PERFORM lease._lock_owner_table(target, p.owner_table, 'unprotect');
+    END IF;
     PERFORM lease._trigger_ddl(target, format('DROP TRIGGER pg_lease_fence ON %s', target));
     FOR part IN SELECT t.relid FROM pg_partition_tree(target) t UNION SELECT target LOOP
         PERFORM lease._trigger_ddl(part, format('DROP TRIGGER IF EXISTS pg_lease_truncate ON %s', part));
@@ -1648,7 +1674,10 @@ CREATE FUNCTION lease._concerned(rels oid[]) RETURNS oid[]
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
     -- (lease._related once, not once per fence and column: OFFSET 0 keeps
     -- the planner from pulling the call into the WHERE clause.)
-    SELECT array_agg(p.relid::oid)
+    -- (Empty, never NULL, when none: NULL means every fence to
+    -- lease._fence_problems, which would then judge, and lock, every owner
+    -- table in the database for a command on a table no fence uses.)
+    SELECT coalesce(array_agg(p.relid::oid), '{}')
       FROM (SELECT lease._related(rels) AS r OFFSET 0) x, lease.protected p
      WHERE p.relid::oid = ANY (x.r) OR p.owner_table::oid = ANY (x.r)
 $$;
@@ -1757,7 +1786,6 @@ DECLARE
     stray record;
     jr record;
     joined oid[];
-    members oid[];
     bad boolean;
     match text;
     citus_pending oid[] := '{}';
@@ -2008,21 +2036,23 @@ BEGIN
     -- Guards left behind on tables that left a fenced or owner tree (DETACH
     -- PARTITION): owner rows may not leave; a detached fenced partition is no
     -- longer fenced, so its TRUNCATE guard goes.
-    IF tg_tag = 'ALTER TABLE' THEN
-        -- Every table in a fenced or owner table's partition tree, once.
-        members := ARRAY(SELECT r.root FROM lease.protected p
-                           CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
-                         UNION
-                         SELECT t.relid FROM lease.protected p
-                           CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
-                           CROSS JOIN LATERAL pg_partition_tree(r.root) t);
-    END IF;
+    -- (One statement, so one snapshot: a fence another session protects
+    -- meanwhile has its lease.protected row and its guards in the same one.
+    -- pg_inherits read as a table, not through pg_partition_tree, which
+    -- would lock every partition of every tree for a command on any table.)
     FOR stray IN
+        WITH RECURSIVE members (relid) AS (
+            -- Every table in a fenced or owner table's partition tree.
+            SELECT r.root FROM lease.protected p
+              CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
+            UNION
+            SELECT i.inhrelid FROM pg_inherits i JOIN members m ON i.inhparent = m.relid
+             WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = i.inhrelid AND c.relispartition))
         SELECT g.tgrelid, g.tgname FROM pg_trigger g
          WHERE tg_tag = 'ALTER TABLE'
            AND g.tgname IN ('pg_lease_truncate', 'pg_lease_owner_truncate')
            AND g.tgfoid = 'lease.truncate_guard'::regproc
-           AND NOT (g.tgrelid = ANY (members))
+           AND NOT EXISTS (SELECT 1 FROM members m WHERE m.relid = g.tgrelid)
     LOOP
         -- (Whatever rows it holds, by any snapshot: a partition of an owner
         -- table never leaves it while a fence uses it.)
@@ -2063,6 +2093,8 @@ CREATE FUNCTION lease._guard_drop() RETURNS event_trigger
 DECLARE
     dropped_tables oid[];
     owner_roots oid[];
+    left_owners oid[];
+    left_owner oid;
     orphan record;
     victim record;
 BEGIN
@@ -2092,7 +2124,17 @@ BEGIN
     END IF;
     owner_roots := ARRAY(SELECT p.owner_table::oid FROM lease.protected p WHERE p.owner_table IS NOT NULL);
     dropped_tables := ARRAY(SELECT d.objid FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'table');
+    -- The owner tables (not dropped) of the fences dropped: whether any
+    -- fence still uses them is decided below, after any other change to
+    -- their fences committed (lease._lock_owner_table), in owner order.
+    left_owners := ARRAY(SELECT DISTINCT p.owner_table::oid FROM lease.protected p
+                          WHERE p.relid::oid = ANY (dropped_tables) AND p.owner_table IS NOT NULL
+                            AND NOT (p.owner_table::oid = ANY (dropped_tables))
+                          ORDER BY 1);
     DELETE FROM lease.protected p WHERE p.relid::oid = ANY (dropped_tables);
+    FOREACH left_owner IN ARRAY left_owners LOOP
+        PERFORM lease._lock_owner_table(0, left_owner, 'drop');
+    END LOOP;
     DELETE FROM lease.high_water h WHERE h.target::oid = ANY (dropped_tables);
     -- Owner tables that no fenced table uses any more lose their guards (as
     -- after lease.unprotect), so no guard outlives its fence.
@@ -2162,7 +2204,11 @@ BEGIN
             format('pg_lease fences %s with it.', victim.relid));
     END IF;
     -- A dropped index no longer names its table: look at every owner table.
-    IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'index') THEN
+    -- Not for an index that went with its table or its constraint (neither
+    -- named nor reached through a normal dependency: DROP TABLE, DROP
+    -- CONSTRAINT, DROP COLUMN), whose table the checks above judged.
+    IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d
+                WHERE d.object_type = 'index' AND (d.original OR d.normal)) THEN
         -- (Owner keys only: no partition needs looking at.)
         SELECT f.relid, f.problem INTO victim FROM lease._fence_problems_in(NULL, '{}') f WHERE f.kind = 'constraint' LIMIT 1;
         IF FOUND THEN
@@ -2210,7 +2256,7 @@ REVOKE EXECUTE ON FUNCTION lease.protect(regclass, text[], name, regclass, text[
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:56
+-- src/lib.rs:57
 -- requires:
 --   fence
 --   lease::token_floor
@@ -2627,7 +2673,7 @@ REVOKE EXECUTE ON FUNCTION lease.token_ceiling(), lease.issue_tokens_above(bigin
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:198
+-- src/audit/status.rs:189
 -- pg_lease::audit::status::audit_databases
 CREATE  FUNCTION "audit_databases"() RETURNS TABLE (
 	"database" TEXT,  /* ServerText */
@@ -2650,7 +2696,7 @@ AS 'MODULE_PATHNAME', 'audit_databases_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:99
+-- src/audit/status.rs:90
 -- pg_lease::audit::status::audit_status
 CREATE  FUNCTION "audit_status"() RETURNS TABLE (
 	"preloaded" bool,  /* bool */
@@ -2671,7 +2717,7 @@ AS 'MODULE_PATHNAME', 'audit_status_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/audit/status.rs:473
+-- src/audit/status.rs:464
 -- pg_lease::audit::status::stats_reset
 CREATE  FUNCTION "stats_reset"() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE
@@ -2680,7 +2726,7 @@ AS 'MODULE_PATHNAME', 'stats_reset_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:42
+-- src/lib.rs:43
 -- requires:
 --   schema
 --   lease
@@ -2889,7 +2935,7 @@ END $$;
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:69
+-- src/lib.rs:70
 -- requires:
 --   schema
 --   fence

@@ -63,6 +63,36 @@ pub struct OwnerLookup {
     pub tables: Vec<pg_sys::Oid>,
 }
 
+impl OwnerLookup {
+    /// Whether a row of relation `tableoid` is a row of the owner table: the
+    /// owner table or a partition in its tree, as listed when the config was
+    /// built, or created since (the config is dropped when any of them is
+    /// invalidated, but a lookup may meet a new partition first).
+    pub fn holds(&self, tableoid: pg_sys::Oid) -> bool {
+        if self.tables.contains(&tableoid) {
+            return true;
+        }
+        // SAFETY: a syscache lookup accepting any OID.
+        if !unsafe { pg_sys::get_rel_relispartition(tableoid) } {
+            return false;
+        }
+        // SAFETY: OIDs are by-value datums, valid regclasses.
+        let args = unsafe {
+            [
+                pgrx::datum::DatumWithOid::new(tableoid, pg_sys::REGCLASSOID),
+                pgrx::datum::DatumWithOid::new(self.relid, pg_sys::REGCLASSOID),
+            ]
+        };
+        let found = Spi::connect(|client| {
+            client
+                .select("SELECT FROM pg_catalog.pg_partition_ancestors($1) a WHERE a.relid = $2", Some(1), &args)
+                .expect("reading the owner table's partitions")
+                .len()
+        });
+        found == 1
+    }
+}
+
 pub enum Mode {
     Owner(OwnerLookup),
     HighWater,
@@ -95,8 +125,14 @@ impl FenceConfig {
         matches!(self.mode, Mode::HighWater)
     }
 
+    /// Whether an invalidation of `relid` changes this config: the fenced
+    /// table, the protected one (a partition's root), the owner table or any
+    /// partition in its tree (a partition created under a sub-partition
+    /// invalidates only that one, and `tables` must list it).
     fn depends_on(&self, relid: pg_sys::Oid) -> bool {
-        self.relid == relid || self.protected_relid == relid || matches!(&self.mode, Mode::Owner(o) if o.relid == relid)
+        self.relid == relid
+            || self.protected_relid == relid
+            || matches!(&self.mode, Mode::Owner(o) if o.relid == relid || o.tables.contains(&relid))
     }
 }
 
@@ -298,14 +334,12 @@ fn load_row(relid: pg_sys::Oid) -> Option<ProtectedRow> {
     .expect("no NUL");
     let (now, older) = crate::pg::query_text_now(&query, "reading lease.protected");
     if older {
-        pgrx::ereport!(
-            ERROR,
-            pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        crate::pg::serialization_failure(
             format!(
                 "pg_lease: the fence on {} changed after this transaction's snapshot was taken",
                 crate::pg::display(relid)
             ),
-            "Retry the transaction: lease.protect or lease.unprotect committed since it began, and a write is judged by the fence as it is now."
+            "lease.protect or lease.unprotect committed since the transaction began, and a write is judged by the fence as it is now.",
         );
     }
     // Names in the database's encoding, as Rust text.

@@ -253,14 +253,12 @@ pub fn fresh_catalog(tag: crate::pg::ShownText, touched: Vec<pg_sys::Oid>, whole
     ))
     .expect("digits and punctuation");
     if crate::pg::query_text_now(&query, "lease._catalog_version()").1 {
-        pgrx::ereport!(
-            ERROR,
-            pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        crate::pg::serialization_failure(
             format!(
                 "pg_lease: {} cannot be judged under this transaction's snapshot: a fence, a partition or inheritance link of a fenced or owner table, or a pg_lease trigger changed after the snapshot was taken",
                 tag.0
             ),
-            "Retry the transaction. pg_lease's DDL guard must judge a command against the catalog as the command finds it, which a REPEATABLE READ or SERIALIZABLE transaction whose snapshot is older cannot read."
+            "pg_lease's DDL guard must judge a command against the catalog as the command finds it, which a REPEATABLE READ or SERIALIZABLE transaction whose snapshot is older cannot read.",
         );
     }
 }

@@ -112,18 +112,10 @@ pub fn owner_guard(call: &TriggerCall) -> Result<pg_sys::Datum, Refusal> {
 /// this node acquired on its own, a change made where the row carried no (or
 /// a lower) token would lower, move or erase this node's; and a
 /// publication's row filter turns an UPDATE that leaves the filter into a
-/// DELETE. So:
-/// - an UPDATE keeps the local token where it would lower it (or set it
-///   NULL), and the local key and token where it would move the key of a row
-///   that carries a token (its other columns apply);
-/// - a DELETE of a row that carries a token is skipped;
-/// - an INSERT of a key whose local row carries a token is skipped, that
-///   row's token raised to the inserted one where that is higher (it would
-///   otherwise fail on the key, stopping the subscription: the row's delete
-///   may have been skipped above).
-///
-/// Each node thereby ends at the highest token either issued, and no token
-/// starts over. Each such change is logged.
+/// DELETE. So an INSERT ([`Trusted::insert`]), a DELETE
+/// ([`Trusted::delete`]) and an UPDATE ([`Trusted::update`]) each keep what
+/// this node holds, and log it. Each node thereby ends at the highest token
+/// either issued, and no token starts over.
 fn trusted_change(
     call: &TriggerCall,
     skipped: Option<(pg_sys::Oid, pg_sys::ItemPointerData)>,
@@ -133,81 +125,115 @@ fn trusted_change(
     after: Option<i64>,
     owner_display: &str,
 ) -> pg_sys::Datum {
-    let relid = call.relid();
-    let old = call.trigtuple().expect("a row trigger has a row");
-    let (kept, what, b) = match (call.op(), before) {
-        (TriggerOp::Insert, _) => {
-            // SAFETY: a syscache lookup of the trigger's (locked) relation.
-            let moved_here =
-                skipped.filter(|&(from, _)| from != relid && unsafe { pg_sys::get_rel_relispartition(relid) });
-            if let Some((from, at)) = moved_here {
-                // The second half of an update moving a row that carries a
-                // token to this partition: the row stays where it is with its
-                // key, taking the update's other columns and its token where
-                // higher, as an update within one partition would.
-                let keep: Vec<i16> = keys.iter().map(|&(_, attnum, _)| attnum).collect();
-                if crate::pg::write_row_at(from, old, at, &keep, Some(token.1)) {
-                    let key = key::describe(old, keys.iter().copied());
-                    replication::log_kept(
-                        &format!(
-                            "would move an owner row that carries a token from partition {} to key {key} in partition {owner_display}",
-                            display(from)
-                        ),
-                        "its update is applied with the row's key kept, and the higher token",
-                    );
-                    return pg_sys::Datum::from(0usize);
-                }
+    let change = Trusted { call, old: call.trigtuple().expect("a row trigger has a row"), token, keys, owner_display };
+    match (call.op(), before) {
+        (TriggerOp::Insert, _) => change.insert(skipped, after),
+        (_, None) => call.pass(),
+        (TriggerOp::Delete, Some(b)) => change.delete(b),
+        (_, Some(b)) => change.update(b, after),
+    }
+}
+
+/// The trigger call of a trusted change of an owner row, with the owner
+/// table's token column (name, attnum, type) and key columns.
+struct Trusted<'a> {
+    call: &'a TriggerCall<'a>,
+    old: Row,
+    token: (&'a str, i16, pg_sys::Oid),
+    keys: &'a [(&'a str, i16, pg_sys::Oid)],
+    owner_display: &'a str,
+}
+
+impl Trusted<'_> {
+    /// An INSERT of a key whose row here carries a token is skipped, that
+    /// row's token raised to the inserted one where that is higher (it would
+    /// otherwise fail on the key, stopping the subscription: the row's delete
+    /// may have been skipped by [`delete`](Self::delete)). The second half of
+    /// a move between partitions whose delete was skipped updates the row
+    /// where it stayed instead.
+    fn insert(&self, skipped: Option<(pg_sys::Oid, pg_sys::ItemPointerData)>, after: Option<i64>) -> pg_sys::Datum {
+        let relid = self.call.relid();
+        // SAFETY: a syscache lookup of the trigger's (locked) relation.
+        let moved_here = skipped.filter(|&(from, _)| from != relid && unsafe { pg_sys::get_rel_relispartition(relid) });
+        if let Some((from, at)) = moved_here {
+            // The second half of an update moving a row that carries a
+            // token to this partition: the row stays where it is with its
+            // key, taking the update's other columns and its token where
+            // higher, as an update within one partition would.
+            let keep: Vec<i16> = self.keys.iter().map(|&(_, attnum, _)| attnum).collect();
+            if crate::pg::write_row_at(from, self.old, at, &keep, Some(self.token.1)) {
+                replication::log_kept(
+                    &format!(
+                        "would move an owner row that carries a token from partition {} to key {} in partition {}",
+                        display(from),
+                        self.key(),
+                        self.owner_display
+                    ),
+                    "its update is applied with the row's key kept, and the higher token",
+                );
+                return pg_sys::Datum::from(0usize);
             }
-            // A table's initial copy meets rows of this node only where the
-            // table had tokens before it (asked once per copy).
-            let copy_alone = replication::initial_copy()
-                && !replication::copy_meets_tokens(relid, || crate::pg::carries_tokens(relid, token.0));
-            if copy_alone || !crate::pg::raise_token_of_same_key(relid, token, keys, old) {
-                return call.pass();
-            }
-            let what = format!(
+        }
+        // A table's initial copy meets rows of this node only where the
+        // table had tokens before it (asked once per copy).
+        let copy_alone = replication::initial_copy()
+            && !replication::copy_meets_tokens(relid, || crate::pg::carries_tokens(relid, self.token.0));
+        if copy_alone || !crate::pg::raise_token_of_same_key(relid, self.token, self.keys, self.old) {
+            return self.call.pass();
+        }
+        replication::log_kept(
+            &format!("would insert owner row {} of {}, which carries a token here", self.key(), self.owner_display),
+            &format!(
                 "its insert of a row with token {} is skipped (the row there keeps the higher token)",
                 show(after)
-            );
-            (pg_sys::Datum::from(0usize), what, None)
-        }
-        (_, None) => return call.pass(),
-        (TriggerOp::Delete, Some(b)) => {
-            (pg_sys::Datum::from(0usize), "its delete of the row is skipped".to_owned(), Some(b))
-        }
-        (_, Some(b)) => {
-            let new = call.newtuple().expect("an UPDATE has a new row");
-            let moved = !same_key(relid, old, new, keys);
-            let lowered = after.is_none_or(|a| a < b);
-            if !moved && !lowered {
-                return call.pass();
-            }
-            let (mut columns, mut kept) = (Vec::new(), Vec::new());
-            if lowered {
-                columns.push(token.1);
-                kept.push(format!("token {b} instead of {}", show(after)));
-            }
-            if moved {
-                columns.extend(keys.iter().map(|&(_, attnum, _)| attnum));
-                kept.push("the row's key".to_owned());
-            }
-            let what = format!("its update is applied with {} kept", kept.join(" and "));
-            (call.pass_keeping_old(&columns), what, Some(b))
-        }
-    };
-    let key = key::describe(old, keys.iter().copied());
-    replication::log_kept(
-        &match b {
-            Some(b) => format!("would take fencing token {b} away from owner row {key} of {owner_display}"),
-            None => format!("would insert owner row {key} of {owner_display}, which carries a token here"),
-        },
-        &what,
-    );
-    if call.op() == TriggerOp::Delete {
-        // SAFETY: a trigger's row is valid for the call (TriggerCall).
-        replication::note_skipped_delete(relid, unsafe { (*old.tuple()).t_self });
+            ),
+        );
+        pg_sys::Datum::from(0usize)
     }
-    kept
+
+    /// A DELETE of a row that carries token `b` is skipped (and remembered,
+    /// for the INSERT half of a move between partitions).
+    fn delete(&self, b: i64) -> pg_sys::Datum {
+        self.log_taken_away(b, "its delete of the row is skipped");
+        // SAFETY: a trigger's row is valid for the call (TriggerCall).
+        replication::note_skipped_delete(self.call.relid(), unsafe { (*self.old.tuple()).t_self });
+        pg_sys::Datum::from(0usize)
+    }
+
+    /// An UPDATE of a row that carries token `b` keeps that token where it
+    /// would lower it (or set it NULL), and the row's key where it would move
+    /// it; its other columns apply.
+    fn update(&self, b: i64, after: Option<i64>) -> pg_sys::Datum {
+        let new = self.call.newtuple().expect("an UPDATE has a new row");
+        let moved = !same_key(self.call.relid(), self.old, new, self.keys);
+        let lowered = after.is_none_or(|a| a < b);
+        if !moved && !lowered {
+            return self.call.pass();
+        }
+        let (mut columns, mut kept) = (Vec::new(), Vec::new());
+        if lowered {
+            columns.push(self.token.1);
+            kept.push(format!("token {b} instead of {}", show(after)));
+        }
+        if moved {
+            columns.extend(self.keys.iter().map(|&(_, attnum, _)| attnum));
+            kept.push("the row's key".to_owned());
+        }
+        self.log_taken_away(b, &format!("its update is applied with {} kept", kept.join(" and ")));
+        self.call.pass_keeping_old(&columns)
+    }
+
+    /// The key of the row changed, as `(k)=(v)`.
+    fn key(&self) -> String {
+        key::describe(self.old, self.keys.iter().copied())
+    }
+
+    fn log_taken_away(&self, b: i64, what: &str) {
+        replication::log_kept(
+            &format!("would take fencing token {b} away from owner row {} of {}", self.key(), self.owner_display),
+            what,
+        );
+    }
 }
 
 /// A guard fired on a relation pg_lease does not guard: refuse plainly (and

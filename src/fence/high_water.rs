@@ -10,8 +10,8 @@ use crate::errors::{LeaseError, Refusal};
 use crate::fence::config::{self, FenceConfig};
 use crate::fence::{key, refusal, verified};
 use crate::pg::{
-    as_role, attribute, lease_relid, prepare_saved, rel_owner, run_token_plan, text_array, text_datum, Probe, Row,
-    TriggerOp, UniqueIndex,
+    as_role, attribute, lease_relid, prepare_saved, rel_owner, run_token_plan, text_array, text_datum, Access, Probe,
+    Row, TriggerOp, UniqueIndex,
 };
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
@@ -121,25 +121,31 @@ fn resource_datum(cfg: &FenceConfig, row: Row) -> pg_sys::Datum {
     text_array(&elems)
 }
 
-/// The resource's mark as this statement's snapshot sees it, without a lock:
-/// for the DETAIL of a refusal that needs no verdict.
+/// The resource's mark under the latest snapshot, without a lock: for the
+/// DETAIL of a refusal that needs no verdict.
 pub fn peek(cfg: &FenceConfig, row: Row) -> Option<i64> {
-    read_mark(plans().peek, cfg, row)
+    read_mark(cfg, row, Access::Read)
 }
 
-/// The resource's mark, share-locked; None if it has none yet. Through
-/// `lease.high_water`'s primary key without SPI when it can be used (see
-/// `pg::UniqueIndex::lock_share`), else through the saved plan.
+/// The resource's mark, share-locked; None if it has none yet.
 pub fn read_and_lock(cfg: &FenceConfig, row: Row) -> Option<i64> {
+    read_mark(cfg, row, Access::LockShare)
+}
+
+/// The resource's mark, read as `access` says: through `lease.high_water`'s
+/// primary key without SPI when it can be used (see
+/// `pg::UniqueIndex::probe`), else through the saved plan (`select` or
+/// `peek`).
+fn read_mark(cfg: &FenceConfig, row: Row, access: Access) -> Option<i64> {
+    let mut args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row)];
     if let Some(store) = index() {
-        let args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row)];
         // SAFETY: (regclass, text[]) datums, the argument types the index was
         // found for; `store.token` is lease.high_water's int8 token column;
         // this runs as the table's owner, as the saved plan does.
         let probe = as_role(plans().role, || unsafe {
-            store
-                .index
-                .lock_share(&args, (store.token, pg_sys::INT8OID), || config::relcache_generation() == store.generation)
+            store.index.probe(&args, (store.token, pg_sys::INT8OID), access, || {
+                config::relcache_generation() == store.generation
+            })
         });
         match probe {
             Probe::Found(mark) => return mark,
@@ -147,16 +153,14 @@ pub fn read_and_lock(cfg: &FenceConfig, row: Row) -> Option<i64> {
             Probe::Stale => {}
         }
     }
-    read_mark(plans().select, cfg, row)
-}
-
-/// Runs one of the mark lookups (`select` or `peek`) for the row's resource.
-fn read_mark(plan: pg_sys::SPIPlanPtr, cfg: &FenceConfig, row: Row) -> Option<i64> {
-    let mut args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row)];
+    let plan = match access {
+        Access::LockShare => plans().select,
+        Access::Read => plans().peek,
+    };
     // SAFETY: both lookups (plans()) take (regclass, text[]), which `args`
     // holds (an OID by value, a text[] from text_array), and return the int8
     // token first.
-    unsafe { run_token_plan(plan, &mut args, plans().role) }.0.flatten()
+    unsafe { run_token_plan(plan, &mut args, plans().role, access) }.0.flatten()
 }
 
 fn raise_mark(cfg: &FenceConfig, row: Row, token: i64) -> i64 {
@@ -164,7 +168,10 @@ fn raise_mark(cfg: &FenceConfig, row: Row, token: i64) -> i64 {
     let mut args = [pg_sys::Datum::from(cfg.protected_relid), resource_datum(cfg, row), pg_sys::Datum::from(token)];
     // SAFETY: the upsert (plans()) takes (regclass, text[], int8), which
     // `args` holds, and returns the int8 mark first.
-    unsafe { run_token_plan(p.upsert, &mut args, p.role) }.0.flatten().expect("the upsert returns the mark")
+    unsafe { run_token_plan(p.upsert, &mut args, p.role, Access::LockShare) }
+        .0
+        .flatten()
+        .expect("the upsert returns the mark")
 }
 
 /// Verdict for `token` against `mark`. `key` is Some when the mark was just

@@ -5,6 +5,12 @@ use crate::fence::config::{FenceConfig, KeyColumn};
 use crate::fence::identity;
 use crate::pg::{datum_text, quote_ident, Row};
 use pgrx::pg_sys;
+use std::cell::RefCell;
+
+thread_local! {
+    /// Reused for every row's key encoding, so the hot path does not allocate.
+    static KEY_BUF: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(64));
+}
 
 /// Appends one key datum's identity: type, length, bytes (owner mode: equal
 /// bytes are equal values; the owner lookup judges the rest), or its
@@ -64,6 +70,17 @@ pub fn encode(buf: &mut Vec<u8>, cfg: &FenceConfig, row: Row) -> bool {
         }
     }
     true
+}
+
+/// `f` of the encoded resource key of `row` (None when a key column is
+/// NULL), encoded into a reused buffer. `f` must not encode another key.
+#[inline]
+pub fn with_encoded<R>(cfg: &FenceConfig, row: Row, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
+    KEY_BUF.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        let found = encode(&mut buf, cfg, row);
+        f(found.then_some(buf.as_slice()))
+    })
 }
 
 /// The encoded key of `row` (whose key columns are non-NULL).

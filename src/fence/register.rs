@@ -49,6 +49,62 @@ fn check_caller(entry_point: &str, tables: &[pg_sys::Oid]) {
     }
 }
 
+/// Who changes the fences on an owner table (`lease._lock_owner_table`).
+const PROTECT: &str = "lease.protect(regclass, text[], name, regclass, text[], name)";
+const UNPROTECT: &str = "lease.unprotect(regclass)";
+
+/// `lease._lock_owner_table(target, owner, by)`: serializes the changes of
+/// the fences that share owner table `owner`, for `lease.protect` (`by` =
+/// 'protect'), `lease.unprotect` ('unprotect') and the drop guard ('drop',
+/// after it forgot the fences of dropped tables). Each takes
+/// `ShareUpdateExclusiveLock` on `owner` (it conflicts with itself and with
+/// DDL, not with reads and writes of rows), protect on `target` first,
+/// before it decides anything from the fences on `owner`: whether its owner
+/// guard is already in place, which key columns it watches, whether the
+/// last fence using it is gone (its guards then go). Decided under two snapshots, two such
+/// changes committed side by side could leave a fence without its owner
+/// guard, or guards with no fence. At READ COMMITTED the caller's next
+/// statement sees what the lock waited for; in a REPEATABLE READ or
+/// SERIALIZABLE transaction, a change committed after its snapshot is a
+/// serialization failure (40001, `ddl::fresh_catalog`). The caller is
+/// checked as `lease._register` and `lease._unregister` check it; 'drop'
+/// only from pg_lease's own event trigger (running as the owner of
+/// lease.protected).
+#[pg_extern(name = "_lock_owner_table", volatile, parallel_unsafe)]
+pub fn lock_owner_table(target: pg_sys::Oid, owner: pg_sys::Oid, by: ServerText) {
+    // protect locks its target too (first): DDL on it that another session
+    // is running when protect finds pg_lease's triggers already in place
+    // (and so creates none, which would have waited) is then judged by one
+    // of the two, not by neither.
+    let (tag, locked) = match by.0.as_str() {
+        "protect" => {
+            check_caller(PROTECT, &[target, owner]);
+            ("lease.protect", vec![target, owner])
+        }
+        "unprotect" => {
+            check_caller(UNPROTECT, &[target]);
+            ("lease.unprotect", vec![owner])
+        }
+        "drop" => {
+            // SAFETY: GetUserId reads a backend global.
+            let user = unsafe { pg_sys::GetUserId() };
+            require(
+                user == rel_owner(lease_relid(c"protected")),
+                "pg_lease: permission denied for lease._lock_owner_table".to_owned(),
+                "Only pg_lease's own DDL guard locks owner tables for a drop.",
+            );
+            ("DROP", vec![owner])
+        }
+        other => error!("lease._lock_owner_table: unknown caller {other:?}"),
+    };
+    for &relid in &locked {
+        // SAFETY: takes a heavyweight lock on a relation OID, to transaction
+        // end; an OID that names no relation any more is locked harmlessly.
+        unsafe { pg_sys::LockRelationOid(relid, pg_sys::ShareUpdateExclusiveLock as _) };
+    }
+    crate::fence::ddl::fresh_catalog(crate::pg::ShownText(tag.to_owned()), locked, false);
+}
+
 /// `lease._register(...)`: records a protection set up by `lease.protect*`.
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(name = "_register", volatile, parallel_unsafe)]
@@ -61,11 +117,7 @@ pub fn register(
     owner_key_columns: Option<Vec<ServerText>>,
     owner_token_column: Option<ServerText>,
 ) {
-    let entry_point = if mode.0 == "owner" {
-        "lease.protect(regclass, text[], name, regclass, text[], name)"
-    } else {
-        "lease.protect_high_water(regclass, text[], name)"
-    };
+    let entry_point = if mode.0 == "owner" { PROTECT } else { "lease.protect_high_water(regclass, text[], name)" };
     let mut tables = vec![target];
     tables.extend(owner_table);
     check_caller(entry_point, &tables);
@@ -114,7 +166,7 @@ pub fn register(
 /// Returns whether there was one.
 #[pg_extern(name = "_unregister", volatile, parallel_unsafe)]
 pub fn unregister(target: pg_sys::Oid) -> bool {
-    check_caller("lease.unprotect(regclass)", &[target]);
+    check_caller(UNPROTECT, &[target]);
     as_role(rel_owner(lease_relid(c"protected")), || {
         Spi::get_one_with_args::<bool>(
             "WITH d AS (DELETE FROM lease.protected p WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) $1 RETURNING 1)

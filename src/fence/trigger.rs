@@ -14,12 +14,6 @@ use crate::fence::config::{self, FenceConfig, Mode, TokenSource};
 use crate::fence::{high_water, key, owner, refusal, replication, verified};
 use crate::gucs;
 use crate::pg::{token_from_datum, Row, TriggerCall, TriggerOp};
-use std::cell::RefCell;
-
-thread_local! {
-    /// Reused for every row's key encoding, so the hot path does not allocate.
-    static KEY_BUF: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(64));
-}
 
 /// BEFORE INSERT OR UPDATE OR DELETE, FOR EACH ROW: the row passes, or the
 /// refusal to raise. The outcome carries the table's counters.
@@ -99,15 +93,12 @@ enum Known {
 }
 
 fn known(cfg: &FenceConfig, row: Row) -> Known {
-    KEY_BUF.with(|buf| {
-        let mut buf = buf.borrow_mut();
-        if !key::encode(&mut buf, cfg, row) {
-            return Known::NoResource;
-        }
-        match verified::lookup(&buf) {
+    key::with_encoded(cfg, row, |key| match key {
+        None => Known::NoResource,
+        Some(key) => match verified::lookup(key) {
             Some(current) => Known::Verified(current),
-            None => Known::Unverified(buf.as_slice().into()),
-        }
+            None => Known::Unverified(key.into()),
+        },
     })
 }
 
@@ -120,9 +111,11 @@ fn check(cfg: &FenceConfig, row: Row, token: Option<i64>, op: TriggerOp, copying
         if copying {
             return Ok(());
         }
-        // Refused whatever the current token is; it is read (without a lock,
-        // so this refusal never waits or fails on a concurrent bump) only so
-        // that DETAIL and the audit can say what it is.
+        // Refused whatever the current token is; it is read (without a row
+        // lock, under the latest snapshot, so this refusal never waits or
+        // fails on a concurrent bump; it waits for a lock on the owner table
+        // itself, as every fenced write does) only so that DETAIL and the
+        // audit can say what it is.
         let current = match (&cfg.mode, known) {
             (_, Known::NoResource) => None,
             (_, Known::Verified(current)) => current,

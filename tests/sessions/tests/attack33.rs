@@ -446,7 +446,11 @@ fn a_parallel_applied_truncate_is_refused_and_its_skip_lsn_is_in_the_log() {
     .unwrap();
     let refusal = "TRUNCATE of owner table public.tables would erase its fencing tokens";
     assert!(!mark_applied(&mut p, &mut s, &subscriber, 1, refusal), "the TRUNCATE was refused");
-    let parallel = subscriber.log_has("\"logical replication parallel worker\"");
+    // (The postmaster logs the parallel worker's exit a few milliseconds
+    // after the refusal: waited for.)
+    let parallel = poll_until(std::time::Duration::from_secs(10), || {
+        subscriber.log_has("\"logical replication parallel worker\"")
+    });
     // The refusal's own lines: its CONTEXT should carry the LSN to skip.
     let log = subscriber.server_log();
     let at = log.find(refusal).unwrap();
@@ -635,6 +639,59 @@ fn an_initial_copy_raises_no_owner_row_and_what_follows_it_does() {
     drop_subscription(&mut s, "game");
     assert_eq!(copied, (vec![(1, None)], 1), "the copy took the payout and raised nothing");
     assert_eq!(applied, vec![(1, Some(7))], "the applied payout raised the owner row");
+}
+
+/// (Session 20) Within one applied transaction the catch-up remembers what
+/// it saw of each owner row (tokens only rise): rows at a token it saw are
+/// not looked up again, a higher token still raises, and what it saw of one
+/// owner table says nothing about another's row of the same key.
+#[test]
+fn one_applied_transaction_raises_each_owner_row_as_often_as_its_tokens_rise() {
+    let seats = "CREATE TABLE seats (id int PRIMARY KEY, tok bigint);
+         CREATE TABLE seat_pay (id text PRIMARY KEY, seat int NOT NULL, tok bigint);
+         SELECT lease.protect('seat_pay', '{seat}', 'tok', owner_table => 'seats', owner_key_columns => '{id}',
+                              owner_token_column => 'tok');
+         INSERT INTO seats VALUES (1, NULL);";
+    let (_publisher, subscriber, mut p, mut s) = pair(
+        "a33_cm",
+        54648,
+        &[],
+        &[],
+        &format!("CREATE EXTENSION pg_lease; {APP} {FENCE} {seats} INSERT INTO tables VALUES (1, 10)"),
+        &format!("CREATE EXTENSION pg_lease; {APP} {FENCE} {seats}"),
+        "enabled = true",
+    );
+    assert!(mark_applied(&mut p, &mut s, &subscriber, 1, "never"));
+    p.batch_execute("ALTER PUBLICATION game DROP TABLE tables; ALTER PUBLICATION game ADD TABLE seat_pay").unwrap();
+    s.batch_execute("ALTER SUBSCRIPTION game REFRESH PUBLICATION").unwrap();
+    wait_for("seat_pay's sync", Duration::from_secs(60), || {
+        one_i64(&mut s, "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'") == 0
+    });
+    // Owner rows raised on the publisher in the transaction that pays out at
+    // their tokens; none of the raises reaches the subscriber.
+    p.batch_execute(
+        "BEGIN;
+         INSERT INTO payouts VALUES ('a', 1, 10);
+         UPDATE tables SET owner_fencing_token = 20 WHERE id = 1;
+         INSERT INTO payouts VALUES ('b1', 1, 20), ('b2', 1, 20), ('b3', 1, 20);
+         UPDATE seats SET tok = 1 WHERE id = 1;
+         INSERT INTO seat_pay VALUES ('s', 1, 1);
+         UPDATE tables SET owner_fencing_token = 30 WHERE id = 1;
+         INSERT INTO payouts VALUES ('c1', 1, 30), ('c2', 1, 30);
+         COMMIT;",
+    )
+    .unwrap();
+    assert!(mark_applied(&mut p, &mut s, &subscriber, 2, "never"));
+    let rows = (owner_rows(&mut s), one_i64(&mut s, "SELECT tok FROM seats WHERE id = 1"));
+    let payouts = one_i64(&mut s, "SELECT count(*) FROM payouts");
+    drop_subscription(&mut s, "game");
+    assert_eq!(rows, (vec![(1, Some(30))], 1), "each owner row raised to the highest token applied for it");
+    assert_eq!(payouts, 6);
+    let log = subscriber.server_log();
+    let raises = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(raises("above owner row's token 10 in public.tables: the owner row is raised to 20"), 1);
+    assert_eq!(raises("above owner row's token 20 in public.tables: the owner row is raised to 30"), 1);
+    assert_eq!(raises("above owner row's token NULL in public.seats: the owner row is raised to 1"), 1);
 }
 
 // ---------------------------------------------------------------------------

@@ -1097,11 +1097,15 @@ fn counted(c: &mut Client) -> std::collections::BTreeMap<String, (i64, i64)> {
 /// A fenced table `name` (one owner row, token 5) written once with the
 /// current token, so that it claims its stats slot if one is free.
 fn counted_table(c: &mut Client, name: &str) {
+    counted_table_against(c, name, "owners");
+}
+
+fn counted_table_against(c: &mut Client, name: &str, owners: &str) {
     must_run(
         c,
         &format!(
             "CREATE TABLE {name} (k int, tok bigint);
-             SELECT lease.protect('{name}', '{{k}}', 'tok', 'owners', '{{id}}', 'token');
+             SELECT lease.protect('{name}', '{{k}}', 'tok', '{owners}', '{{id}}', 'token');
              INSERT INTO {name} VALUES (1, 5)"
         ),
     );
@@ -1121,7 +1125,9 @@ fn stats_slots_of_dropped_tables_and_databases_are_reused() {
     must_run(&mut admin, "CREATE DATABASE b");
     let schema = "CREATE EXTENSION pg_lease;
                   CREATE TABLE owners (id int PRIMARY KEY, token bigint);
-                  INSERT INTO owners VALUES (1, 5)";
+                  INSERT INTO owners VALUES (1, 5);
+                  CREATE TABLE owners2 (id int PRIMARY KEY, token bigint);
+                  INSERT INTO owners2 VALUES (1, 5)";
     let mut b = cluster.connect_db("b");
     must_run(&mut b, schema);
     counted_table(&mut b, "in_b");
@@ -1148,7 +1154,10 @@ fn stats_slots_of_dropped_tables_and_databases_are_reused() {
     must_run(&mut a, "DROP TABLE p1");
     let mut creator = cluster.connect_db("a");
     must_run(&mut creator, "BEGIN");
-    counted_table(&mut creator, "n1");
+    // (Against another owner table: a transaction that protects a table
+    // holds back the other fence changes on its owner table, DROP TABLE p2
+    // below among them.)
+    counted_table_against(&mut creator, "n1", "owners2");
     must_run(&mut a, "DROP TABLE p2");
     counted_table(&mut a, "n2");
     must_run(&mut creator, "INSERT INTO n1 VALUES (1, 5); COMMIT");

@@ -236,6 +236,9 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         "lease._register(oid,text,text[],text,oid,text[],text)",
         "lease._token_floor()",
         "lease._unregister(oid)",
+        // Serializes fence changes on an owner table; checks its caller as
+        // _register/_unregister do (the drop guard's own role for 'drop').
+        "lease._lock_owner_table(oid,oid,text)",
         // Citus: catalog reads, the layout check and the trigger DDL protect
         // and unprotect run with their caller's rights (a role can only
         // create or drop triggers on tables it owns).
@@ -266,6 +269,14 @@ fn a_role_without_grants_executes_only_harmless_functions() {
     let t = one_i64(&mut c, "SELECT owner_fencing_token FROM tables WHERE id = 1");
     expect_error(&mut nobody, "SELECT lease._set_owner_token('tables'::regclass, '{1}', 99)", "42501");
     expect_error(&mut nobody, "SELECT lease._lock_owner_row('tables'::regclass, '{1}')", "42501");
+    // No lock on a table it does not own, for any caller it names.
+    for by in ["protect", "unprotect", "drop"] {
+        expect_error(
+            &mut nobody,
+            &format!("SELECT lease._lock_owner_table('payouts'::regclass, 'tables'::regclass, '{by}')"),
+            "42501",
+        );
+    }
     assert_eq!(one_i64(&mut c, "SELECT owner_fencing_token FROM tables WHERE id = 1"), t);
     drop(nobody);
     c.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).unwrap();
@@ -363,4 +374,35 @@ fn drop_extension_cascade_leaves_nothing_protected_until_protect_runs_again() {
     .unwrap();
     let e = db_error(&mut c, "INSERT INTO payouts (table_id, amount, fencing_token) VALUES (1, 1, 1)");
     assert_eq!(e.code().code(), "LF001");
+}
+
+/// pg_lease's own serialization failures (a fence changed after a REPEATABLE
+/// READ snapshot: a write to the table, or a DDL command the guard must
+/// judge) are `40001` with what happened in DETAIL and, as in every one, the
+/// HINT to retry the transaction.
+#[test]
+fn pg_leases_serialization_failures_hint_a_retry() {
+    let db = TestDb::new("errors_40001");
+    let mut a = db.connect();
+    a.batch_execute(
+        "CREATE TABLE own (k int PRIMARY KEY, tok bigint);
+         CREATE TABLE pay (k int, tok bigint);
+         INSERT INTO own VALUES (1, 5);",
+    )
+    .unwrap();
+    let mut b = db.connect();
+    for (sql, detail) in [
+        ("INSERT INTO pay VALUES (1, 5)", "lease.protect or lease.unprotect committed since the transaction began"),
+        ("CREATE TABLE other (x int)", "must judge a command against the catalog as the command finds it"),
+    ] {
+        a.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1").unwrap();
+        b.batch_execute("SELECT lease.unprotect('pay')").ok();
+        b.batch_execute("SELECT lease.protect('pay', '{k}', 'tok', owner_table => 'own', owner_key_columns => '{k}', owner_token_column => 'tok')")
+            .unwrap();
+        let e = db_error(&mut a, sql);
+        a.batch_execute("ROLLBACK").unwrap();
+        assert_eq!(e.code().code(), "40001", "{sql}: {}", e.message());
+        assert!(e.detail().unwrap_or("").contains(detail), "{sql}: DETAIL {:?}", e.detail());
+        assert_eq!(e.hint(), Some("Retry the transaction."), "{sql}");
+    }
 }

@@ -667,6 +667,22 @@ enum Tamper {
         owners: bool,
         on_token: bool,
     },
+    /// DDL on a table no fence uses (`BystanderDdl`): accepted, and its
+    /// guards take no lock on any table of the fenced or owner trees (they
+    /// once judged, and locked, every fence for each dropped trigger, column
+    /// or constraint anywhere, and listed every tree's partitions with locks
+    /// for each ALTER TABLE).
+    Bystander(BystanderDdl),
+}
+
+/// What `Tamper::Bystander` does to a table of its own, made in the same transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BystanderDdl {
+    DropColumn,
+    DropConstraint,
+    DropTrigger,
+    DropTable,
+    Rename,
 }
 
 /// What `Tamper::Parent` does to the parent.
@@ -961,6 +977,14 @@ fn tamper(experimental: bool) -> Arms {
                 .boxed()),
         ),
     ];
+    let bystander = prop_oneof![
+        Just(BystanderDdl::DropColumn),
+        Just(BystanderDdl::DropConstraint),
+        Just(BystanderDdl::DropTrigger),
+        Just(BystanderDdl::DropTable),
+        Just(BystanderDdl::Rename),
+    ];
+    arms.push((1, t(bystander.prop_map(Tamper::Bystander).boxed())));
     if experimental {
         arms.push((1, t(Just(Tamper::Rule).boxed())));
         // Found that a refused UPDATE of a table with a stored generated
@@ -3319,6 +3343,34 @@ impl Runner<'_> {
                         self.attached.pop();
                     }
                 }
+            }
+            Tamper::Bystander(ddl) => {
+                let by = format!("{schema}.by{n}");
+                let ddl = match ddl {
+                    BystanderDdl::DropColumn => format!("ALTER TABLE {by} DROP COLUMN j"),
+                    BystanderDdl::DropConstraint => format!("ALTER TABLE {by} DROP CONSTRAINT by{n}_pkey"),
+                    BystanderDdl::DropTrigger => format!(
+                        "CREATE TRIGGER z BEFORE UPDATE ON {by} FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger(); \
+                         DROP TRIGGER z ON {by}"
+                    ),
+                    BystanderDdl::DropTable => format!("DROP TABLE {by}"),
+                    BystanderDdl::Rename => format!("ALTER TABLE {by} RENAME TO by{n}_r"),
+                };
+                // (The locks held are read before the trees are listed:
+                // pg_partition_tree locks what it lists.)
+                let sql = format!(
+                    "CREATE TABLE {by} (i int CONSTRAINT by{n}_pkey PRIMARY KEY, j int); {ddl}; \
+                     DO $chk$ DECLARE held oid[]; locked text; BEGIN \
+                       held := ARRAY(SELECT l.relation FROM pg_locks l WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation'); \
+                       SELECT string_agg(t.relid::text, ', ') INTO locked \
+                         FROM (SELECT relid FROM pg_partition_tree('{owners}') UNION SELECT relid FROM pg_partition_tree('{fenced}')) t \
+                        WHERE t.relid::oid = ANY (held); \
+                       IF locked IS NOT NULL THEN \
+                         RAISE EXCEPTION 'DDL on a table no fence uses locked %', locked USING ERRCODE = 'XX000'; \
+                       END IF; \
+                     END $chk$"
+                );
+                self.tamper_ddl(sql, vec![], true, &[], "DDL on a table no fence uses")?;
             }
             Tamper::GenCol { owners: on_owners, on_token } => {
                 let (rel, table) = if on_owners { (Rel::Owners, &owners) } else { (Rel::T(Tab::Fenced), &fenced) };

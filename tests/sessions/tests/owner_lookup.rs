@@ -255,3 +255,46 @@ fn the_owner_key_index_check_opens_no_table_the_caller_may_not_read() {
     drop(peeker);
     c.batch_execute("DROP OWNED BY lookup_peeker; DROP ROLE lookup_peeker").unwrap();
 }
+
+/// A write without a token is refused whatever the current token is; the
+/// token its DETAIL reports is read without a lock (through the index, as
+/// the verdict's lookup): the committed one while a bump is in flight (no
+/// waiting for it), this transaction's own bump once made, the one of the
+/// key written in another form, none for a resource without an owner row,
+/// and for high-water tables the mark a fresh snapshot sees.
+#[test]
+fn refusals_without_a_token_report_the_current_token_without_waiting() {
+    let db = TestDb::new("lookup_peek");
+    let mut c = db.connect();
+    c.batch_execute(
+        "CREATE TABLE num (k numeric PRIMARY KEY, tok int8);
+         CREATE TABLE num_pay (k numeric, tok int8);
+         SELECT lease.protect('num_pay', '{k}', 'tok', owner_table => 'num', owner_key_columns => '{k}',
+                              owner_token_column => 'tok');
+         INSERT INTO num VALUES (1.0, 5), (2, NULL);
+         CREATE TABLE sink (k int, tok int8);
+         SELECT lease.protect_high_water('sink', '{k}', 'tok');
+         INSERT INTO sink VALUES (1, 7);
+         SET statement_timeout = '5s';",
+    )
+    .unwrap();
+    let detail = |c: &mut Client, sql: &str| expect_error(c, sql, "LF003");
+    assert!(detail(&mut c, "INSERT INTO num_pay VALUES (1.000, NULL)").contains("current token 5"));
+    let mut bumper = db.connect();
+    bumper.batch_execute("BEGIN; UPDATE num SET tok = 6 WHERE k = 1; INSERT INTO sink VALUES (1, 8)").unwrap();
+    let seen = detail(&mut c, "INSERT INTO num_pay VALUES (1, NULL)");
+    assert!(seen.contains("current token 5"), "the committed token, without waiting for the bump: {seen}");
+    let mark = detail(&mut c, "INSERT INTO sink VALUES (1, NULL)");
+    assert!(mark.contains("current token 7"), "the committed mark, without waiting for the raise: {mark}");
+    bumper.batch_execute("COMMIT").unwrap();
+    assert!(detail(&mut c, "INSERT INTO num_pay VALUES (1.0, NULL)").contains("current token 6"));
+    c.batch_execute("BEGIN; UPDATE num SET tok = 9 WHERE k = 1").unwrap();
+    let own = detail(&mut c, "INSERT INTO num_pay VALUES (1.00, NULL)");
+    assert!(own.contains("current token 9"), "this transaction's own bump: {own}");
+    c.batch_execute("ROLLBACK").unwrap();
+    let none = detail(&mut c, "INSERT INTO num_pay VALUES (2, NULL)");
+    assert!(none.contains("current token none"), "{none}");
+    let missing = detail(&mut c, "INSERT INTO num_pay VALUES (3, NULL)");
+    assert!(missing.contains("current token none"), "{missing}");
+    assert!(detail(&mut c, "INSERT INTO sink VALUES (1, NULL)").contains("current token 8"));
+}

@@ -1,0 +1,317 @@
+//! Migrations beside other sessions' migrations: the DDL guards judge a
+//! command by one consistent view of pg_lease's state, so a fence another
+//! session protects or unprotects meanwhile never gets a command refused
+//! that changes nothing of it.
+//!
+//! The race these tests would have caught (seen in CI, on Citus): at READ
+//! COMMITTED, `lease._guard_ddl` listed the members of every fenced and
+//! owner tree in one statement and looked for TRUNCATE guards outside them
+//! in the next; a `lease.protect` committed in between put a guard outside
+//! the list, and an `ALTER TABLE ... RENAME` of an unrelated owner table was
+//! refused with "ALTER TABLE would take a partition out of an owner table".
+//! The window is one statement wide, so the tests churn for a few seconds:
+//! against the old guard they failed within a second or two.
+
+use pg_lease_sessions::postgres::Client;
+use pg_lease_sessions::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// An owner table and a fenced table for each name, protected for `a` only.
+fn setup(c: &mut Client, names: &[&str]) {
+    for n in names {
+        must_run(
+            c,
+            &format!(
+                "CREATE TABLE {n}_tables (id int PRIMARY KEY, owner_fencing_token bigint NOT NULL DEFAULT 0);
+                 CREATE TABLE {n}_pay (table_id int, fencing_token bigint, amount int);
+                 INSERT INTO {n}_tables VALUES (1, 5);"
+            ),
+        );
+    }
+    must_run(c, "SELECT lease.protect('a_pay', '{table_id}', 'fencing_token', 'a_tables')");
+}
+
+/// Protects and unprotects `<name>_pay` against `<name>_tables` until told
+/// to stop: cycles done, or the first error.
+fn churn(db: &str, name: &str, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Result<usize, String>> {
+    let db = db.to_owned();
+    let name = name.to_owned();
+    std::thread::spawn(move || {
+        let mut c = connect_to(&db, "postgres");
+        let mut cycles = 0;
+        while !stop.load(Ordering::Relaxed) {
+            for sql in [
+                format!("SELECT lease.protect('{name}_pay', '{{table_id}}', 'fencing_token', '{name}_tables')"),
+                format!("SELECT lease.unprotect('{name}_pay')"),
+            ] {
+                if let Some(e) = failure(&mut c, &sql) {
+                    return Err(format!("{sql}: {e:?}"));
+                }
+            }
+            cycles += 1;
+        }
+        Ok(cycles)
+    })
+}
+
+/// Runs `commands(round)` for round 0, 1, ... for `how_long` (or until one
+/// fails) while two other sessions protect and unprotect fences of their own.
+fn beside_churn(c: &mut Client, db: &str, commands: impl Fn(usize) -> Vec<String>, how_long: Duration) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let churners = [churn(db, "b", stop.clone()), churn(db, "c", stop.clone())];
+    let start = Instant::now();
+    let mut rounds = 0;
+    let mut refused = None;
+    'outer: while start.elapsed() < how_long {
+        for sql in commands(rounds) {
+            if let Some(e) = failure(c, &sql) {
+                refused = Some(format!("{sql} (round {rounds}): {e:?}"));
+                break 'outer;
+            }
+        }
+        rounds += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let cycles: Vec<_> = churners.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(refused.is_none(), "refused beside another session's protect/unprotect: {}", refused.unwrap());
+    for (name, r) in ["b", "c"].iter().zip(&cycles) {
+        assert!(matches!(r, Ok(n) if *n > 0), "{name}'s protect/unprotect cycles: {r:?}");
+    }
+    assert!(rounds > 0, "no round ran");
+}
+
+/// The fence on `a_pay` still refuses a stale token and accepts the current one.
+fn still_fenced(c: &mut Client, owner: &str) {
+    expect_error(c, "INSERT INTO a_pay VALUES (1, 4, 1)", "LF001");
+    must_run(c, "INSERT INTO a_pay VALUES (1, 5, 1)");
+    assert_eq!(
+        one_i64(
+            c,
+            &format!(
+                "SELECT count(*) FROM lease.protected_tables WHERE owner_table = '{owner}'::regclass AND enforced"
+            )
+        ),
+        1
+    );
+}
+
+#[test]
+fn owner_table_renames_beside_other_sessions_protects_are_not_refused() {
+    let db = TestDb::new("ddl_race_rename");
+    let mut c = db.connect();
+    setup(&mut c, &["a", "b", "c"]);
+    beside_churn(
+        &mut c,
+        &db.name,
+        |_| vec!["ALTER TABLE a_tables RENAME TO a_tables2".into(), "ALTER TABLE a_tables2 RENAME TO a_tables".into()],
+        Duration::from_secs(6),
+    );
+    still_fenced(&mut c, "a_tables");
+}
+
+#[test]
+fn fenced_table_changes_and_drops_beside_other_sessions_protects_are_not_refused() {
+    let db = TestDb::new("ddl_race_alter");
+    let mut c = db.connect();
+    setup(&mut c, &["a", "b", "c"]);
+    // A partitioned owner table too: its partition tree is listed with the others.
+    must_run(
+        &mut c,
+        "CREATE TABLE d_tables (id int PRIMARY KEY, owner_fencing_token bigint NOT NULL DEFAULT 0) PARTITION BY RANGE (id);
+         CREATE TABLE d_tables_first PARTITION OF d_tables FOR VALUES FROM (0) TO (100);
+         CREATE TABLE d_pay (table_id int, fencing_token bigint);
+         SELECT lease.protect('d_pay', '{table_id}', 'fencing_token', 'd_tables');",
+    );
+    beside_churn(
+        &mut c,
+        &db.name,
+        |round| {
+            let from = 100 * (round + 1);
+            vec![
+                "ALTER TABLE a_pay ADD COLUMN note text".into(),
+                "ALTER TABLE a_pay DROP COLUMN note".into(),
+                format!(
+                    "CREATE TABLE d_tables_{round} PARTITION OF d_tables FOR VALUES FROM ({from}) TO ({})",
+                    from + 100
+                ),
+                "CREATE TABLE scratch (i int)".into(),
+                "DROP TABLE scratch".into(),
+                "ALTER TABLE a_tables ADD COLUMN seat int".into(),
+                "ALTER TABLE a_tables DROP COLUMN seat".into(),
+            ]
+        },
+        Duration::from_secs(6),
+    );
+    still_fenced(&mut c, "a_tables");
+    // The partitions added meanwhile are guarded like the first.
+    must_run(&mut c, "INSERT INTO d_tables VALUES (150, 3)");
+    expect_error(&mut c, "UPDATE d_tables SET owner_fencing_token = 2 WHERE id = 150", "LF004");
+    expect_error(&mut c, "TRUNCATE d_tables_0", "LF004");
+}
+
+/// A migration on tables no fence uses waits for no owner table: a DBA's
+/// long `LOCK TABLE` of an owner table (or a `VACUUM FULL`) holds it up
+/// nowhere else, and two sessions unprotecting unrelated fences cannot
+/// deadlock over each other's owner tables (each drop used to judge, and
+/// lock, every fence in the database). A `DROP INDEX` itself still looks at
+/// every owner table's key: the index no longer names its table.
+#[test]
+fn migrations_on_tables_no_fence_uses_wait_for_no_owner_table() {
+    let db = TestDb::new("ddl_race_locks");
+    let mut c = db.connect();
+    setup(&mut c, &["a", "b"]);
+    must_run(
+        &mut c,
+        "CREATE TABLE other (i int PRIMARY KEY, j int, k int);
+         CREATE FUNCTION noop() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';
+         CREATE TRIGGER t BEFORE INSERT ON other FOR EACH ROW EXECUTE FUNCTION noop();
+         CREATE TABLE gone (i int PRIMARY KEY);",
+    );
+    let mut dba = db.connect();
+    must_run(&mut dba, "BEGIN; LOCK TABLE a_tables IN ACCESS EXCLUSIVE MODE");
+    must_run(&mut c, "SET lock_timeout = '3s'");
+    for sql in [
+        "ALTER TABLE other ADD COLUMN l int",
+        "ALTER TABLE other DROP COLUMN k",
+        "DROP TRIGGER t ON other",
+        "ALTER TABLE other DROP CONSTRAINT other_pkey",
+        "DROP TABLE gone",
+        "SELECT lease.protect('b_pay', '{table_id}', 'fencing_token', 'b_tables')",
+        "SELECT lease.unprotect('b_pay')",
+    ] {
+        if let Some(e) = failure(&mut c, sql) {
+            panic!("{sql} beside a DBA's lock on another fence's owner table: {e:?}");
+        }
+    }
+    must_run(&mut dba, "ROLLBACK");
+    still_fenced(&mut c, "a_tables");
+}
+
+/// Runs `sql` on a new connection in another thread: its outcome.
+fn in_other_session(db: &str, sql: &str) -> (i32, std::thread::JoinHandle<Option<[String; 2]>>) {
+    let mut c = connect_to(db, "postgres");
+    let pid = backend_pid(&mut c);
+    let sql = sql.to_owned();
+    (pid, std::thread::spawn(move || failure(&mut c, &sql)))
+}
+
+/// Waits (up to 5 s) until backend `pid` is blocked on a lock, idle or gone: false when not blocked.
+fn blocked_or_done(observer: &mut Client, pid: i32) -> bool {
+    let start = Instant::now();
+    loop {
+        // (No row: the session is over.)
+        let Some(row) =
+            observer.query_opt("SELECT state, wait_event_type FROM pg_stat_activity WHERE pid = $1", &[&pid]).unwrap()
+        else {
+            return false;
+        };
+        let (state, wait): (Option<String>, Option<String>) = (row.get(0), row.get(1));
+        if wait.as_deref() == Some("Lock") {
+            return true;
+        }
+        if state.as_deref() == Some("idle") || start.elapsed() > Duration::from_secs(5) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// pg_lease's triggers on `rel`.
+fn lease_triggers(c: &mut Client, rel: &str) -> i64 {
+    one_i64(
+        c,
+        &format!("SELECT count(*) FROM pg_trigger WHERE tgrelid = '{rel}'::regclass AND tgname LIKE 'pg\\_lease\\_%'"),
+    )
+}
+
+/// **Hole (fixed).** The last fence on an owner table is dropped while
+/// another session protects a new table against it. The drop guard decided
+/// that no fence used the owner table any more from a snapshot without the
+/// new fence, waited for the protecting session's lock, and then dropped
+/// the owner guard that the new fence, committed meanwhile, relied on:
+/// tokens could be lowered and the owner table truncated without a word.
+#[test]
+fn the_last_fence_dropped_beside_a_new_protect_leaves_the_owner_guard_in_place() {
+    let db = TestDb::new("ddl_race_drop_protect");
+    let mut c = db.connect();
+    setup(&mut c, &["a", "f"]);
+    must_run(&mut c, "BEGIN; SELECT lease.protect('f_pay', '{table_id}', 'fencing_token', 'a_tables')");
+    let (pid, dropper) = in_other_session(&db.name, "DROP TABLE a_pay");
+    let mut observer = db.connect();
+    let blocked = blocked_or_done(&mut observer, pid);
+    must_run(&mut c, "COMMIT");
+    assert_eq!(dropper.join().unwrap(), None, "DROP TABLE of the old fenced table (blocked: {blocked})");
+    // The new fence is whole: its owner guard refuses a lower token and TRUNCATE.
+    assert_eq!(
+        one_i64(
+            &mut c,
+            "SELECT count(*) FROM lease.protected_tables WHERE table_name = 'f_pay'::regclass AND enforced"
+        ),
+        1
+    );
+    expect_error(&mut c, "UPDATE a_tables SET owner_fencing_token = 4 WHERE id = 1", "LF004");
+    expect_error(&mut c, "TRUNCATE a_tables", "LF004");
+    expect_error(&mut c, "INSERT INTO f_pay VALUES (1, 4, 1)", "LF001");
+    must_run(&mut c, "INSERT INTO f_pay VALUES (1, 5, 1)");
+}
+
+/// **Broken state (fixed).** The last two fences on an owner table are
+/// unprotected side by side. Each saw the other's fence and kept the owner
+/// guard, which then guarded a table no fence used: every write to it
+/// (`lease.acquire` too) failed with 55000, and every later DDL guard
+/// refused unrelated commands. Now the second waits for the first and
+/// removes the guards (at REPEATABLE READ it fails with 40001, and a retry
+/// removes them).
+#[test]
+fn the_last_two_fences_unprotected_side_by_side_leave_no_guard_behind() {
+    for isolation in ["READ COMMITTED", "REPEATABLE READ"] {
+        let db = TestDb::new("ddl_race_unprotect_two");
+        let mut c = db.connect();
+        setup(&mut c, &["a", "f"]);
+        must_run(&mut c, "SELECT lease.protect('f_pay', '{table_id}', 'fencing_token', 'a_tables')");
+        must_run(&mut c, "BEGIN; SELECT lease.unprotect('a_pay')");
+        let (pid, other) = in_other_session(
+            &db.name,
+            &format!("BEGIN ISOLATION LEVEL {isolation}; SELECT 1; SELECT lease.unprotect('f_pay'); COMMIT"),
+        );
+        let mut observer = db.connect();
+        let blocked = blocked_or_done(&mut observer, pid);
+        must_run(&mut c, "COMMIT");
+        let outcome = other.join().unwrap();
+        if isolation == "READ COMMITTED" {
+            assert_eq!(outcome, None, "the second unprotect (blocked: {blocked})");
+        } else {
+            assert!(
+                outcome.as_ref().is_some_and(|[code, _]| code == "40001"),
+                "the second unprotect at {isolation}, behind the first: {outcome:?} (blocked: {blocked})"
+            );
+            must_run(&mut c, "SELECT lease.unprotect('f_pay')");
+        }
+        assert_eq!(lease_triggers(&mut c, "a_tables"), 0, "guards left on a_tables ({isolation})");
+        must_run(&mut c, "UPDATE a_tables SET owner_fencing_token = 1 WHERE id = 1");
+        must_run(&mut c, "ALTER TABLE f_pay ADD COLUMN note text");
+        assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected"), 0);
+    }
+}
+
+/// The same fence unprotected by two sessions at once: the second is told
+/// it is not protected (42704), not that a trigger does not exist.
+#[test]
+fn one_fence_unprotected_twice_side_by_side_is_not_protected_the_second_time() {
+    let db = TestDb::new("ddl_race_unprotect_same");
+    let mut c = db.connect();
+    setup(&mut c, &["a"]);
+    must_run(&mut c, "BEGIN; SELECT lease.unprotect('a_pay')");
+    let (pid, other) = in_other_session(&db.name, "SELECT lease.unprotect('a_pay')");
+    let mut observer = db.connect();
+    wait_until_blocked(&mut observer, pid);
+    must_run(&mut c, "COMMIT");
+    let outcome = other.join().unwrap();
+    assert!(
+        outcome.as_ref().is_some_and(|[code, message]| code == "42704" && message.contains("is not protected")),
+        "second unprotect: {outcome:?}"
+    );
+    assert_eq!(lease_triggers(&mut c, "a_tables") + lease_triggers(&mut c, "a_pay"), 0);
+}

@@ -507,13 +507,18 @@ BEGIN
         OR (e.typ IS NULL AND e.is_token AND NOT lease._is_token_type(e.cur))
         OR (e.high_water AND lease._key_identity_problem(e.cur, e.attcollation) IS NOT NULL)
     UNION ALL
+    -- (Not for what one command reached, `rels` non-empty: finding the index
+    -- opens the owner table, so every command on a fenced table would wait
+    -- for, and could deadlock with, a migration of its owner table. The
+    -- DDL guard judges no owner key; the drop guard judges them all, with
+    -- `rels` empty, when an index goes.)
     SELECT p.relid, p.owner_table, 'constraint',
            format('owner table %s has no unique constraint on %s under the equality the fence compares %s keys with', p.owner_table, p.owner_key_columns, p.relid)
-      FROM p
+      FROM (SELECT * FROM p WHERE p.owner_table IS NOT NULL AND (rels IS NULL OR cardinality(rels) = 0) OFFSET 0) p
      CROSS JOIN LATERAL (SELECT lease._owner_key_index(p.owner_table, p.owner_key_columns,
                                 ARRAY(SELECT lease._column_type(p.relid, k.c)::oid
                                         FROM unnest(p.key_columns) WITH ORDINALITY k(c, n) ORDER BY k.n)) IS NOT NULL AS ok) u
-     WHERE p.owner_table IS NOT NULL AND NOT u.ok
+     WHERE NOT u.ok
     UNION ALL
     SELECT DISTINCT ON (x.relid, i.inhrelid) x.relid, i.inhrelid::regclass, 'inherits',
            format('table %s inherits from %s, so writes through it bypass the fence', i.inhrelid::regclass, i.inhparent::regclass)
@@ -703,15 +708,23 @@ BEGIN
     -- Their TRUNCATE guards wait for commit while the root's fence is itself
     -- being created in this transaction, as in a single-transaction
     -- pg_restore that will create them from the dump.
+    -- (pg_inherits read as a table, not through pg_partition_tree, which
+    -- would lock every partition of both trees: a command on a fenced table
+    -- would wait for, and deadlock with, one on its owner table. The rows
+    -- that matter are this transaction's own, on tables it holds locked.)
     joined := '{}';
     FOR jr IN
+        WITH RECURSIVE tree (root, relid) AS (
+            SELECT r.root, r.root FROM lease.protected p
+              CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
+             WHERE p.relid::oid = ANY (concerned)
+            UNION
+            SELECT t.root, i.inhrelid FROM pg_inherits i JOIN tree t ON i.inhparent = t.relid
+             WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = i.inhrelid AND c.relispartition))
         SELECT DISTINCT i.inhrelid, i.xmin, i.ctid
-          FROM lease.protected p
-          CROSS JOIN LATERAL (SELECT p.relid::oid AS root UNION ALL SELECT p.owner_table::oid WHERE p.owner_table IS NOT NULL) r
-          CROSS JOIN LATERAL pg_partition_tree(r.root) t
+          FROM tree t
           JOIN pg_inherits i ON i.inhrelid = t.relid AND lease._this_transaction(i.xmin)
-         WHERE p.relid::oid = ANY (concerned)
-           AND t.relid <> r.root
+         WHERE t.relid <> t.root
     LOOP
         IF lease._first_judgment(jr.xmin, jr.ctid) THEN
             joined := joined || jr.inhrelid;

@@ -315,3 +315,55 @@ fn one_fence_unprotected_twice_side_by_side_is_not_protected_the_second_time() {
     );
     assert_eq!(lease_triggers(&mut c, "a_tables") + lease_triggers(&mut c, "a_pay"), 0);
 }
+
+/// **Deadlock (fixed).** A migration of a fenced table and one of its owner
+/// table, side by side, with both tables partitioned. The DDL guard listed
+/// the partitions that joined either tree in this transaction through
+/// `pg_partition_tree`, which takes a lock on every partition of both
+/// trees: a command on the fenced table waited for the owner table's
+/// migration (and the other way round; for a plain owner table too, which
+/// the guard opened to find its key's index), and two whose guards ran at once,
+/// each holding its own table, deadlocked (40P01). Now neither waits for the
+/// other (`lock_timeout` would fail it); each is judged on its own, and the
+/// fence holds after both.
+#[test]
+fn migrations_of_a_fenced_table_and_its_owner_table_side_by_side_wait_for_neither() {
+    let db = TestDb::new("ddl_race_two_trees");
+    let mut c = db.connect();
+    must_run(
+        &mut c,
+        "CREATE TABLE po_tables (id int PRIMARY KEY, owner_fencing_token bigint NOT NULL DEFAULT 0) PARTITION BY RANGE (id);
+         CREATE TABLE po_tables_1 PARTITION OF po_tables FOR VALUES FROM (0) TO (100);
+         CREATE TABLE po_tables_2 PARTITION OF po_tables FOR VALUES FROM (100) TO (200);
+         CREATE TABLE po_pay (table_id int, fencing_token bigint, amount int) PARTITION BY RANGE (table_id);
+         CREATE TABLE po_pay_1 PARTITION OF po_pay FOR VALUES FROM (0) TO (100);
+         CREATE TABLE po_pay_2 PARTITION OF po_pay FOR VALUES FROM (100) TO (200);
+         INSERT INTO po_tables VALUES (1, 5), (150, 7);
+         SELECT lease.protect('po_pay', '{table_id}', 'fencing_token', 'po_tables');",
+    );
+    // (And a plain owner table: judging a command on its fenced table
+    // opened it to find its key's unique index.)
+    setup(&mut c, &["a"]);
+    for (first, second) in [
+        ("ALTER TABLE po_tables ADD COLUMN note text", "ALTER TABLE po_pay ADD COLUMN note text"),
+        ("ALTER TABLE po_pay ADD COLUMN memo text", "ALTER TABLE po_tables ADD COLUMN memo text"),
+        (
+            "LOCK TABLE po_tables_1 IN ACCESS EXCLUSIVE MODE",
+            "ALTER TABLE po_pay_2 ADD CONSTRAINT positive CHECK (amount > 0)",
+        ),
+        ("LOCK TABLE a_tables IN ACCESS EXCLUSIVE MODE", "ALTER TABLE a_pay ADD COLUMN note text"),
+        ("ALTER TABLE a_pay ADD COLUMN memo text", "ALTER TABLE a_tables ADD COLUMN memo text"),
+    ] {
+        let mut a = db.connect();
+        must_run(&mut a, &format!("BEGIN; {first}"));
+        let mut b = db.connect();
+        must_run(&mut b, "SET lock_timeout = '3s'");
+        let outcome = failure(&mut b, second);
+        must_run(&mut a, "COMMIT");
+        assert_eq!(outcome, None, "{second} beside an open {first}");
+    }
+    expect_error(&mut c, "UPDATE po_tables SET owner_fencing_token = 4 WHERE id = 1", "LF004");
+    expect_error(&mut c, "INSERT INTO po_pay (table_id, fencing_token, amount) VALUES (150, 6, 1)", "LF001");
+    must_run(&mut c, "INSERT INTO po_pay (table_id, fencing_token, amount) VALUES (150, 7, 1)");
+    expect_error(&mut c, "TRUNCATE po_tables_2", "LF004");
+}

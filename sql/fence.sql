@@ -1841,7 +1841,7 @@ END $$;
 CREATE EVENT TRIGGER pg_lease_guard_ddl ON ddl_command_end
     EXECUTE FUNCTION lease._guard_ddl();
 CREATE EVENT TRIGGER pg_lease_guard_ddl_start ON ddl_command_start
-    WHEN TAG IN ('ALTER TABLE', 'DROP TABLE')
+    WHEN TAG IN ('ALTER TABLE', 'DROP TABLE', 'DROP INDEX')
     EXECUTE FUNCTION lease._guard_ddl_start();
 CREATE EVENT TRIGGER pg_lease_guard_drop ON sql_drop
     EXECUTE FUNCTION lease._guard_drop();

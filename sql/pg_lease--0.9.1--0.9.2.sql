@@ -1402,3 +1402,12 @@ BEGIN
         PERFORM lease._guard_owner(p.owner_table, p.owner_token_column);
     END IF;
 END $$;
+
+-- DROP INDEX too reaches the ddl_command_start guard: DROP INDEX
+-- CONCURRENTLY of a unique index on an owner table is refused before it
+-- commits its first steps (lease._guard_ddl_start).
+DROP EVENT TRIGGER pg_lease_guard_ddl_start;
+CREATE EVENT TRIGGER pg_lease_guard_ddl_start ON ddl_command_start
+    WHEN TAG IN ('ALTER TABLE', 'DROP TABLE', 'DROP INDEX')
+    EXECUTE FUNCTION lease._guard_ddl_start();
+ALTER EVENT TRIGGER pg_lease_guard_ddl_start ENABLE ALWAYS;

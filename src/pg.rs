@@ -539,6 +539,13 @@ pub fn qualified_name(schema: &str, table: &str) -> String {
     format!("{}.{}", quote_ident(schema), quote_ident(table))
 }
 
+/// Whether `role` may act as the owner of `relid` (superusers may).
+pub fn owns(role: pg_sys::Oid, relid: pg_sys::Oid) -> bool {
+    // SAFETY: has_privs_of_role is a catalog lookup accepting any role
+    // OIDs (an unknown one simply has no privileges).
+    unsafe { pg_sys::has_privs_of_role(role, rel_owner(relid)) }
+}
+
 /// The role that owns `relid` (lookups run as it, as RI triggers do).
 pub fn rel_owner(relid: pg_sys::Oid) -> pg_sys::Oid {
     pgrx::spi::Spi::get_one_with_args::<pg_sys::Oid>(
@@ -1375,6 +1382,36 @@ pub unsafe fn list_ptrs<'a>(list: *const pg_sys::List) -> impl Iterator<Item = *
     // SAFETY: i < length, and a List's `elements` array holds `length`
     // cells; a pointer List's cells are read through `ptr_value`.
     (0..len).map(move |i| unsafe { (*(*list).elements.add(i)).ptr_value })
+}
+
+/// Locks `relid` and every table under it (partitions and inheritance
+/// children, at any depth) in `mode`, to transaction end, parents before
+/// children (the order Postgres's own recursing commands take): the tables
+/// locked. A child attached or created meanwhile is found once its parent's
+/// lock is granted, so none joins the tree unseen while the locks are held.
+/// A `relid` that names no relation any more is locked harmlessly (and has
+/// no children).
+pub fn lock_tree(relid: pg_sys::Oid, mode: u32) -> Vec<pg_sys::Oid> {
+    extern "C-unwind" {
+        // (catalog/pg_inherits.h, which pgrx does not bind.)
+        fn find_all_inheritors(
+            parent: pg_sys::Oid,
+            lockmode: pg_sys::LOCKMODE,
+            numparents: *mut *mut pg_sys::List,
+        ) -> *mut pg_sys::List;
+    }
+    // SAFETY: LockRelationOid takes a heavyweight lock on any OID;
+    // find_all_inheritors (the parent being locked) locks each child it
+    // finds and returns a palloc'd OID List (the parent first), whose cells
+    // are read through `oid_value`; called on the backend's main thread
+    // through pgrx's guard, which turns an ERROR (a lock wait cancelled) into
+    // a Rust panic as for pgrx's own bindings.
+    unsafe {
+        pg_sys::LockRelationOid(relid, mode as _);
+        let list = pg_sys::ffi::pg_guard_ffi_boundary(|| find_all_inheritors(relid, mode as _, std::ptr::null_mut()));
+        let len = if list.is_null() { 0 } else { (*list).length as usize };
+        (0..len).map(|i| (*(*list).elements.add(i)).oid_value).collect()
+    }
 }
 
 /// A heap tuple together with the descriptor it was formed with: the only way

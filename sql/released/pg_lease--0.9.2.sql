@@ -161,7 +161,7 @@ AS 'MODULE_PATHNAME', 'judge_replicated_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:480
+-- src/fence/ddl.rs:574
 -- pg_lease::fence::ddl::_key_equality
 CREATE  FUNCTION "_key_equality"(
 	"left" oid, /* pg_sys :: Oid */
@@ -197,7 +197,7 @@ AS 'MODULE_PATHNAME', 'lock_owner_row_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/register.rs:73
+-- src/fence/register.rs:68
 -- pg_lease::fence::register::_lock_owner_table
 CREATE  FUNCTION "_lock_owner_table"(
 	"target" oid, /* pg_sys :: Oid */
@@ -247,7 +247,7 @@ AS 'MODULE_PATHNAME', 'origin_sql_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:435
+-- src/fence/ddl.rs:529
 -- pg_lease::fence::ddl::_owner_key_index
 CREATE  FUNCTION "_owner_key_index"(
 	"owner" oid, /* pg_sys :: Oid */
@@ -2235,7 +2235,7 @@ END $$;
 CREATE EVENT TRIGGER pg_lease_guard_ddl ON ddl_command_end
     EXECUTE FUNCTION lease._guard_ddl();
 CREATE EVENT TRIGGER pg_lease_guard_ddl_start ON ddl_command_start
-    WHEN TAG IN ('ALTER TABLE', 'DROP TABLE')
+    WHEN TAG IN ('ALTER TABLE', 'DROP TABLE', 'DROP INDEX')
     EXECUTE FUNCTION lease._guard_ddl_start();
 CREATE EVENT TRIGGER pg_lease_guard_drop ON sql_drop
     EXECUTE FUNCTION lease._guard_drop();

@@ -302,6 +302,7 @@ pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
     // SAFETY: as below, for a T_DropStmt node.
     if let Some(drop) = unsafe { crate::pg::cast_node::<pg_sys::DropStmt>(data.parsetree, pg_sys::NodeTag::T_DropStmt) }
     {
+        refuse_concurrent_owner_key_drop(drop)?;
         return refuse_citus_fenced_drop(drop).map(|()| pg_sys::Datum::from(0));
     }
     // SAFETY: parsetree is null or the command's parse tree, alive for the
@@ -345,6 +346,7 @@ pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
                 std::ptr::null_mut(),
             )
         };
+        lock_if_owned(relid);
         if relid != pg_sys::InvalidOid && crate::fence::config::is_owner_table(relid) {
             let display = crate::pg::display(relid);
             return Err(Refusal::new(
@@ -355,6 +357,98 @@ pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
         }
     }
     Ok(pg_sys::Datum::from(0))
+}
+
+/// Takes the `ShareUpdateExclusiveLock` on `relid` that a concurrent
+/// `DETACH PARTITION` or `DROP INDEX` takes first, before the guard looks
+/// at whether it is an owner table: a `lease.protect` making it one, running
+/// meanwhile, then commits before the guard looks (and the command is
+/// refused), or waits until the command is done. Only for a role that may
+/// run the command on it (its owner), as Postgres checks before it locks:
+/// no other role can make anyone wait this way (the command fails on
+/// permissions anyway).
+/// (Read-only: `DROP INDEX CONCURRENTLY` must be its transaction's first
+/// action, and a read-write SPI query would give the transaction an xid.)
+fn lock_if_owned(relid: pg_sys::Oid) {
+    if relid == pg_sys::InvalidOid {
+        return;
+    }
+    let owned = pgrx::spi::Spi::connect(|client| {
+        client
+            .select(
+                "SELECT pg_catalog.pg_has_role(c.relowner, 'USAGE') FROM pg_catalog.pg_class c
+                  WHERE c.oid OPERATOR(pg_catalog.=) $1",
+                Some(1),
+                &[relid.into()],
+            )
+            .and_then(|rows| rows.first().get_one::<bool>())
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(false);
+    if owned {
+        // SAFETY: LockRelationOid locks any OID, to transaction end.
+        unsafe { pg_sys::LockRelationOid(relid, pg_sys::ShareUpdateExclusiveLock as _) };
+    }
+}
+
+/// `DROP INDEX CONCURRENTLY` of a unique index on an owner table (or a
+/// partition of one): refused (LF008) before it starts. It commits its first
+/// steps (the index no longer kept up, then no longer valid) before the drop
+/// guard could refuse it, and an owner key no unique index keeps unique lets
+/// a look-alike owner row match a stale writer's row. A plain `DROP INDEX`
+/// is judged by the drop guard before it commits. The table is locked first
+/// (`lock_if_owned`).
+fn refuse_concurrent_owner_key_drop(drop: &pg_sys::DropStmt) -> Result<(), Refusal> {
+    if drop.removeType != pg_sys::ObjectType::OBJECT_INDEX || !drop.concurrent {
+        return Ok(());
+    }
+    // SAFETY: a DropStmt's objects is a List of name Lists (String nodes) of
+    // the same parse tree, which nothing modifies while this trigger runs.
+    for names in unsafe { crate::pg::list_ptrs(drop.objects) } {
+        // SAFETY: each element is a List of String nodes naming one index;
+        // with NoLock and RVR_MISSING_OK the lookup is a plain name lookup
+        // returning InvalidOid for a missing relation; IndexGetRelation with
+        // missing_ok returns InvalidOid for an OID that is not an index.
+        let table = unsafe {
+            let rv = pg_sys::makeRangeVarFromNameList(names as *mut pg_sys::List);
+            let index = pg_sys::RangeVarGetRelidExtended(
+                rv,
+                pg_sys::NoLock as i32,
+                pg_sys::RVROption::RVR_MISSING_OK,
+                None,
+                std::ptr::null_mut(),
+            );
+            let table = if index == pg_sys::InvalidOid { index } else { pg_sys::IndexGetRelation(index, true) };
+            (table != pg_sys::InvalidOid).then_some((index, table))
+        };
+        let Some((index, table)) = table else {
+            continue;
+        };
+        lock_if_owned(table);
+        // (Read-only, as in `lock_if_owned`.)
+        let unique = pgrx::spi::Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT i.indisunique FROM pg_catalog.pg_index i WHERE i.indexrelid OPERATOR(pg_catalog.=) $1",
+                    Some(1),
+                    &[index.into()],
+                )
+                .and_then(|rows| rows.first().get_one::<bool>())
+        })
+        .ok()
+        .flatten()
+        .unwrap_or(false);
+        if unique && crate::fence::config::is_owner_table(table) {
+            let (name, display) = (crate::pg::display(index), crate::pg::display(table));
+            return Err(Refusal::new(
+                crate::errors::LeaseError::FenceTampering,
+                format!("DROP INDEX CONCURRENTLY of unique index {name} on owner table {display} is refused"),
+                format!("DROP INDEX CONCURRENTLY commits its first steps before pg_lease's guard can judge it, and an owner key that no unique index keeps unique lets a stale writer's row match another owner row. Use DROP INDEX without CONCURRENTLY: pg_lease refuses it before it commits when the index is the one that makes {display}'s owner key unique."),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// DROP TABLE of a fenced Citus table: refused (LF008) until it is

@@ -14,13 +14,6 @@ fn require(ok: bool, message: String, detail: &str) {
     }
 }
 
-/// Whether `role` may act as the owner of `relid` (superusers may).
-fn owns(role: pg_sys::Oid, relid: pg_sys::Oid) -> bool {
-    // SAFETY: has_privs_of_role is a catalog lookup accepting any role
-    // OIDs (an unknown one simply has no privileges).
-    unsafe { pg_sys::has_privs_of_role(role, rel_owner(relid)) }
-}
-
 fn may_execute(role: pg_sys::Oid, function: &str) -> bool {
     Spi::get_one_with_args::<bool>(
         "SELECT pg_catalog.has_function_privilege($1, $2::pg_catalog.text::pg_catalog.regprocedure, 'EXECUTE')",
@@ -42,7 +35,7 @@ fn check_caller(entry_point: &str, tables: &[pg_sys::Oid]) {
     );
     for &relid in tables {
         require(
-            owns(caller, relid),
+            crate::pg::owns(caller, relid),
             format!("pg_lease: must be owner of table {}", crate::pg::display(relid)),
             "A role may fence only tables it owns, against owner tables it owns.",
         );
@@ -57,19 +50,21 @@ const UNPROTECT: &str = "lease.unprotect(regclass)";
 /// the fences that share owner table `owner`, for `lease.protect` (`by` =
 /// 'protect'), `lease.unprotect` ('unprotect') and the drop guard ('drop',
 /// after it forgot the fences of dropped tables). Each takes
-/// `ShareUpdateExclusiveLock` on `owner` (it conflicts with itself and with
-/// DDL, not with reads and writes of rows), protect on `target` first,
-/// before it decides anything from the fences on `owner`: whether its owner
-/// guard is already in place, which key columns it watches, whether the
-/// last fence using it is gone (its guards then go). Decided under two snapshots, two such
-/// changes committed side by side could leave a fence without its owner
-/// guard, or guards with no fence. At READ COMMITTED the caller's next
-/// statement sees what the lock waited for; in a REPEATABLE READ or
-/// SERIALIZABLE transaction, a change committed after its snapshot is a
-/// serialization failure (40001, `ddl::fresh_catalog`). The caller is
-/// checked as `lease._register` and `lease._unregister` check it; 'drop'
-/// only from pg_lease's own event trigger (running as the owner of
-/// lease.protected).
+/// `ShareUpdateExclusiveLock` (it conflicts with itself and with DDL, not
+/// with reads and writes of rows) on every table of `owner`'s tree, protect
+/// and unprotect on `target`'s tree first (whose TRUNCATE guards they
+/// install or remove), before it decides anything from the fences on
+/// `owner`: whether its owner guard is already in place, which key columns
+/// it watches, whether the last fence using it is gone (its guards then
+/// go), which partitions need guards. Decided under two snapshots, two such
+/// changes (or one and a partition created under a partition) committed
+/// side by side could leave a fence without its guards, or guards with no
+/// fence. At READ COMMITTED the caller's next statement sees what the lock
+/// waited for; in a REPEATABLE READ or SERIALIZABLE transaction, a change
+/// committed after its snapshot is a serialization failure (40001,
+/// `ddl::fresh_catalog`). The caller is checked as `lease._register` and
+/// `lease._unregister` check it; 'drop' only from pg_lease's own event
+/// trigger (running as the owner of lease.protected).
 #[pg_extern(name = "_lock_owner_table", volatile, parallel_unsafe)]
 pub fn lock_owner_table(target: pg_sys::Oid, owner: pg_sys::Oid, by: ServerText) {
     // protect locks its target too (first): DDL on it that another session
@@ -83,7 +78,7 @@ pub fn lock_owner_table(target: pg_sys::Oid, owner: pg_sys::Oid, by: ServerText)
         }
         "unprotect" => {
             check_caller(UNPROTECT, &[target]);
-            ("lease.unprotect", vec![owner])
+            ("lease.unprotect", vec![target, owner])
         }
         "drop" => {
             // SAFETY: GetUserId reads a backend global.
@@ -97,12 +92,17 @@ pub fn lock_owner_table(target: pg_sys::Oid, owner: pg_sys::Oid, by: ServerText)
         }
         other => error!("lease._lock_owner_table: unknown caller {other:?}"),
     };
-    for &relid in &locked {
-        // SAFETY: takes a heavyweight lock on a relation OID, to transaction
-        // end; an OID that names no relation any more is locked harmlessly.
-        unsafe { pg_sys::LockRelationOid(relid, pg_sys::ShareUpdateExclusiveLock as _) };
-    }
-    crate::fence::ddl::fresh_catalog(crate::pg::ShownText(tag.to_owned()), locked, false);
+    // Each whole tree: a partition created or attached under one of its
+    // partitions (which locks that partition, not the root) is then either
+    // committed before the change reads the tree, or waits for it and is
+    // judged by the DDL guard against what it committed.
+    let trees: Vec<pg_sys::Oid> =
+        locked.iter().flat_map(|&relid| crate::pg::lock_tree(relid, pg_sys::ShareUpdateExclusiveLock)).collect();
+    // (As the owner of lease.protected: the migrator that may protect may
+    // not run pg_lease's internal catalog reads itself.)
+    crate::pg::as_role(rel_owner(lease_relid(c"protected")), || {
+        crate::fence::ddl::fresh_catalog(crate::pg::ShownText(tag.to_owned()), trees, false)
+    });
 }
 
 /// `lease._register(...)`: records a protection set up by `lease.protect*`.

@@ -622,3 +622,35 @@ pub fn wait_for_replay(primary: &mut Client, standby: &mut Client) {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// A login role of its own for one test, with README's migrator grants
+/// (`grant`), dropped on drop (after the test's database: declare it first).
+pub struct MigratorRole(pub String);
+
+impl MigratorRole {
+    pub fn new(name: &str) -> MigratorRole {
+        let name = format!("{name}_{}", std::process::id());
+        let mut admin = connect_to("postgres", "postgres");
+        admin.batch_execute(&format!("DROP ROLE IF EXISTS {name}; CREATE ROLE {name} LOGIN")).unwrap();
+        MigratorRole(name)
+    }
+
+    /// README's migrator grants in `c`'s database.
+    pub fn grant(&self, c: &mut Client) {
+        must_run(
+            c,
+            &format!(
+                "GRANT CREATE ON SCHEMA public TO {0};
+                 GRANT EXECUTE ON FUNCTION lease.protect(regclass, text[], name, regclass, text[], name),
+                     lease.protect_high_water(regclass, text[], name), lease.unprotect(regclass) TO {0};",
+                self.0
+            ),
+        );
+    }
+}
+
+impl Drop for MigratorRole {
+    fn drop(&mut self) {
+        let _ = connect_to("postgres", "postgres").batch_execute(&format!("DROP ROLE IF EXISTS {}", self.0));
+    }
+}

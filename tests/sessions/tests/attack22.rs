@@ -208,38 +208,6 @@ fn euc_jp_alter_extension_set_schema_moving_owner_table_is_refused() {
     );
 }
 
-/// A login role of its own for one test (README's migrator grants),
-/// dropped on drop (after the test's database: declare it first).
-struct Role(String);
-
-impl Role {
-    fn migrator(name: &str) -> Role {
-        let name = format!("{name}_{}", std::process::id());
-        let mut admin = connect_to("postgres", "postgres");
-        admin.batch_execute(&format!("DROP ROLE IF EXISTS {name}; CREATE ROLE {name} LOGIN")).unwrap();
-        Role(name)
-    }
-
-    /// README's migrator grants in `c`'s database.
-    fn grant(&self, c: &mut Client) {
-        must_run(
-            c,
-            &format!(
-                "GRANT CREATE ON SCHEMA public TO {0};
-                 GRANT EXECUTE ON FUNCTION lease.protect(regclass, text[], name, regclass, text[], name),
-                     lease.protect_high_water(regclass, text[], name), lease.unprotect(regclass) TO {0};",
-                self.0
-            ),
-        );
-    }
-}
-
-impl Drop for Role {
-    fn drop(&mut self) {
-        let _ = connect_to("postgres", "postgres").batch_execute(&format!("DROP ROLE IF EXISTS {}", self.0));
-    }
-}
-
 /// As the migrator: partitioned owner table `own (k, owner_fencing_token)`
 /// with partition `own_a` (row `a` at token 5), `pay (k, v, tok)` fenced
 /// against it, partitioned by `k` with partition `pay_a`.
@@ -254,7 +222,7 @@ const PART_OWN_PAY: &str = "
 
 /// A database with README's migrator role (`role`), connected as it, with
 /// `PART_OWN_PAY` set up by it.
-fn migrator_db(label: &str, role: &Role) -> (TestDb, Client) {
+fn migrator_db(label: &str, role: &MigratorRole) -> (TestDb, Client) {
     let db = TestDb::with_options(label, "");
     role.grant(&mut db.connect());
     let mut m = db.connect_as(&role.0);
@@ -282,7 +250,7 @@ fn migrator_db(label: &str, role: &Role) -> (TestDb, Client) {
 /// own_d` is `LF004`, and no write with token 1 commits.
 #[test]
 fn owner_partition_created_in_subtransaction_keeps_its_truncate_guard() {
-    let role = Role::migrator("a22_mig_trunc");
+    let role = MigratorRole::new("a22_mig_trunc");
     let (_db, mut m) = migrator_db("a22_own_subxact", &role);
     must_run(
         &mut m,
@@ -315,7 +283,7 @@ fn owner_partition_created_in_subtransaction_keeps_its_truncate_guard() {
 /// a savepoint.
 #[test]
 fn fenced_partition_attached_in_savepoint_is_checked() {
-    let role = Role::migrator("a22_mig_attach");
+    let role = MigratorRole::new("a22_mig_attach");
     let (_db, mut m) = migrator_db("a22_pay_savepoint", &role);
     must_run(
         &mut m,
@@ -349,7 +317,7 @@ fn fenced_partition_attached_in_savepoint_is_checked() {
 /// Expected: `22003`, as outside a savepoint.
 #[test]
 fn owner_partition_attached_in_savepoint_is_checked_for_huge_tokens() {
-    let role = Role::migrator("a22_mig_huge");
+    let role = MigratorRole::new("a22_mig_huge");
     let (_db, mut m) = migrator_db("a22_own_huge", &role);
     must_run(&mut m, "CREATE TABLE own_c (LIKE own); INSERT INTO own_c VALUES ('c', 4611686018427387904)");
     let plain = must_fail(&mut m, "ALTER TABLE own ATTACH PARTITION own_c FOR VALUES IN ('c')");
@@ -490,7 +458,7 @@ const INHERITED: &str = "
 /// token still 5, the write `LF001`.
 #[test]
 fn owner_token_rewritten_through_inheritance_parent_is_refused() {
-    let role = Role::migrator("a22_mig_inherit");
+    let role = MigratorRole::new("a22_mig_inherit");
     let db = TestDb::with_options("a22_inherit_token", "");
     role.grant(&mut db.connect());
     let mut m = db.connect_as(&role.0);
@@ -517,7 +485,7 @@ fn owner_token_rewritten_through_inheritance_parent_is_refused() {
 /// for each, as on the children themselves.
 #[test]
 fn fenced_columns_renamed_through_inheritance_parent_are_refused() {
-    let role = Role::migrator("a22_mig_inh_cols");
+    let role = MigratorRole::new("a22_mig_inh_cols");
     let db = TestDb::with_options("a22_inherit_cols", "");
     role.grant(&mut db.connect());
     let mut m = db.connect_as(&role.0);

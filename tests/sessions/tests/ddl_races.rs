@@ -367,3 +367,193 @@ fn migrations_of_a_fenced_table_and_its_owner_table_side_by_side_wait_for_neithe
     must_run(&mut c, "INSERT INTO po_pay (table_id, fencing_token, amount) VALUES (150, 7, 1)");
     expect_error(&mut c, "TRUNCATE po_tables_2", "LF004");
 }
+
+/// **Broken (fixed).** README's migrator could not `protect` or
+/// `unprotect` in a REPEATABLE READ or SERIALIZABLE transaction: the check
+/// that the catalog had not changed after its snapshot ran pg_lease's
+/// internal catalog reader as the caller, who may not execute it (42501).
+#[test]
+fn the_migrator_protects_and_unprotects_at_every_isolation_level() {
+    let role = MigratorRole::new("ddl_race_rr_migrator");
+    let db = TestDb::new("ddl_race_rr_migrator");
+    role.grant(&mut db.connect());
+    let mut m = db.connect_as(&role.0);
+    setup(&mut m, &["a"]);
+    for isolation in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] {
+        for sql in [
+            format!("BEGIN ISOLATION LEVEL {isolation}; SELECT lease.unprotect('a_pay'); COMMIT"),
+            format!(
+                "BEGIN ISOLATION LEVEL {isolation}; SELECT lease.protect('a_pay', '{{table_id}}', 'fencing_token', 'a_tables'); COMMIT"
+            ),
+        ] {
+            if let Some(e) = failure(&mut m, &sql) {
+                panic!("as the migrator: {sql}: {e:?}");
+            }
+        }
+    }
+    expect_error(&mut m, "INSERT INTO a_pay VALUES (1, 4, 1)", "LF001");
+}
+
+/// **Broken state (fixed).** The last fence on a partitioned owner table
+/// is dropped (or unprotected) while another session creates, or attaches,
+/// a partition under one of its partitions. That session locks the
+/// sub-partitioned partition, not the owner table, so the drop listed the
+/// owner guards to remove without the new partition's, waited, and left its
+/// TRUNCATE guard behind: `TRUNCATE` of it failed, every later `protect`
+/// in the database was refused, and other fences' DDL was refused too. The
+/// same for the TRUNCATE guards of a fenced table's new sub-partition.
+#[test]
+fn the_last_fence_removed_beside_a_new_sub_partition_leaves_no_guard_behind() {
+    // (q_pay plain, so that the drop waits for nothing before its guard runs.)
+    let plain_pay = "CREATE TABLE q_pay (table_id int, fencing_token bigint, amount int);";
+    let partitioned_pay =
+        "CREATE TABLE q_pay (table_id int, fencing_token bigint, amount int) PARTITION BY RANGE (table_id);
+         CREATE TABLE q_pay_1 PARTITION OF q_pay FOR VALUES FROM (0) TO (100) PARTITION BY RANGE (table_id);
+         CREATE TABLE q_pay_1a PARTITION OF q_pay_1 FOR VALUES FROM (0) TO (50);";
+    let new_owner_partition = "CREATE TABLE q_tables_1b PARTITION OF q_tables_1 FOR VALUES FROM (50) TO (100)";
+    for (pay, removal, add) in [
+        (plain_pay, "DROP TABLE q_pay", new_owner_partition),
+        (plain_pay, "SELECT lease.unprotect('q_pay')", new_owner_partition),
+        (
+            plain_pay,
+            "DROP TABLE q_pay",
+            "CREATE TABLE q_x (id int NOT NULL, owner_fencing_token bigint NOT NULL DEFAULT 0);
+             ALTER TABLE q_tables_1 ATTACH PARTITION q_x FOR VALUES FROM (50) TO (100)",
+        ),
+        (
+            partitioned_pay,
+            "SELECT lease.unprotect('q_pay')",
+            "CREATE TABLE q_pay_1b PARTITION OF q_pay_1 FOR VALUES FROM (50) TO (100)",
+        ),
+    ] {
+        let db = TestDb::new("ddl_race_sub_partition");
+        let mut c = db.connect();
+        must_run(
+            &mut c,
+            &format!(
+                "CREATE TABLE q_tables (id int PRIMARY KEY, owner_fencing_token bigint NOT NULL DEFAULT 0) PARTITION BY RANGE (id);
+                 CREATE TABLE q_tables_1 PARTITION OF q_tables FOR VALUES FROM (0) TO (100) PARTITION BY RANGE (id);
+                 CREATE TABLE q_tables_1a PARTITION OF q_tables_1 FOR VALUES FROM (0) TO (50);
+                 {pay}
+                 INSERT INTO q_tables VALUES (1, 5);
+                 SELECT lease.protect('q_pay', '{{table_id}}', 'fencing_token', 'q_tables');
+                 CREATE TABLE r_tables (id int PRIMARY KEY, owner_fencing_token bigint NOT NULL DEFAULT 0);
+                 CREATE TABLE r_pay (table_id int, fencing_token bigint, amount int);"
+            ),
+        );
+        must_run(&mut c, &format!("BEGIN; {add}"));
+        let (pid, remover) = in_other_session(&db.name, removal);
+        let mut observer = db.connect();
+        let blocked = blocked_or_done(&mut observer, pid);
+        must_run(&mut c, "COMMIT");
+        assert_eq!(remover.join().unwrap(), None, "{removal} beside {add} (blocked: {blocked})");
+        let left = one_i64(
+            &mut c,
+            "SELECT count(*) FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid
+             WHERE g.tgname LIKE 'pg\\_lease\\_%' AND c.relname LIKE 'q\\_%'",
+        );
+        assert_eq!(left, 0, "pg_lease triggers left after {removal} beside {add}");
+        for sql in [
+            "TRUNCATE q_tables",
+            "SELECT lease.protect('r_pay', '{table_id}', 'fencing_token', 'r_tables')",
+            "ALTER TABLE r_pay ADD COLUMN note text",
+        ] {
+            if let Some(e) = failure(&mut c, sql) {
+                panic!("{sql} after {removal} beside {add}: {e:?}");
+            }
+        }
+    }
+}
+
+/// **Broken state (fixed).** `DETACH PARTITION ... CONCURRENTLY` of a
+/// partition of a table that another session is making an owner table
+/// (its first `lease.protect`, not yet committed): the detach's start
+/// check found no owner table, the detach waited for the protect, committed
+/// its first phase, and was refused only after it: the partition stayed
+/// "detach pending", its owner rows unreachable (`lease.acquire` and fenced
+/// writes failed), and every later `protect` was refused. Now the check
+/// waits for the protect and refuses the detach before it starts.
+#[test]
+fn a_concurrent_detach_beside_the_first_protect_is_refused_before_it_starts() {
+    let db = TestDb::new("ddl_race_detach_concurrently");
+    let mut c = db.connect();
+    must_run(
+        &mut c,
+        "CREATE TABLE d_tables (id int PRIMARY KEY, owner_fencing_token bigint NOT NULL DEFAULT 0) PARTITION BY RANGE (id);
+         CREATE TABLE d_tables_1 PARTITION OF d_tables FOR VALUES FROM (0) TO (100);
+         CREATE TABLE d_tables_2 PARTITION OF d_tables FOR VALUES FROM (100) TO (200);
+         INSERT INTO d_tables VALUES (7, 5);
+         CREATE TABLE d_pay (table_id int, fencing_token bigint, amount int);",
+    );
+    must_run(&mut c, "BEGIN; SELECT lease.protect('d_pay', '{table_id}', 'fencing_token', 'd_tables')");
+    let (pid, detacher) = in_other_session(&db.name, "ALTER TABLE d_tables DETACH PARTITION d_tables_1 CONCURRENTLY");
+    let mut observer = db.connect();
+    let blocked = blocked_or_done(&mut observer, pid);
+    must_run(&mut c, "COMMIT");
+    let outcome = detacher.join().unwrap();
+    assert!(
+        outcome.as_ref().is_some_and(|[code, _]| code == "LF004"),
+        "DETACH ... CONCURRENTLY beside the first protect: {outcome:?} (blocked: {blocked})"
+    );
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM pg_inherits WHERE inhdetachpending"), 0);
+    expect_error(&mut c, "INSERT INTO d_pay VALUES (7, 4, 1)", "LF001");
+    must_run(&mut c, "INSERT INTO d_pay VALUES (7, 5, 1)");
+    must_run(&mut c, "CREATE TABLE e_pay (table_id int, fencing_token bigint, amount int)");
+    must_run(&mut c, "SELECT lease.protect('e_pay', '{table_id}', 'fencing_token', 'd_tables')");
+}
+
+/// **Hole (fixed, a stale write accepted).** `DROP INDEX CONCURRENTLY` of
+/// the unique index that keeps an owner key unique was refused only at its
+/// end, after its first steps had committed: the index no longer kept the
+/// key unique, a look-alike owner row could be inserted, and a stale
+/// writer's row matched it. Now it is refused before it starts (also beside
+/// the first protect of that owner table); other indexes drop concurrently.
+#[test]
+fn a_concurrent_drop_of_an_owner_key_index_is_refused_before_it_starts() {
+    let db = TestDb::new("ddl_race_drop_index_concurrently");
+    let mut c = db.connect();
+    must_run(
+        &mut c,
+        "CREATE TABLE i_tables (id int NOT NULL, name text, owner_fencing_token bigint);
+         CREATE UNIQUE INDEX i_tables_id ON i_tables (id);
+         CREATE INDEX i_tables_name ON i_tables (name);
+         CREATE UNIQUE INDEX i_tables_name_u ON i_tables (name, id);
+         CREATE TABLE i_pay (table_id int, amount int, fencing_token bigint);
+         INSERT INTO i_tables VALUES (7, 'a', 6);
+         CREATE TABLE other (i int);
+         CREATE UNIQUE INDEX other_i ON other (i);",
+    );
+    // Beside the first protect of the owner table: waits for it, then refused.
+    must_run(&mut c, "BEGIN; SELECT lease.protect('i_pay', '{table_id}', 'fencing_token', 'i_tables')");
+    let (pid, dropper) = in_other_session(&db.name, "DROP INDEX CONCURRENTLY i_tables_id");
+    let mut observer = db.connect();
+    let blocked = blocked_or_done(&mut observer, pid);
+    must_run(&mut c, "COMMIT");
+    let outcome = dropper.join().unwrap();
+    assert!(
+        outcome.as_ref().is_some_and(|[code, message]| code == "LF008" && message.contains("CONCURRENTLY")),
+        "DROP INDEX CONCURRENTLY of the owner key's index beside the first protect: {outcome:?} (blocked: {blocked})"
+    );
+    let err = expect_error(&mut c, "DROP INDEX CONCURRENTLY i_tables_id", "LF008");
+    assert!(err.contains("i_tables_id"), "{err}");
+    assert_eq!(
+        one_i64(
+            &mut c,
+            "SELECT count(*) FROM pg_index WHERE indexrelid = 'i_tables_id'::regclass AND indisvalid AND indisready AND indislive"
+        ),
+        1,
+        "the owner key's index is whole"
+    );
+    expect_error(&mut c, "INSERT INTO i_tables VALUES (7, 'dup', 5)", "23505");
+    expect_error(&mut c, "INSERT INTO i_pay VALUES (7, 1, 5)", "LF001");
+    // Other indexes: on the owner table (not unique), elsewhere (unique).
+    must_run(&mut c, "DROP INDEX CONCURRENTLY i_tables_name");
+    must_run(&mut c, "DROP INDEX CONCURRENTLY other_i");
+    must_run(&mut c, "DROP INDEX CONCURRENTLY IF EXISTS no_such_index");
+    // A unique index that is not the owner key's: refused concurrently (the
+    // guard does not tell them apart before the drop), dropped plainly.
+    expect_error(&mut c, "DROP INDEX CONCURRENTLY i_tables_name_u", "LF008");
+    must_run(&mut c, "DROP INDEX i_tables_name_u");
+    // Plainly, the owner key's last unique index is refused before commit.
+    expect_error(&mut c, "DROP INDEX i_tables_id", "LF008");
+}

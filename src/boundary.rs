@@ -157,6 +157,7 @@ c_function!(pg_lease_retyped_columns, pg_finfo_pg_lease_retyped_columns, fence::
 c_function!(pg_lease_first_judgment, pg_finfo_pg_lease_first_judgment, fence::ddl::first_judgment);
 c_function!(pg_lease_guard_ddl_start, pg_finfo_pg_lease_guard_ddl_start, fence::ddl::guard_ddl_start);
 c_function!(pg_lease_this_transaction, pg_finfo_pg_lease_this_transaction, fence::ddl::this_transaction);
+c_function!(pg_lease_protected_here, pg_finfo_pg_lease_protected_here, fence::ddl::protected_here);
 
 // `lease._raise(name text, summary text, detail text)`: lets pg_lease's own
 // PL/pgSQL (the lease service, the DDL event trigger) raise through here, so

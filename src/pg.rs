@@ -1733,6 +1733,42 @@ pub fn written_by_this_transaction(xid: pg_sys::TransactionId) -> bool {
     unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xid) }
 }
 
+/// Whether the row version at `tid` in table `relid` was inserted by this
+/// transaction (or one of its subtransactions) as a new row: its xmin is
+/// ours and it is not the new version of an UPDATE (`HEAP_UPDATED`), which
+/// also carries our xmin. False when there is no such row version.
+pub fn inserted_by_this_transaction(relid: pg_sys::Oid, tid: pg_sys::ItemPointerData) -> bool {
+    // SAFETY: table_open takes AccessShareLock (kept to transaction end,
+    // NoLock at close) and raises for a missing relation. heap_fetch with
+    // SnapshotAny finds whatever version is at `tid` (false for an unused
+    // or out-of-range item), pinning its buffer (keep_buf), which is read
+    // under a share content lock and released before returning; the tuple
+    // header it points into is valid while the pin is held. The infomask
+    // bit read is set when the version is made and never changes, and xmin
+    // is compared with this backend's own transaction state only.
+    unsafe {
+        let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
+        let mut tuple: pg_sys::HeapTupleData = std::mem::zeroed();
+        tuple.t_self = tid;
+        let mut buffer: pg_sys::Buffer = pg_sys::InvalidBuffer as _;
+        let snapshot = std::ptr::addr_of_mut!(pg_sys::SnapshotAnyData);
+        let found = pg_sys::heap_fetch(rel, snapshot, &mut tuple, &mut buffer, true);
+        let inserted = found && {
+            pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as _);
+            let header = &*tuple.t_data;
+            let xmin = header.t_choice.t_heap.t_xmin;
+            let fresh = header.t_infomask as u32 & pg_sys::HEAP_UPDATED == 0;
+            pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_UNLOCK as _);
+            fresh && written_by_this_transaction(xmin)
+        };
+        if buffer != pg_sys::InvalidBuffer as pg_sys::Buffer {
+            pg_sys::ReleaseBuffer(buffer);
+        }
+        pg_sys::table_close(rel, pg_sys::NoLock as _);
+        inserted
+    }
+}
+
 /// This backend's process id.
 pub fn my_pid() -> i32 {
     // SAFETY: a process-global integer Postgres sets at process start and

@@ -82,7 +82,7 @@ AS 'MODULE_PATHNAME', 'band_above_sql_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:209
+-- src/fence/ddl.rs:229
 -- pg_lease::fence::ddl::_exists_as_owner
 CREATE  FUNCTION "_exists_as_owner"(
 	"rel" oid, /* pg_sys :: Oid */
@@ -94,7 +94,7 @@ AS 'MODULE_PATHNAME', 'exists_as_owner_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:229
+-- src/fence/ddl.rs:249
 -- pg_lease::fence::ddl::_exists_latest
 CREATE  FUNCTION "_exists_latest"(
 	"query" TEXT /* crate :: pg :: ServerBytes */
@@ -105,7 +105,7 @@ AS 'MODULE_PATHNAME', 'exists_latest_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:244
+-- src/fence/ddl.rs:264
 -- pg_lease::fence::ddl::_fresh_catalog
 CREATE  FUNCTION "_fresh_catalog"(
 	"tag" TEXT, /* crate :: pg :: ShownText */
@@ -161,7 +161,7 @@ AS 'MODULE_PATHNAME', 'judge_replicated_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:574
+-- src/fence/ddl.rs:602
 -- pg_lease::fence::ddl::_key_equality
 CREATE  FUNCTION "_key_equality"(
 	"left" oid, /* pg_sys :: Oid */
@@ -210,7 +210,7 @@ AS 'MODULE_PATHNAME', 'lock_owner_table_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:272
+-- src/fence/ddl.rs:292
 -- pg_lease::fence::ddl::_name_problem
 CREATE  FUNCTION "_name_problem"(
 	"rel" oid /* pg_sys :: Oid */
@@ -247,7 +247,7 @@ AS 'MODULE_PATHNAME', 'origin_sql_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/fence/ddl.rs:529
+-- src/fence/ddl.rs:557
 -- pg_lease::fence::ddl::_owner_key_index
 CREATE  FUNCTION "_owner_key_index"(
 	"owner" oid, /* pg_sys :: Oid */
@@ -417,6 +417,9 @@ REVOKE EXECUTE ON FUNCTION lease._first_judgment(xid, tid) FROM PUBLIC;
 CREATE FUNCTION lease._this_transaction(xmin xid) RETURNS boolean
     LANGUAGE C STRICT STABLE AS 'MODULE_PATHNAME', 'pg_lease_this_transaction';
 REVOKE EXECUTE ON FUNCTION lease._this_transaction(xid) FROM PUBLIC;
+CREATE FUNCTION lease._protected_here(ctid tid) RETURNS boolean
+    LANGUAGE C STRICT STABLE AS 'MODULE_PATHNAME', 'pg_lease_protected_here';
+REVOKE EXECUTE ON FUNCTION lease._protected_here(tid) FROM PUBLIC;
 -- DDL guard for what must be refused before a command commits anything (src/fence/ddl.rs).
 CREATE FUNCTION lease._guard_ddl_start() RETURNS event_trigger
     LANGUAGE C AS 'MODULE_PATHNAME', 'pg_lease_guard_ddl_start';
@@ -1034,6 +1037,27 @@ BEGIN
         'BEFORE TRUNCATE', 'FOR EACH STATEMENT EXECUTE FUNCTION lease.truncate_guard(''owner'')');
 END $$;
 
+-- A partition left "detach pending" by an interrupted DETACH PARTITION ...
+-- CONCURRENTLY is outside the tree Postgres shows (protect would install no
+-- guard on it) until DETACH ... FINALIZE takes it out: a fence cannot be
+-- set up over such a tree (55000). (A catalog read protect runs with its
+-- caller's rights: executable by PUBLIC.)
+CREATE FUNCTION lease._refuse_detach_pending(roots oid[]) RETURNS void
+    LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+DECLARE
+    pending record;
+BEGIN
+    SELECT i.inhrelid::regclass AS part, i.inhparent::regclass AS parent INTO pending
+      FROM pg_inherits i
+     WHERE i.inhdetachpending AND lease._under(i.inhparent, roots)
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._fail('55000',
+            format('pg_lease: partition %s of %s is being detached (an interrupted DETACH PARTITION ... CONCURRENTLY)', pending.part, pending.parent),
+            format('Finish the detach first (ALTER TABLE %s DETACH PARTITION %s FINALIZE), or attach the table again after it.', pending.parent, pending.part));
+    END IF;
+END $$;
+
 CREATE FUNCTION lease.protect(
     target regclass,
     key_columns text[],
@@ -1121,6 +1145,7 @@ BEGIN
     -- one from here on (lease._lock_owner_table): whether its owner guard is
     -- in place, and what it watches, is read after that one committed.
     PERFORM lease._lock_owner_table(target, owner, 'protect');
+    PERFORM lease._refuse_detach_pending(ARRAY[target::oid, owner::oid]);
     -- One owner guard per owner table, shared by every table fenced against it.
     SELECT (lease._trigger_args(t.tgargs))[1] INTO existing_guard FROM pg_catalog.pg_trigger t
      WHERE t.tgrelid OPERATOR(pg_catalog.=) owner AND t.tgname OPERATOR(pg_catalog.=) 'pg_lease_owner_guard' AND NOT t.tgisinternal;
@@ -1158,6 +1183,7 @@ BEGIN
         END IF;
     END LOOP;
     PERFORM lease._check_not_protected(target);
+    PERFORM lease._refuse_detach_pending(ARRAY[target::oid]);
     PERFORM lease._check_citus_layout(target, key_columns, NULL, NULL);
     PERFORM lease._install_target_triggers(target);
     PERFORM lease._register(target, 'high_water', key_columns, token_column, NULL, NULL, NULL);
@@ -2010,11 +2036,13 @@ BEGIN
         -- its owner row's current token (without a token column, or in
         -- high-water mode, no row can be checked: the table must be empty).
         -- Not when the fence itself was protected in this transaction (its
-        -- lease.protected row is new): a single-transaction pg_restore
-        -- attaches partitions with their history before it loads the
-        -- fence; and rows written before a fence exists are not its to
-        -- judge (README: rows written while a table was not protected).
-        IF EXISTS (SELECT 1 FROM lease.protected q WHERE q.relid = part.relid AND lease._this_transaction(q.xmin)) THEN
+        -- lease.protected row is new, not merely updated by it, as
+        -- lease.judge_replicated does: lease._protected_here): a
+        -- single-transaction pg_restore attaches partitions with their
+        -- history before it loads the fence; and rows written before a fence
+        -- exists are not its to judge (README: rows written while a table
+        -- was not protected).
+        IF EXISTS (SELECT 1 FROM lease.protected q WHERE q.relid = part.relid AND lease._protected_here(q.ctid)) THEN
             CONTINUE;
         END IF;
         -- Keys are compared as the fence compares them (lease._key_match),

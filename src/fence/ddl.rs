@@ -202,6 +202,26 @@ pub unsafe fn this_transaction(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sy
     Ok(pg_sys::Datum::from(crate::pg::written_by_this_transaction(xid)))
 }
 
+/// `lease._protected_here(ctid tid) → boolean`: whether the `lease.protected`
+/// row at `ctid` was inserted by this transaction (a fence protected, or
+/// restored, in it), not merely updated by it (`lease.judge_replicated`
+/// updates the row, which gives it this transaction's xmin too): the DDL
+/// guard does not judge the rows an ATTACH brings into a fence that did not
+/// exist before this transaction.
+///
+/// # Safety
+/// Called by Postgres as a version-1 C function: `fcinfo` is valid for the
+/// call and has the one argument the SQL declaration gives it, a `tid`
+/// (the function is STRICT: never NULL).
+pub unsafe fn protected_here(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Refusal> {
+    // SAFETY: `fcinfo` is valid for the call and carries one argument (the
+    // caller's contract), so args[0] exists; a tid datum points to an
+    // ItemPointerData (passed by reference, non-NULL: STRICT).
+    let tid = unsafe { *((*(*fcinfo).args.as_ptr()).value.cast_mut_ptr::<pg_sys::ItemPointerData>()) };
+    let protected = crate::pg::lease_relid(c"protected");
+    Ok(pg_sys::Datum::from(crate::pg::inserted_by_this_transaction(protected, tid)))
+}
+
 /// `lease._exists_as_owner(rel, query)`: runs `query` (a SELECT EXISTS ...
 /// about `rel`) as the owner of `rel` in a security-restricted operation, so
 /// the DDL guard (SECURITY DEFINER) never runs a user's operators or casts
@@ -283,8 +303,11 @@ pub fn name_problem(rel: pg_sys::Oid) -> Option<crate::pg::ShownText> {
 /// `lease._guard_ddl_start()`: event trigger on `ddl_command_start`, for what
 /// must be refused before a command commits anything. `ALTER TABLE ... DETACH
 /// PARTITION ... CONCURRENTLY` commits its first phase before
-/// `ddl_command_end` could refuse it: on an owner table (whose partitions hold
-/// owner rows and their tokens) it is refused here (LF004).
+/// `ddl_command_end` could refuse it, and `... FINALIZE` finishes an
+/// interrupted one (whose partition no guard may have reached since): on an
+/// owner table (whose partitions hold owner rows and their tokens) both are
+/// refused here (LF004). `DROP INDEX CONCURRENTLY`: see
+/// `refuse_concurrent_owner_key_drop`.
 ///
 /// # Safety
 /// Called by Postgres as a version-1 C event trigger function: `fcinfo` is
@@ -325,13 +348,15 @@ pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
         let Some(cmd) = cmd else {
             continue;
         };
-        if cmd.subtype != pg_sys::AlterTableType::AT_DetachPartition || cmd.def.is_null() {
+        // DETACH ... CONCURRENTLY, and DETACH ... FINALIZE (which finishes
+        // one that was interrupted, committing the detach at once).
+        let finalize = cmd.subtype == pg_sys::AlterTableType::AT_DetachPartitionFinalize;
+        if !finalize && (cmd.subtype != pg_sys::AlterTableType::AT_DetachPartition || cmd.def.is_null()) {
             continue;
         }
         // SAFETY: the grammar makes the def of a DETACH PARTITION a
         // PartitionCmd (gram.y, partition_cmd), non-null as checked above.
-        let part = unsafe { &*(cmd.def as *const pg_sys::PartitionCmd) };
-        if !part.concurrent {
+        if !finalize && !unsafe { &*(cmd.def as *const pg_sys::PartitionCmd) }.concurrent {
             continue;
         }
         // SAFETY: stmt.relation is the statement's non-null RangeVar; with
@@ -351,7 +376,10 @@ pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
             let display = crate::pg::display(relid);
             return Err(Refusal::new(
                 crate::errors::LeaseError::FencingTokenRegression,
-                format!("DETACH PARTITION of owner table {display} would take owner rows out of it"),
+                format!(
+                    "DETACH PARTITION ... {} on {display} would take owner rows out of an owner table",
+                    if finalize { "FINALIZE" } else { "CONCURRENTLY" }
+                ),
                 format!("Table {display} holds the current fencing tokens of fenced resources; a detached partition's tokens could start over."),
             ));
         }

@@ -557,3 +557,116 @@ fn a_concurrent_drop_of_an_owner_key_index_is_refused_before_it_starts() {
     // Plainly, the owner key's last unique index is refused before commit.
     expect_error(&mut c, "DROP INDEX i_tables_id", "LF008");
 }
+
+/// **Hole (fixed, stale rows let in).** Rows an `ATTACH PARTITION` brings
+/// into a fenced table are checked against their owner rows, except when
+/// the fence itself was protected in the same transaction (rows from before
+/// a fence are not its to judge). That was told by the `lease.protected`
+/// row's xmin, which `lease.judge_replicated` also gives it (an UPDATE): a
+/// role allowed to call it attached a partition of stale rows unchecked.
+/// Now only a row inserted in this transaction counts; a protect in the same
+/// transaction still lets a table's history in.
+#[test]
+fn an_attach_after_judge_replicated_in_one_transaction_is_still_judged() {
+    let db = TestDb::new("ddl_race_judge_attach");
+    let mut c = db.connect();
+    must_run(
+        &mut c,
+        "CREATE TABLE j_tables (id int PRIMARY KEY, owner_fencing_token bigint);
+         CREATE TABLE j_pay (table_id int NOT NULL, amount int, fencing_token bigint) PARTITION BY RANGE (amount);
+         CREATE TABLE j_pay_1 PARTITION OF j_pay FOR VALUES FROM (0) TO (100);
+         INSERT INTO j_tables VALUES (7, 6);
+         SELECT lease.protect('j_pay', '{table_id}', 'fencing_token', 'j_tables');
+         CREATE TABLE stale (LIKE j_pay); INSERT INTO stale VALUES (7, 150, 5);",
+    );
+    expect_error(&mut c, "ALTER TABLE j_pay ATTACH PARTITION stale FOR VALUES FROM (100) TO (200)", "LF008");
+    for judge in ["NULL", "true", "false"] {
+        let err = expect_error(
+            &mut c,
+            &format!(
+                "BEGIN; SELECT lease.judge_replicated('j_pay', {judge});
+                 ALTER TABLE j_pay ATTACH PARTITION stale FOR VALUES FROM (100) TO (200); COMMIT"
+            ),
+            "LF008",
+        );
+        assert!(err.contains("would refuse"), "{err}");
+        must_run(&mut c, "ROLLBACK");
+    }
+    // In a savepoint, and after a write through the fence: the same.
+    expect_error(
+        &mut c,
+        "BEGIN; INSERT INTO j_pay VALUES (7, 1, 6); SAVEPOINT s; SELECT lease.judge_replicated('j_pay', true);
+         RELEASE s; ALTER TABLE j_pay ATTACH PARTITION stale FOR VALUES FROM (100) TO (200)",
+        "LF008",
+    );
+    must_run(&mut c, "ROLLBACK");
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM j_pay WHERE fencing_token = 5"), 0);
+    // A fence protected in the transaction takes the table's history in.
+    must_run(
+        &mut c,
+        "BEGIN; SELECT lease.unprotect('j_pay'); COMMIT;
+         BEGIN; SELECT lease.protect('j_pay', '{table_id}', 'fencing_token', 'j_tables');
+         ALTER TABLE j_pay ATTACH PARTITION stale FOR VALUES FROM (100) TO (200); COMMIT;",
+    );
+    expect_error(&mut c, "INSERT INTO j_pay VALUES (7, 2, 5)", "LF001");
+}
+
+/// **Hole (fixed, a stale write accepted).** An interrupted `DETACH
+/// PARTITION ... CONCURRENTLY` (cancelled while it waited) leaves its
+/// partition "detach pending", outside the tree Postgres shows. `protect`
+/// then installed no guard on it, and `DETACH ... FINALIZE` took it and its
+/// owner rows out of the owner table afterwards: the resource's token could
+/// start over, and a stale write committed. Now `protect` refuses such a
+/// tree (55000, naming the FINALIZE to run), and FINALIZE on an owner table
+/// is refused (LF004) like the concurrent detach itself.
+#[test]
+fn a_partition_left_detach_pending_cannot_be_fenced_over_nor_finalized_out() {
+    let db = TestDb::new("ddl_race_detach_pending");
+    let mut c = db.connect();
+    must_run(
+        &mut c,
+        "CREATE TABLE f_tables (id int PRIMARY KEY, owner_fencing_token bigint) PARTITION BY RANGE (id);
+         CREATE TABLE f_tables_1 PARTITION OF f_tables FOR VALUES FROM (0) TO (100);
+         CREATE TABLE f_tables_2 PARTITION OF f_tables FOR VALUES FROM (100) TO (200);
+         INSERT INTO f_tables VALUES (5, 3), (150, 20);
+         CREATE TABLE f_pay (table_id int NOT NULL, amount int, fencing_token bigint NOT NULL);",
+    );
+    // A reader holds the table; the detach waits for it and is cancelled.
+    let mut reader = db.connect();
+    must_run(&mut reader, "BEGIN; SELECT count(*) FROM f_tables");
+    must_run(&mut c, "SET statement_timeout = '500ms'");
+    expect_error(&mut c, "ALTER TABLE f_tables DETACH PARTITION f_tables_2 CONCURRENTLY", "57014");
+    must_run(&mut c, "RESET statement_timeout");
+    must_run(&mut reader, "COMMIT");
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM pg_inherits WHERE inhdetachpending"), 1);
+    let err = expect_error(&mut c, "SELECT lease.protect('f_pay', '{table_id}', 'fencing_token', 'f_tables')", "55000");
+    assert!(err.contains("f_tables_2") && err.contains("being detached"), "{err}");
+    // Finished, the fence can be set up over what is left.
+    must_run(&mut c, "ALTER TABLE f_tables DETACH PARTITION f_tables_2 FINALIZE");
+    must_run(&mut c, "SELECT lease.protect('f_pay', '{table_id}', 'fencing_token', 'f_tables')");
+    // Interrupted again after protect (refused at once now), and a FINALIZE
+    // of a detach left pending before the fence: both refused.
+    must_run(
+        &mut c,
+        "SELECT lease.unprotect('f_pay');
+         ALTER TABLE f_tables ATTACH PARTITION f_tables_2 FOR VALUES FROM (100) TO (200);",
+    );
+    must_run(&mut reader, "BEGIN; SELECT count(*) FROM f_tables");
+    must_run(&mut c, "SET statement_timeout = '500ms'");
+    expect_error(&mut c, "ALTER TABLE f_tables DETACH PARTITION f_tables_2 CONCURRENTLY", "57014");
+    must_run(&mut c, "RESET statement_timeout");
+    must_run(&mut reader, "COMMIT");
+    expect_error(&mut c, "SELECT lease.protect('f_pay', '{table_id}', 'fencing_token', 'f_tables')", "55000");
+    expect_error(&mut c, "SELECT lease.protect_high_water('f_tables', '{id}', 'owner_fencing_token')", "55000");
+    must_run(&mut c, "ALTER TABLE f_tables DETACH PARTITION f_tables_2 FINALIZE");
+    must_run(
+        &mut c,
+        "ALTER TABLE f_tables ATTACH PARTITION f_tables_2 FOR VALUES FROM (100) TO (200);
+         SELECT lease.protect('f_pay', '{table_id}', 'fencing_token', 'f_tables');",
+    );
+    let err = expect_error(&mut c, "ALTER TABLE f_tables DETACH PARTITION f_tables_2 FINALIZE", "LF004");
+    assert!(err.contains("FINALIZE"), "{err}");
+    expect_error(&mut c, "ALTER TABLE f_tables DETACH PARTITION f_tables_2 CONCURRENTLY", "LF004");
+    expect_error(&mut c, "INSERT INTO f_pay VALUES (150, 1, 10)", "LF001");
+    must_run(&mut c, "INSERT INTO f_pay VALUES (150, 1, 20)");
+}

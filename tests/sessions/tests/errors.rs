@@ -231,6 +231,8 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         "lease._fence_problems_in(oid[],oid[])",
         "lease._under(oid,oid[])",
         "lease._owner_key_index(oid,text[],oid[])",
+        // protect's check for partitions left detach-pending (raises or nothing).
+        "lease._refuse_detach_pending(oid[])",
         // Check that the caller holds EXECUTE on protect/unprotect/judge_replicated and owns the tables.
         "lease._judge_replicated(oid,boolean)",
         "lease._register(oid,text,text[],text,oid,text[],text)",

@@ -218,7 +218,7 @@ BEGIN
                           ORDER BY 1);
     DELETE FROM lease.protected p WHERE p.relid::oid = ANY (dropped_tables);
     FOREACH left_owner IN ARRAY left_owners LOOP
-        PERFORM lease._lock_owner_table(0, left_owner, 'drop');
+        PERFORM lease._lock_owner_table(0, left_owner, tg_tag);
     END LOOP;
     DELETE FROM lease.high_water h WHERE h.target::oid = ANY (dropped_tables);
     -- Owner tables that no fenced table uses any more lose their guards (as
@@ -288,14 +288,25 @@ BEGIN
             format('dropping %s %s would leave the fence on %s incomplete', victim.object_type, victim.object_identity, victim.relid),
             format('pg_lease fences %s with it.', victim.relid));
     END IF;
-    -- A dropped index no longer names its table: look at every owner table.
-    -- Not for an index that went with its table or its constraint (neither
-    -- named nor reached through a normal dependency: DROP TABLE, DROP
-    -- CONSTRAINT, DROP COLUMN), whose table the checks above judged.
-    IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d
-                WHERE d.object_type = 'index' AND (d.original OR d.normal)) THEN
+    -- A dropped index no longer names its table, but dropping an index
+    -- locks its table (index_drop: ACCESS EXCLUSIVE, SHARE UPDATE EXCLUSIVE
+    -- when concurrently): the owner tables this transaction holds so locked
+    -- are the only ones whose key could have lost its unique index. (Not every owner table: opening one that a
+    -- migration holds would wait for it, and deadlock when the migration
+    -- then touches the dropped index's table.) However the index went: by
+    -- name, by cascade, with its constraint or column, or with an extension
+    -- it was made to depend on (ALTER INDEX ... DEPENDS ON EXTENSION, which
+    -- only needs the table's ownership, then DROP EXTENSION).
+    IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'index') THEN
         -- (Owner keys only: no partition needs looking at.)
-        SELECT f.relid, f.problem INTO victim FROM lease._fence_problems_in(NULL, '{}') f WHERE f.kind = 'constraint' LIMIT 1;
+        SELECT f.relid, f.problem INTO victim
+          FROM lease._fence_problems_in(ARRAY(
+                   SELECT DISTINCT l.relation FROM pg_locks l
+                    WHERE l.locktype = 'relation' AND l.pid = pg_backend_pid() AND l.granted
+                      AND l.mode IN ('AccessExclusiveLock', 'ShareUpdateExclusiveLock')
+                      AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                      AND l.relation IN (SELECT p.owner_table::oid FROM lease.protected p)), '{}') f
+         WHERE f.kind = 'constraint' LIMIT 1;
         IF FOUND THEN
             PERFORM lease._raise('FenceTampering',
                 format('%s would leave the fence on %s incomplete', tg_tag, victim.relid),
@@ -1279,7 +1290,6 @@ DECLARE
     existing_guard text;
 BEGIN
     PERFORM lease._check_columns(target, 'target table', key_columns, token_column);
-    PERFORM lease._check_not_protected(target);
     IF owner IS NULL THEN
         owner := pg_catalog.to_regclass('tables');
         IF owner IS NULL THEN
@@ -1296,6 +1306,13 @@ BEGIN
     IF pg_catalog.cardinality(owner_key_columns) OPERATOR(pg_catalog.<>) pg_catalog.cardinality(key_columns) THEN
         PERFORM lease._fail('22023', format('pg_lease: %s key columns %s do not pair with owner key columns %s', target, key_columns, owner_key_columns));
     END IF;
+    -- No other change to the fences on this table or on this owner table
+    -- runs beside this one from here on (lease._lock_owner_table; neither
+    -- table can be dropped meanwhile either): everything below, whether the
+    -- table is already protected first, is decided after any such change
+    -- committed (at READ COMMITTED; 40001 above it).
+    PERFORM lease._lock_owner_table(target, owner, 'protect');
+    PERFORM lease._check_not_protected(target);
     -- The owner key is unique under its own type's equality and collation.
     IF lease._owner_key_index(owner, owner_key_columns,
                               ARRAY(SELECT lease._column_type(owner, u.c)::pg_catalog.oid
@@ -1345,10 +1362,6 @@ BEGIN
             'The owner table needs a PRIMARY KEY or UNIQUE constraint on exactly these columns in the operator family of that equality.');
     END IF;
 
-    -- No other change to the fences on this owner table runs beside this
-    -- one from here on (lease._lock_owner_table): whether its owner guard is
-    -- in place, and what it watches, is read after that one committed.
-    PERFORM lease._lock_owner_table(target, owner, 'protect');
     PERFORM lease._refuse_detach_pending(ARRAY[target::oid, owner::oid]);
     -- One owner guard per owner table, shared by every table fenced against it.
     SELECT (lease._trigger_args(t.tgargs))[1] INTO existing_guard FROM pg_catalog.pg_trigger t
@@ -1379,6 +1392,11 @@ BEGIN
     IF target IS NULL THEN
         PERFORM lease._fail('22004', 'lease.unprotect: target must not be NULL');
     END IF;
+    -- No other change to this table's fence runs beside this one from here
+    -- on (lease._lock_owner_table; nor can the table be dropped meanwhile):
+    -- whether it is protected, and how, is read after any such change
+    -- committed (at READ COMMITTED; 40001 above it).
+    PERFORM lease._lock_owner_table(target, 0, 'unprotect');
     -- Forget the config first: the DDL guard then no longer expects the triggers.
     SELECT * INTO p FROM lease.protected x WHERE x.relid = target;
     IF NOT FOUND THEN
@@ -1415,10 +1433,11 @@ BEGIN
     IF p.owner_table IS NOT NULL THEN
         PERFORM lease._lock_owner_table(target, p.owner_table, 'unprotect');
     END IF;
-    PERFORM lease._trigger_ddl(target, format('DROP TRIGGER pg_lease_fence ON %s', target));
-    FOR part IN SELECT t.relid FROM pg_partition_tree(target) t UNION SELECT target LOOP
-        PERFORM lease._trigger_ddl(part, format('DROP TRIGGER IF EXISTS pg_lease_truncate ON %s', part));
-    END LOOP;
+    -- The owner table's triggers first, then the fenced table's: a writer
+    -- that read or changed owner rows before writing the fenced table (the
+    -- order of a game server's transaction) then finishes before this waits
+    -- for the fenced table, instead of deadlocking with it. (A fenced write
+    -- locks the fenced table first and its owner rows in the same statement.)
     IF p.owner_table IS NOT NULL AND NOT EXISTS (SELECT 1 FROM lease.protected o WHERE o.owner_table = p.owner_table) THEN
         PERFORM lease._trigger_ddl(p.owner_table, format('DROP TRIGGER IF EXISTS pg_lease_owner_guard ON %s', p.owner_table));
         FOR part IN SELECT t.relid FROM pg_partition_tree(p.owner_table) t UNION SELECT p.owner_table LOOP
@@ -1428,6 +1447,10 @@ BEGIN
         -- Still guarding other fenced tables: watch only their key columns.
         PERFORM lease._guard_owner(p.owner_table, p.owner_token_column);
     END IF;
+    PERFORM lease._trigger_ddl(target, format('DROP TRIGGER pg_lease_fence ON %s', target));
+    FOR part IN SELECT t.relid FROM pg_partition_tree(target) t UNION SELECT target LOOP
+        PERFORM lease._trigger_ddl(part, format('DROP TRIGGER IF EXISTS pg_lease_truncate ON %s', part));
+    END LOOP;
 END $$;
 
 -- DROP INDEX too reaches the ddl_command_start guard: DROP INDEX
@@ -1457,6 +1480,10 @@ BEGIN
             PERFORM lease._fail('0A000', format('pg_lease: key column "%s" of %s cannot identify a high-water resource: %s', col, target, why));
         END IF;
     END LOOP;
+    -- No other change to this table's fence runs beside this one from here
+    -- on (lease._lock_owner_table, with no owner table): whether it is
+    -- already protected is decided after any such change committed.
+    PERFORM lease._lock_owner_table(target, 0, 'protect_high_water');
     PERFORM lease._check_not_protected(target);
     PERFORM lease._refuse_detach_pending(ARRAY[target::oid]);
     PERFORM lease._check_citus_layout(target, key_columns, NULL, NULL);

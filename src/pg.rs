@@ -546,15 +546,40 @@ pub fn owns(role: pg_sys::Oid, relid: pg_sys::Oid) -> bool {
     unsafe { pg_sys::has_privs_of_role(role, rel_owner(relid)) }
 }
 
-/// The role that owns `relid` (lookups run as it, as RI triggers do).
+/// The role that owns `relid` (lookups run as it, as RI triggers do);
+/// InvalidOid when there is no such relation. A syscache read: no SPI, so
+/// usable where a transaction must not get an xid (`DROP INDEX
+/// CONCURRENTLY` must be its transaction's first action).
 pub fn rel_owner(relid: pg_sys::Oid) -> pg_sys::Oid {
-    pgrx::spi::Spi::get_one_with_args::<pg_sys::Oid>(
-        "SELECT relowner FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) $1",
-        &[relid.into()],
-    )
-    .ok()
-    .flatten()
-    .unwrap_or(pg_sys::InvalidOid)
+    // SAFETY: SearchSysCache1 returns a pinned pg_class tuple or NULL
+    // (checked); its data is a FormData_pg_class, read before the tuple is
+    // released.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::RELOID as i32, pg_sys::Datum::from(relid));
+        if tuple.is_null() {
+            return pg_sys::InvalidOid;
+        }
+        let owner = (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_class>(tuple)).relowner;
+        pg_sys::ReleaseSysCache(tuple);
+        owner
+    }
+}
+
+/// Whether `index` is a unique index (false when it is no index). A
+/// syscache read, as [`rel_owner`].
+pub fn index_is_unique(index: pg_sys::Oid) -> bool {
+    // SAFETY: SearchSysCache1 returns a pinned pg_index tuple or NULL
+    // (checked); its data is a FormData_pg_index, whose fixed-size fields
+    // are read before the tuple is released.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::INDEXRELID as i32, pg_sys::Datum::from(index));
+        if tuple.is_null() {
+            return false;
+        }
+        let unique = (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_index>(tuple)).indisunique;
+        pg_sys::ReleaseSysCache(tuple);
+        unique
+    }
 }
 
 /// Prepares `sql` with SPI and keeps the plan for the life of the backend.
@@ -1384,13 +1409,25 @@ pub unsafe fn list_ptrs<'a>(list: *const pg_sys::List) -> impl Iterator<Item = *
     (0..len).map(move |i| unsafe { (*(*list).elements.add(i)).ptr_value })
 }
 
+/// The elements of a Postgres OID `List` (T_OidList; NIL, a null pointer,
+/// is empty), copied out.
+///
+/// # Safety
+/// `list` is null or a valid OID `List`.
+pub unsafe fn list_oids(list: *const pg_sys::List) -> Vec<pg_sys::Oid> {
+    // SAFETY: a non-null `list` is a valid List (the caller's contract).
+    let len = if list.is_null() { 0 } else { (unsafe { (*list).length }) as usize };
+    // SAFETY: i < length, and a List's `elements` array holds `length`
+    // cells; an OID List's cells are read through `oid_value`.
+    (0..len).map(|i| unsafe { (*(*list).elements.add(i)).oid_value }).collect()
+}
+
 /// Locks `relid` and every table under it (partitions and inheritance
 /// children, at any depth) in `mode`, to transaction end, parents before
 /// children (the order Postgres's own recursing commands take): the tables
 /// locked. A child attached or created meanwhile is found once its parent's
 /// lock is granted, so none joins the tree unseen while the locks are held.
-/// A `relid` that names no relation any more is locked harmlessly (and has
-/// no children).
+/// A `relid` dropped meanwhile is an error ([`lock_existing`]).
 pub fn lock_tree(relid: pg_sys::Oid, mode: u32) -> Vec<pg_sys::Oid> {
     extern "C-unwind" {
         // (catalog/pg_inherits.h, which pgrx does not bind.)
@@ -1400,17 +1437,60 @@ pub fn lock_tree(relid: pg_sys::Oid, mode: u32) -> Vec<pg_sys::Oid> {
             numparents: *mut *mut pg_sys::List,
         ) -> *mut pg_sys::List;
     }
-    // SAFETY: LockRelationOid takes a heavyweight lock on any OID;
-    // find_all_inheritors (the parent being locked) locks each child it
-    // finds and returns a palloc'd OID List (the parent first), whose cells
-    // are read through `oid_value`; called on the backend's main thread
-    // through pgrx's guard, which turns an ERROR (a lock wait cancelled) into
-    // a Rust panic as for pgrx's own bindings.
+    lock_existing(relid, mode);
+    // SAFETY: find_all_inheritors (the parent being locked) locks each child
+    // it finds and returns a palloc'd OID List (the parent first); called on
+    // the backend's main thread through pgrx's guard, which turns an ERROR
+    // (a lock wait cancelled) into a Rust panic as for pgrx's own bindings.
     unsafe {
-        pg_sys::LockRelationOid(relid, mode as _);
-        let list = pg_sys::ffi::pg_guard_ffi_boundary(|| find_all_inheritors(relid, mode as _, std::ptr::null_mut()));
-        let len = if list.is_null() { 0 } else { (*list).length as usize };
-        (0..len).map(|i| (*(*list).elements.add(i)).oid_value).collect()
+        list_oids(pg_sys::ffi::pg_guard_ffi_boundary(|| find_all_inheritors(relid, mode as _, std::ptr::null_mut())))
+    }
+}
+
+/// Raises an ERROR with `code`, `message` and `detail` and no CONTEXT lines,
+/// as `errors::raise` does for pg_lease's own errors: what pg_lease's
+/// internal functions report about bad input (permissions, a table dropped
+/// meanwhile) shows the client no frames of pg_lease's PL/pgSQL. (In a
+/// logical replication worker the CONTEXT stays: it names the remote
+/// transaction.)
+pub fn error_without_context(code: pgrx::PgSqlErrorCode, message: String, detail: Option<&str>) -> ! {
+    // SAFETY: the callbacks on this stack only add CONTEXT lines; every
+    // handler that catches the error (PG_TRY, PL/pgSQL exception blocks, the
+    // top-level sigsetjmp) restores the stack it saved, so clearing it for
+    // this error affects its report and nothing after it; nothing between
+    // here and the report (pgrx unwinding to its guard) adds a callback.
+    // IsLogicalWorker reads this process's own worker slot pointer.
+    unsafe {
+        if !pg_sys::IsLogicalWorker() {
+            pg_sys::error_context_stack = std::ptr::null_mut();
+        }
+    }
+    if let Some(detail) = detail {
+        pgrx::ereport!(ERROR, code, message, detail);
+    }
+    pgrx::ereport!(ERROR, code, message);
+}
+
+/// Locks relation `relid` in `mode` (to transaction end) and checks that it
+/// is still there: a relation dropped by the transaction the lock waited for
+/// is an error naming it (42P01), where opening it would be "could not open
+/// relation with OID" (XX000).
+pub fn lock_existing(relid: pg_sys::Oid, mode: u32) {
+    // Its name while it is still visible (a drop waited for is not yet).
+    let name = display_if_exists(relid);
+    // SAFETY: LockRelationOid takes a heavyweight lock on any OID and then
+    // accepts pending invalidations, so the syscache lookup below sees a
+    // drop committed while it waited.
+    unsafe { pg_sys::LockRelationOid(relid, mode as _) };
+    if display_if_exists(relid).is_none() {
+        error_without_context(
+            pgrx::PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+            match name {
+                Some(name) => format!("pg_lease: table {name} was dropped by a concurrent transaction"),
+                None => format!("pg_lease: there is no table with OID {}", u32::from(relid)),
+            },
+            None,
+        );
     }
 }
 
@@ -2031,11 +2111,8 @@ impl UniqueIndex {
         // (NIL = null when empty); the syscache lookups accept any OIDs.
         unsafe {
             let rel = pg_sys::table_open(heap, pg_sys::AccessShareLock as _);
-            let list = pg_sys::RelationGetIndexList(rel);
-            let len = if list.is_null() { 0 } else { (*list).length as usize };
             let mut found = None;
-            for i in 0..len {
-                let index = (*(*list).elements.add(i)).oid_value;
+            for index in list_oids(pg_sys::RelationGetIndexList(rel)) {
                 let irel = pg_sys::index_open(index, pg_sys::AccessShareLock as _);
                 let ind = &*(*irel).rd_index;
                 let nkeys = ind.indnkeyatts as usize;

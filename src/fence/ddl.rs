@@ -381,7 +381,8 @@ pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
                     if finalize { "FINALIZE" } else { "CONCURRENTLY" }
                 ),
                 format!("Table {display} holds the current fencing tokens of fenced resources; a detached partition's tokens could start over."),
-            ));
+            )
+            .with_hint("An owner table keeps its partitions while tables are fenced against it: to take one out, lease.unprotect the tables fenced against it first."));
         }
     }
     Ok(pg_sys::Datum::from(0))
@@ -395,26 +396,12 @@ pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
 /// run the command on it (its owner), as Postgres checks before it locks:
 /// no other role can make anyone wait this way (the command fails on
 /// permissions anyway).
-/// (Read-only: `DROP INDEX CONCURRENTLY` must be its transaction's first
+/// (No SPI: `DROP INDEX CONCURRENTLY` must be its transaction's first
 /// action, and a read-write SPI query would give the transaction an xid.)
 fn lock_if_owned(relid: pg_sys::Oid) {
-    if relid == pg_sys::InvalidOid {
-        return;
-    }
-    let owned = pgrx::spi::Spi::connect(|client| {
-        client
-            .select(
-                "SELECT pg_catalog.pg_has_role(c.relowner, 'USAGE') FROM pg_catalog.pg_class c
-                  WHERE c.oid OPERATOR(pg_catalog.=) $1",
-                Some(1),
-                &[relid.into()],
-            )
-            .and_then(|rows| rows.first().get_one::<bool>())
-    })
-    .ok()
-    .flatten()
-    .unwrap_or(false);
-    if owned {
+    // SAFETY: GetUserId reads a backend global, set in any backend that
+    // runs SQL.
+    if relid != pg_sys::InvalidOid && crate::pg::owns(unsafe { pg_sys::GetUserId() }, relid) {
         // SAFETY: LockRelationOid locks any OID, to transaction end.
         unsafe { pg_sys::LockRelationOid(relid, pg_sys::ShareUpdateExclusiveLock as _) };
     }
@@ -454,26 +441,15 @@ fn refuse_concurrent_owner_key_drop(drop: &pg_sys::DropStmt) -> Result<(), Refus
             continue;
         };
         lock_if_owned(table);
-        // (Read-only, as in `lock_if_owned`.)
-        let unique = pgrx::spi::Spi::connect(|client| {
-            client
-                .select(
-                    "SELECT i.indisunique FROM pg_catalog.pg_index i WHERE i.indexrelid OPERATOR(pg_catalog.=) $1",
-                    Some(1),
-                    &[index.into()],
-                )
-                .and_then(|rows| rows.first().get_one::<bool>())
-        })
-        .ok()
-        .flatten()
-        .unwrap_or(false);
+        let unique = crate::pg::index_is_unique(index);
         if unique && crate::fence::config::is_owner_table(table) {
             let (name, display) = (crate::pg::display(index), crate::pg::display(table));
             return Err(Refusal::new(
                 crate::errors::LeaseError::FenceTampering,
                 format!("DROP INDEX CONCURRENTLY of unique index {name} on owner table {display} is refused"),
-                format!("DROP INDEX CONCURRENTLY commits its first steps before pg_lease's guard can judge it, and an owner key that no unique index keeps unique lets a stale writer's row match another owner row. Use DROP INDEX without CONCURRENTLY: pg_lease refuses it before it commits when the index is the one that makes {display}'s owner key unique."),
-            ));
+                "DROP INDEX CONCURRENTLY commits its first steps before pg_lease's guard can judge it, and an owner key that no unique index keeps unique lets a stale writer's row match another owner row.".to_owned(),
+            )
+            .with_hint(format!("Use DROP INDEX without CONCURRENTLY: pg_lease lets it commit unless the index is the one that makes {display}'s owner key unique.")));
         }
     }
     Ok(())
@@ -586,6 +562,9 @@ pub fn owner_key_index(
             format!("permission denied for table {}", crate::pg::display(owner))
         );
     }
+    // (The lock `find` takes, first: a drop it waits for is then an error
+    // naming the table.)
+    crate::pg::lock_existing(owner, pg_sys::AccessShareLock);
     let mut columns = Vec::with_capacity(key_types.len());
     for (name, key_type) in owner_key_columns.iter().zip(key_types) {
         let (attnum, typid) = crate::pg::attribute(owner, name)?;

@@ -10,7 +10,7 @@ use pgrx::prelude::*;
 
 fn require(ok: bool, message: String, detail: &str) {
     if !ok {
-        ereport!(ERROR, PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE, message, detail);
+        crate::pg::error_without_context(PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE, message, Some(detail));
     }
 }
 
@@ -33,11 +33,16 @@ fn check_caller(entry_point: &str, tables: &[pg_sys::Oid]) {
         format!("pg_lease: permission denied for {}", entry_point.split('(').next().unwrap_or(entry_point)),
         "Fences are set up and removed by the roles the DBA grants lease.protect, lease.protect_high_water and lease.unprotect to.",
     );
+    let detail = if entry_point == PROTECT || entry_point == PROTECT_HIGH_WATER {
+        "A role may fence only tables it owns, against owner tables it owns."
+    } else {
+        "A role may change or remove only the fences of tables it owns."
+    };
     for &relid in tables {
         require(
             crate::pg::owns(caller, relid),
             format!("pg_lease: must be owner of table {}", crate::pg::display(relid)),
-            "A role may fence only tables it owns, against owner tables it owns.",
+            detail,
         );
     }
 }
@@ -45,11 +50,16 @@ fn check_caller(entry_point: &str, tables: &[pg_sys::Oid]) {
 /// Who changes the fences on an owner table (`lease._lock_owner_table`).
 const PROTECT: &str = "lease.protect(regclass, text[], name, regclass, text[], name)";
 const UNPROTECT: &str = "lease.unprotect(regclass)";
+const PROTECT_HIGH_WATER: &str = "lease.protect_high_water(regclass, text[], name)";
 
 /// `lease._lock_owner_table(target, owner, by)`: serializes the changes of
 /// the fences that share owner table `owner`, for `lease.protect` (`by` =
-/// 'protect'), `lease.unprotect` ('unprotect') and the drop guard ('drop',
-/// after it forgot the fences of dropped tables). Each takes
+/// 'protect'), `lease.protect_high_water` ('protect_high_water', `owner` 0:
+/// no owner table), `lease.unprotect` ('unprotect', `owner` 0 for a
+/// high-water fence) and the drop guard (`by` = its command's tag, after it
+/// forgot the fences of dropped tables). Two changes of one table's fence
+/// run one after the other too, so the second sees the first (the callers
+/// check again that the table is not already protected). Each takes
 /// `ShareUpdateExclusiveLock` (it conflicts with itself and with DDL, not
 /// with reads and writes of rows) on every table of `owner`'s tree, protect
 /// and unprotect on `target`'s tree first (whose TRUNCATE guards they
@@ -63,7 +73,7 @@ const UNPROTECT: &str = "lease.unprotect(regclass)";
 /// waited for; in a REPEATABLE READ or SERIALIZABLE transaction, a change
 /// committed after its snapshot is a serialization failure (40001,
 /// `ddl::fresh_catalog`). The caller is checked as `lease._register` and
-/// `lease._unregister` check it; 'drop' only from pg_lease's own event
+/// `lease._unregister` check it; a drop only from pg_lease's own event
 /// trigger (running as the owner of lease.protected).
 #[pg_extern(name = "_lock_owner_table", volatile, parallel_unsafe)]
 pub fn lock_owner_table(target: pg_sys::Oid, owner: pg_sys::Oid, by: ServerText) {
@@ -76,11 +86,16 @@ pub fn lock_owner_table(target: pg_sys::Oid, owner: pg_sys::Oid, by: ServerText)
             check_caller(PROTECT, &[target, owner]);
             ("lease.protect", vec![target, owner])
         }
+        "protect_high_water" => {
+            check_caller(PROTECT_HIGH_WATER, &[target]);
+            ("lease.protect_high_water", vec![target])
+        }
         "unprotect" => {
             check_caller(UNPROTECT, &[target]);
-            ("lease.unprotect", vec![target, owner])
+            ("lease.unprotect", [target, owner].into_iter().filter(|&r| r != pg_sys::InvalidOid).collect())
         }
-        "drop" => {
+        // (The drop guard passes its command's tag: DROP TABLE, DROP SCHEMA, ...)
+        tag if tag.starts_with("DROP") => {
             // SAFETY: GetUserId reads a backend global.
             let user = unsafe { pg_sys::GetUserId() };
             require(
@@ -88,7 +103,7 @@ pub fn lock_owner_table(target: pg_sys::Oid, owner: pg_sys::Oid, by: ServerText)
                 "pg_lease: permission denied for lease._lock_owner_table".to_owned(),
                 "Only pg_lease's own DDL guard locks owner tables for a drop.",
             );
-            ("DROP", vec![owner])
+            (tag, vec![owner])
         }
         other => error!("lease._lock_owner_table: unknown caller {other:?}"),
     };
@@ -117,7 +132,7 @@ pub fn register(
     owner_key_columns: Option<Vec<ServerText>>,
     owner_token_column: Option<ServerText>,
 ) {
-    let entry_point = if mode.0 == "owner" { PROTECT } else { "lease.protect_high_water(regclass, text[], name)" };
+    let entry_point = if mode.0 == "owner" { PROTECT } else { PROTECT_HIGH_WATER };
     let mut tables = vec![target];
     tables.extend(owner_table);
     check_caller(entry_point, &tables);
@@ -126,13 +141,17 @@ pub fn register(
         // could not tell from another's is refused now (22P05), not met later.
         crate::pg::relation_names(relid);
     }
+    // (Recorded as who called protect, not as whom the row is written.)
+    // SAFETY: GetUserId reads a backend global, set in any backend that
+    // runs SQL.
+    let caller = unsafe { pg_sys::GetUserId() };
     as_role(rel_owner(lease_relid(c"protected")), || {
         Spi::run_with_args(
             "INSERT INTO lease.protected (relid, mode, key_columns, token_column, owner_table, owner_key_columns,
                                           owner_token_column, protected_by, key_types, token_type, owner_key_types,
                                           owner_token_type)
              SELECT $1::pg_catalog.oid::pg_catalog.regclass, $2, $3, $4, $5::pg_catalog.oid::pg_catalog.regclass, $6, $7,
-                    pg_catalog.current_user(),
+                    pg_catalog.pg_get_userbyid($8),
                     ARRAY(SELECT lease._column_type($1::pg_catalog.oid::pg_catalog.regclass, k)
                             FROM pg_catalog.unnest($3) WITH ORDINALITY u(k, n) ORDER BY n),
                     lease._column_type($1::pg_catalog.oid::pg_catalog.regclass, $4),
@@ -147,6 +166,7 @@ pub fn register(
                 owner_table.into(),
                 owner_key_columns.into(),
                 owner_token_column.into(),
+                caller.into(),
             ],
         )
     })

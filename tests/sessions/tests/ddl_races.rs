@@ -167,6 +167,8 @@ fn migrations_on_tables_no_fence_uses_wait_for_no_owner_table() {
         "CREATE TABLE other (i int PRIMARY KEY, j int, k int);
          CREATE FUNCTION noop() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';
          CREATE TRIGGER t BEFORE INSERT ON other FOR EACH ROW EXECUTE FUNCTION noop();
+         CREATE INDEX other_j ON other (j);
+         CREATE UNIQUE INDEX other_jk ON other (j, k);
          CREATE TABLE gone (i int PRIMARY KEY);",
     );
     let mut dba = db.connect();
@@ -174,6 +176,11 @@ fn migrations_on_tables_no_fence_uses_wait_for_no_owner_table() {
     must_run(&mut c, "SET lock_timeout = '3s'");
     for sql in [
         "ALTER TABLE other ADD COLUMN l int",
+        // (The drop guard opened every owner table to find whether its key
+        // lost its unique index: it waited for the DBA here, and deadlocked
+        // with a migration of the owner table that went on to touch `other`.)
+        "DROP INDEX other_j",
+        "DROP INDEX other_jk",
         "ALTER TABLE other DROP COLUMN k",
         "DROP TRIGGER t ON other",
         "ALTER TABLE other DROP CONSTRAINT other_pkey",
@@ -197,21 +204,28 @@ fn in_other_session(db: &str, sql: &str) -> (i32, std::thread::JoinHandle<Option
     (pid, std::thread::spawn(move || failure(&mut c, &sql)))
 }
 
-/// Waits (up to 5 s) until backend `pid` is blocked on a lock, idle or gone: false when not blocked.
+/// Waits (up to 5 s) until backend `pid` (from [`in_other_session`]) is
+/// blocked on a lock, done with its command or gone: false when not blocked.
+/// (Idle before its command arrives is not done: it still shows the query
+/// `backend_pid` ran. Read as done, a test then went on before the other
+/// session had even taken its snapshot.)
 fn blocked_or_done(observer: &mut Client, pid: i32) -> bool {
     let start = Instant::now();
     loop {
         // (No row: the session is over.)
-        let Some(row) =
-            observer.query_opt("SELECT state, wait_event_type FROM pg_stat_activity WHERE pid = $1", &[&pid]).unwrap()
+        let Some(row) = observer
+            .query_opt("SELECT state, wait_event_type, query FROM pg_stat_activity WHERE pid = $1", &[&pid])
+            .unwrap()
         else {
             return false;
         };
-        let (state, wait): (Option<String>, Option<String>) = (row.get(0), row.get(1));
+        let (state, wait, query): (Option<String>, Option<String>, Option<String>) =
+            (row.get(0), row.get(1), row.get(2));
         if wait.as_deref() == Some("Lock") {
             return true;
         }
-        if state.as_deref() == Some("idle") || start.elapsed() > Duration::from_secs(5) {
+        let done = state.as_deref() == Some("idle") && query.as_deref() != Some("SELECT pg_backend_pid()");
+        if done || start.elapsed() > Duration::from_secs(5) {
             return false;
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -392,6 +406,14 @@ fn the_migrator_protects_and_unprotects_at_every_isolation_level() {
         }
     }
     expect_error(&mut m, "INSERT INTO a_pay VALUES (1, 4, 1)", "LF001");
+    // protected_by names who set the fence up (it named pg_lease's own
+    // role, as whom the row is written).
+    let by: String = db
+        .connect()
+        .query_one("SELECT protected_by::text FROM lease.protected_tables WHERE table_name = 'a_pay'::regclass", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(by, role.0);
 }
 
 /// **Broken state (fixed).** The last fence on a partitioned owner table
@@ -669,4 +691,352 @@ fn a_partition_left_detach_pending_cannot_be_fenced_over_nor_finalized_out() {
     expect_error(&mut c, "ALTER TABLE f_tables DETACH PARTITION f_tables_2 CONCURRENTLY", "LF004");
     expect_error(&mut c, "INSERT INTO f_pay VALUES (150, 1, 10)", "LF001");
     must_run(&mut c, "INSERT INTO f_pay VALUES (150, 1, 20)");
+}
+
+/// An owner table whose key is unique through a plain unique index, and a
+/// table fenced against it.
+fn setup_index_key(c: &mut Client) {
+    must_run(
+        c,
+        "CREATE TABLE u_tables (id int NOT NULL, owner_fencing_token bigint NOT NULL DEFAULT 0);
+         CREATE UNIQUE INDEX u_key ON u_tables (id);
+         CREATE INDEX u_tok ON u_tables (owner_fencing_token);
+         CREATE TABLE u_pay (table_id int, fencing_token bigint, amount int);
+         INSERT INTO u_tables VALUES (1, 5);
+         SELECT lease.protect('u_pay', '{table_id}', 'fencing_token', 'u_tables');
+         CREATE TABLE u_other (i int);
+         CREATE UNIQUE INDEX u_other_i ON u_other (i);",
+    );
+}
+
+/// `DROP INDEX` of the index that keeps an owner key unique is refused
+/// however it is named (alone, beside others, schema-qualified, through
+/// `DROP OWNED`'s or `DROP SCHEMA`'s reach), and only the owner tables the
+/// command locked are judged: any other index goes, even while a migration
+/// holds every owner table.
+#[test]
+fn dropping_an_owner_key_index_is_refused_and_only_it() {
+    let db = TestDb::new("ddl_race_drop_index");
+    let mut c = db.connect();
+    setup(&mut c, &["a"]);
+    setup_index_key(&mut c);
+    for sql in [
+        "DROP INDEX u_key",
+        "DROP INDEX public.u_key",
+        "DROP INDEX u_other_i, u_key",
+        "DROP INDEX u_key CASCADE",
+        "BEGIN; DROP INDEX u_tok; DROP INDEX u_key",
+    ] {
+        let err = expect_error(&mut c, sql, "LF008");
+        assert!(err.contains("u_tables"), "{sql}: {err}");
+        must_run(&mut c, "ROLLBACK");
+    }
+    // With both owner tables held by a migration, an index of neither goes.
+    let mut dba = db.connect();
+    must_run(&mut dba, "BEGIN; LOCK TABLE a_tables, u_tables IN ACCESS EXCLUSIVE MODE");
+    must_run(&mut c, "SET lock_timeout = '3s'");
+    if let Some(e) = failure(&mut c, "DROP INDEX u_other_i") {
+        panic!("DROP INDEX of another table's index beside a migration of the owner tables: {e:?}");
+    }
+    must_run(&mut dba, "ROLLBACK");
+    // A non-key index of the owner table goes too; the key stays enforced.
+    must_run(&mut c, "DROP INDEX u_tok");
+    expect_error(&mut c, "INSERT INTO u_pay VALUES (1, 4, 1)", "LF001");
+    must_run(&mut c, "INSERT INTO u_pay VALUES (1, 5, 1)");
+    assert_eq!(
+        one_i64(
+            &mut c,
+            "SELECT count(*) FROM lease.protected_tables WHERE table_name = 'u_pay'::regclass AND enforced"
+        ),
+        1
+    );
+}
+
+/// **Hole (fixed, a stale write accepted).** The owner table's owner made the
+/// unique index that keeps the owner key unique depend on an extension
+/// (`ALTER INDEX ... DEPENDS ON EXTENSION`, which only needs the table's
+/// ownership) and dropped the extension: the index went with it unjudged
+/// (the drop guard looked only at indexes dropped by name or by a normal
+/// dependency), a look-alike owner row with an older token could be
+/// inserted, and a stale writer's row matched it. Now refused (LF008);
+/// another index that depends on the extension goes with it.
+#[test]
+fn an_owner_key_index_dropped_with_an_extension_is_refused() {
+    let db = TestDb::new("ddl_race_index_extension");
+    let mut c = db.connect();
+    setup_index_key(&mut c);
+    must_run(&mut c, "CREATE EXTENSION dblink; ALTER INDEX u_tok DEPENDS ON EXTENSION dblink; DROP EXTENSION dblink");
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM pg_class WHERE relname = 'u_tok'"), 0);
+    must_run(&mut c, "CREATE EXTENSION dblink; ALTER INDEX u_key DEPENDS ON EXTENSION dblink");
+    let err = expect_error(&mut c, "DROP EXTENSION dblink", "LF008");
+    assert!(err.contains("u_tables"), "{err}");
+    expect_error(&mut c, "INSERT INTO u_tables VALUES (1, 4)", "23505");
+    expect_error(&mut c, "INSERT INTO u_pay VALUES (1, 4, 1)", "LF001");
+    assert_eq!(
+        one_i64(
+            &mut c,
+            "SELECT count(*) FROM lease.protected_tables WHERE table_name = 'u_pay'::regclass AND enforced"
+        ),
+        1
+    );
+}
+
+/// Resets the fences of `setup_twice`'s tables.
+const UNPROTECT_ALL: &str = "SELECT lease.unprotect(relid) FROM lease.protected";
+
+/// **Messages (fixed).** One table protected by two sessions at once (against
+/// two owner tables, as owner and as high-water fence, a partition and its
+/// parent): the second waited for the first and then failed with 23505 on
+/// `protected_pkey` or 42710 "trigger ... already exists". Now it is told
+/// the table is already protected (42710), as it would be one after the
+/// other, and the first fence is whole.
+#[test]
+fn one_table_protected_twice_side_by_side_is_already_protected_the_second_time() {
+    let db = TestDb::new("ddl_race_protect_twice");
+    let mut c = db.connect();
+    setup(&mut c, &["a", "b"]);
+    must_run(
+        &mut c,
+        &format!(
+            "{UNPROTECT_ALL};
+             CREATE TABLE p_pay (table_id int, fencing_token bigint, amount int) PARTITION BY RANGE (table_id);
+             CREATE TABLE p_pay_1 PARTITION OF p_pay FOR VALUES FROM (0) TO (100);"
+        ),
+    );
+    let owner_a = "SELECT lease.protect('b_pay', '{table_id}', 'fencing_token', 'a_tables')";
+    let owner_b = "SELECT lease.protect('b_pay', '{table_id}', 'fencing_token', 'b_tables')";
+    let high_water = "SELECT lease.protect_high_water('b_pay', '{table_id}', 'fencing_token')";
+    let parent = "SELECT lease.protect_high_water('p_pay', '{table_id}', 'fencing_token')";
+    let partition = "SELECT lease.protect('p_pay_1', '{table_id}', 'fencing_token', 'a_tables')";
+    for (first, second) in [
+        (owner_a, owner_b),
+        (owner_a, high_water),
+        (high_water, owner_a),
+        (high_water, high_water),
+        (parent, partition),
+        (partition, parent),
+    ] {
+        must_run(&mut c, &format!("BEGIN; {first}"));
+        let (pid, other) = in_other_session(&db.name, second);
+        let mut observer = db.connect();
+        wait_until_blocked(&mut observer, pid);
+        must_run(&mut c, "COMMIT");
+        let outcome = other.join().unwrap();
+        assert!(
+            outcome.as_ref().is_some_and(|[code, message]| code == "42710" && message.contains("is already protected")),
+            "{second} beside {first}: {outcome:?}"
+        );
+        let problems = one_i64(&mut c, "SELECT count(*) FROM lease._fence_problems()");
+        assert_eq!(problems, 0, "the fence of {first} after {second}");
+        must_run(&mut c, UNPROTECT_ALL);
+    }
+}
+
+/// **Messages (fixed).** A table dropped while another session protects
+/// against it (as the owner table), protects it or unprotects it: the
+/// change waited for the drop and then failed with XX000 "could not open
+/// relation with OID", 42601 (a query built from the dropped table's
+/// column types), or 42704 naming an OID. Now it names the table (42P01).
+#[test]
+fn fence_changes_beside_a_drop_of_their_tables_name_the_dropped_one() {
+    for (drop, change, gone, left) in [
+        (
+            "DROP TABLE b_tables",
+            "SELECT lease.protect('b_pay', '{table_id}', 'fencing_token', 'b_tables')",
+            "b_tables",
+            1,
+        ),
+        ("DROP TABLE b_pay", "SELECT lease.protect('b_pay', '{table_id}', 'fencing_token', 'b_tables')", "b_pay", 1),
+        ("DROP TABLE b_pay", "SELECT lease.protect_high_water('b_pay', '{table_id}', 'fencing_token')", "b_pay", 1),
+        // (The drop also removes a_tables' guards, holding a_tables.)
+        ("DROP TABLE a_pay", "SELECT lease.protect('a_pay', '{table_id}', 'fencing_token', 'a_tables')", "a_pay", 0),
+        ("DROP TABLE a_pay", "SELECT lease.unprotect('a_pay')", "a_pay", 0),
+    ] {
+        let db = TestDb::new("ddl_race_protect_dropped");
+        let mut c = db.connect();
+        setup(&mut c, &["a", "b"]);
+        must_run(&mut c, &format!("BEGIN; {drop}"));
+        let (pid, other) = in_other_session(&db.name, change);
+        let mut observer = db.connect();
+        wait_until_blocked(&mut observer, pid);
+        must_run(&mut c, "COMMIT");
+        let outcome = other.join().unwrap();
+        assert!(
+            outcome.as_ref().is_some_and(|[code, message]| code == "42P01"
+                && message.contains(gone)
+                && message.contains("dropped by a concurrent transaction")),
+            "{change} beside {drop}: {outcome:?}"
+        );
+        assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected"), left);
+        assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease._fence_problems()"), 0);
+    }
+}
+
+/// **Broken (fixed).** A fence change behind the opposite one on the same
+/// table (protect behind unprotect, unprotect behind protect, of the table
+/// or of its partitioned parent): it checked whether the table was
+/// protected under the snapshot it took before it waited, so at READ
+/// COMMITTED `protect` said "already protected" (42710) of a table the
+/// other session had just unprotected, and `unprotect` "not protected" of
+/// one it had just protected; above READ COMMITTED it did not fail with
+/// 40001 as a change committed after the snapshot should. A migration that
+/// reads 42710 as "already done" then left the table unfenced. Now the
+/// change waits first and decides after: it takes effect (READ COMMITTED),
+/// or fails with 40001 (REPEATABLE READ, SERIALIZABLE).
+#[test]
+fn a_fence_change_behind_the_opposite_change_sees_it() {
+    let protect_a = "SELECT lease.protect('a_pay', '{table_id}', 'fencing_token', 'a_tables')";
+    let high_water_a = "SELECT lease.protect_high_water('a_pay', '{table_id}', 'fencing_token')";
+    let unprotect_a = "SELECT lease.unprotect('a_pay')";
+    let protect_part = "SELECT lease.protect('p_pay_1', '{table_id}', 'fencing_token', 'a_tables')";
+    let protect_parent = "SELECT lease.protect_high_water('p_pay', '{table_id}', 'fencing_token')";
+    let unprotect_parent = "SELECT lease.unprotect('p_pay')";
+    // (first, second, whether a_pay starts protected, the fences left when the second takes effect)
+    for (first, second, start_protected, after) in [
+        (unprotect_a, protect_a, true, vec!["a_pay"]),
+        (unprotect_a, high_water_a, true, vec!["a_pay"]),
+        (protect_a, unprotect_a, false, vec![]),
+        (unprotect_parent, protect_part, false, vec!["p_pay_1"]),
+    ] {
+        for isolation in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] {
+            let db = TestDb::new("ddl_race_opposite");
+            let mut c = db.connect();
+            setup(&mut c, &["a"]);
+            must_run(
+                &mut c,
+                "CREATE TABLE p_pay (table_id int, fencing_token bigint, amount int) PARTITION BY RANGE (table_id);
+                 CREATE TABLE p_pay_1 PARTITION OF p_pay FOR VALUES FROM (0) TO (100);",
+            );
+            if !start_protected {
+                must_run(&mut c, unprotect_a);
+            }
+            if first == unprotect_parent {
+                must_run(&mut c, protect_parent);
+            }
+            must_run(&mut c, &format!("BEGIN; {first}"));
+            let (pid, other) =
+                in_other_session(&db.name, &format!("BEGIN ISOLATION LEVEL {isolation}; SELECT 1; {second}; COMMIT"));
+            let mut observer = db.connect();
+            wait_until_blocked(&mut observer, pid);
+            must_run(&mut c, "COMMIT");
+            let outcome = other.join().unwrap();
+            let fences = |c: &mut Client| -> Vec<String> {
+                c.query("SELECT relid::text FROM lease.protected ORDER BY 1", &[])
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect()
+            };
+            if isolation == "READ COMMITTED" {
+                assert_eq!(outcome, None, "{second} behind {first}");
+                assert_eq!(fences(&mut c), after, "{second} behind {first}");
+            } else {
+                assert!(
+                    outcome.as_ref().is_some_and(|[code, _]| code == "40001"),
+                    "{second} behind {first} at {isolation}: {outcome:?}"
+                );
+                // A retry takes effect.
+                must_run(&mut c, second);
+                assert_eq!(fences(&mut c), after, "{second} retried behind {first} at {isolation}");
+            }
+            assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease._fence_problems()"), 0);
+        }
+    }
+}
+
+/// **Broken (fixed).** A high-water fence's changes took no lock: `unprotect`
+/// beside an `ALTER TABLE ... SET SCHEMA` of the table failed with 42P01
+/// (its DROP TRIGGER named the table as it was), and `protect_high_water` or
+/// `unprotect` beside a partition being created under a sub-partition were
+/// not serialized with it. Now they lock the table's tree as owner-mode
+/// fence changes do.
+#[test]
+fn high_water_fence_changes_beside_migrations_of_the_table() {
+    let db = TestDb::new("ddl_race_high_water");
+    let mut c = db.connect();
+    must_run(
+        &mut c,
+        "CREATE SCHEMA s2;
+         CREATE TABLE h_pay (table_id int, fencing_token bigint, amount int);
+         SELECT lease.protect_high_water('h_pay', '{table_id}', 'fencing_token');",
+    );
+    must_run(&mut c, "BEGIN; ALTER TABLE h_pay SET SCHEMA s2");
+    let (pid, other) = in_other_session(&db.name, "SELECT lease.unprotect('h_pay')");
+    let mut observer = db.connect();
+    wait_until_blocked(&mut observer, pid);
+    must_run(&mut c, "COMMIT");
+    assert_eq!(other.join().unwrap(), None, "unprotect beside SET SCHEMA");
+    assert_eq!(lease_triggers(&mut c, "s2.h_pay"), 0);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected"), 0);
+
+    must_run(
+        &mut c,
+        "CREATE TABLE q_pay (table_id int, fencing_token bigint, amount int) PARTITION BY RANGE (table_id);
+         CREATE TABLE q_pay_1 PARTITION OF q_pay FOR VALUES FROM (0) TO (100) PARTITION BY RANGE (table_id);
+         CREATE TABLE q_pay_1a PARTITION OF q_pay_1 FOR VALUES FROM (0) TO (50);",
+    );
+    let protect = "SELECT lease.protect_high_water('q_pay', '{table_id}', 'fencing_token')";
+    for (change, partition) in [(protect, "q_pay_1b"), ("SELECT lease.unprotect('q_pay')", "q_pay_1c")] {
+        must_run(
+            &mut c,
+            &format!(
+                "BEGIN; CREATE TABLE {partition} PARTITION OF q_pay_1 FOR VALUES FROM ({0}) TO ({1})",
+                if partition == "q_pay_1b" { 50 } else { 100 },
+                if partition == "q_pay_1b" { 100 } else { 150 }
+            ),
+        );
+        let (pid, other) = in_other_session(&db.name, change);
+        wait_until_blocked(&mut observer, pid);
+        must_run(&mut c, "COMMIT");
+        assert_eq!(other.join().unwrap(), None, "{change} beside a new sub-partition");
+        assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease._fence_problems()"), 0, "after {change}");
+        if change == protect {
+            expect_error(&mut c, "TRUNCATE q_pay_1b", "LF008");
+        } else {
+            assert_eq!(
+                one_i64(
+                    &mut c,
+                    "SELECT count(*) FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid
+                      WHERE g.tgname LIKE 'pg\\_lease\\_%' AND c.relname LIKE 'q\\_%'"
+                ),
+                0,
+                "pg_lease triggers left after unprotect"
+            );
+        }
+    }
+}
+
+/// **Deadlock (fixed).** `unprotect` of the last fence on an owner table
+/// beside a game server's transaction that reads or updates its owner row
+/// and then writes the fenced table: unprotect dropped the fenced table's
+/// trigger (ACCESS EXCLUSIVE on it) and then waited for the owner table,
+/// which the writer held, while the writer waited for the fenced table
+/// (40P01 for one of them). Now unprotect changes the owner table's
+/// triggers first: the writer finishes, fenced, then unprotect does.
+#[test]
+fn unprotect_beside_a_writer_that_touched_its_owner_row_first_does_not_deadlock() {
+    for (owner_step, token) in [
+        ("SELECT owner_fencing_token FROM a_tables WHERE id = 1", 5),
+        ("UPDATE a_tables SET owner_fencing_token = 6 WHERE id = 1", 6),
+    ] {
+        let db = TestDb::new("ddl_race_unprotect_writer");
+        let mut c = db.connect();
+        setup(&mut c, &["a"]);
+        let mut app = db.connect();
+        must_run(&mut app, &format!("SET lock_timeout = '5s'; BEGIN; {owner_step}"));
+        let (pid, other) = in_other_session(&db.name, "SELECT lease.unprotect('a_pay')");
+        let mut observer = db.connect();
+        wait_until_blocked(&mut observer, pid);
+        // Still fenced while unprotect waits: a stale write is refused, the
+        // current one goes in.
+        must_run(&mut app, "SAVEPOINT s");
+        expect_error(&mut app, &format!("INSERT INTO a_pay VALUES (1, {}, 1)", token - 1), "LF001");
+        must_run(&mut app, "ROLLBACK TO SAVEPOINT s");
+        if let Some(e) = failure(&mut app, &format!("INSERT INTO a_pay VALUES (1, {token}, 1); COMMIT")) {
+            panic!("the writer after {owner_step}, beside unprotect: {e:?}");
+        }
+        assert_eq!(other.join().unwrap(), None, "unprotect beside a writer that did {owner_step}");
+        assert_eq!(lease_triggers(&mut c, "a_tables") + lease_triggers(&mut c, "a_pay"), 0);
+        assert_eq!(one_i64(&mut c, "SELECT count(*) FROM a_pay"), 1);
+    }
 }

@@ -239,7 +239,7 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         "lease._token_floor()",
         "lease._unregister(oid)",
         // Serializes fence changes on an owner table; checks its caller as
-        // _register/_unregister do (the drop guard's own role for 'drop').
+        // _register/_unregister do (the drop guard's own role for a DROP).
         "lease._lock_owner_table(oid,oid,text)",
         // Citus: catalog reads, the layout check and the trigger DDL protect
         // and unprotect run with their caller's rights (a role can only
@@ -272,7 +272,7 @@ fn a_role_without_grants_executes_only_harmless_functions() {
     expect_error(&mut nobody, "SELECT lease._set_owner_token('tables'::regclass, '{1}', 99)", "42501");
     expect_error(&mut nobody, "SELECT lease._lock_owner_row('tables'::regclass, '{1}')", "42501");
     // No lock on a table it does not own, for any caller it names.
-    for by in ["protect", "unprotect", "drop"] {
+    for by in ["protect", "protect_high_water", "unprotect", "DROP TABLE"] {
         expect_error(
             &mut nobody,
             &format!("SELECT lease._lock_owner_table('payouts'::regclass, 'tables'::regclass, '{by}')"),

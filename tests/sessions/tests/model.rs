@@ -452,6 +452,12 @@ enum FenceDdl {
     /// Both in one admin statement: the same fence, new triggers; nothing
     /// changes for writers (no 40001).
     Reprotect,
+    /// `lease.protect_high_water` of the fenced table: refused (42710) while
+    /// it is protected; otherwise protected as a high-water fence and
+    /// unprotected again in one statement (nothing changes for writers).
+    /// Both take the table's fence-change lock (a high-water fence's own).
+    /// A key type high-water fencing cannot use: 0A000 either way.
+    HighWater,
 }
 
 /// One generated step. Steps only name sessions, resource slots and token
@@ -909,6 +915,7 @@ fn fence_ddl() -> BoxedStrategy<Step> {
         5 => Just(Step::Fence(FenceDdl::Toggle)),
         1 => Just(Step::Fence(FenceDdl::Misplaced)),
         1 => Just(Step::Fence(FenceDdl::Reprotect)),
+        1 => Just(Step::Fence(FenceDdl::HighWater)),
     ]
     .boxed()
 }
@@ -3097,6 +3104,17 @@ impl Runner<'_> {
                 true,
                 "unprotect and protect again",
             ),
+            FenceDdl::HighWater => {
+                let high_water = format!("lease.protect_high_water('{fenced}', {arr}, 'tok')");
+                let (ok, errs): (bool, &[&'static str]) =
+                    if !self.key.high_water_capable() { (false, &["0A000"]) } else { (!on, &["42710"]) };
+                let sql = if on {
+                    format!("SELECT {high_water}")
+                } else {
+                    format!("DO $$ BEGIN PERFORM {high_water}; PERFORM {unprotect}; END $$")
+                };
+                (sql, ok, errs, on, "protect_high_water (and unprotect when it took)")
+            }
         };
         let errs = if ok { Vec::new() } else { errs.to_vec() };
         let why = if on { format!("{why}; protected") } else { format!("{why}; not protected") };
@@ -4001,6 +4019,10 @@ fn fence_changes_under_open_snapshots_play_as_the_model_says() {
             Step::Fence(FenceDdl::Misplaced),
             Step::Fence(FenceDdl::Toggle),
             Step::Fence(FenceDdl::Misplaced),
+            Step::Fence(FenceDdl::HighWater),
+            Step::Fence(FenceDdl::Toggle),
+            Step::Fence(FenceDdl::HighWater),
+            write(0, Tok::Stale(1)),
         ];
         let case = Case { key: KeyType::Int, index: OwnerIndex::PrimaryKey, steps, audit: false };
         if let Err(f) = env.run_case(&case) {
@@ -4010,8 +4032,10 @@ fn fence_changes_under_open_snapshots_play_as_the_model_says() {
     let stats = env.stats.borrow();
     let count = |code: &str| stats.outcomes.get(code).copied().unwrap_or(0);
     let counts = [SERIALIZATION, STALE, "ddl 42704", "ddl 42710", "ddl ok"].map(count);
-    // Per isolation level: one snapshot older than protect; two stale writes
-    // judged (a stale one while unprotected is accepted); each misplaced
-    // call refused once; unprotect, protect, two reprotects, unprotect.
-    assert_eq!(counts, [2, 4, 2, 2, 10], "{:?}", stats.outcomes);
+    // Per isolation level: one snapshot older than protect; three stale
+    // writes judged (a stale one while unprotected is accepted); each
+    // misplaced call refused once, protect_high_water of the protected table
+    // too; unprotect, protect, two reprotects, unprotect, protect_high_water
+    // and unprotect of the unprotected table, protect.
+    assert_eq!(counts, [2, 6, 2, 4, 14], "{:?}", stats.outcomes);
 }

@@ -326,7 +326,9 @@ pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
     if let Some(drop) = unsafe { crate::pg::cast_node::<pg_sys::DropStmt>(data.parsetree, pg_sys::NodeTag::T_DropStmt) }
     {
         refuse_concurrent_owner_key_drop(drop)?;
-        return refuse_citus_fenced_drop(drop).map(|()| pg_sys::Datum::from(0));
+        refuse_citus_fenced_drop(drop)?;
+        lock_owner_tables_of_last_fences(drop);
+        return Ok(pg_sys::Datum::from(0));
     }
     // SAFETY: parsetree is null or the command's parse tree, alive for the
     // whole event trigger call; a T_AlterTableStmt node is an AlterTableStmt.
@@ -453,6 +455,69 @@ fn refuse_concurrent_owner_key_drop(drop: &pg_sys::DropStmt) -> Result<(), Refus
         }
     }
     Ok(())
+}
+
+/// `DROP TABLE` of the last tables fenced against an owner table locks that
+/// owner table `ACCESS EXCLUSIVE` here, before PostgreSQL locks the tables
+/// it drops: the drop guard then removes the owner table's guards, which
+/// takes that lock, and took it after the fenced table's, so a game
+/// server's transaction that read or updated its owner row and then wrote
+/// the fenced table deadlocked with the drop. Now the transaction finishes
+/// first, as beside `lease.unprotect` (which changes the owner table's
+/// triggers first too). Only for tables the role may drop (their owner),
+/// as Postgres checks before it locks.
+fn lock_owner_tables_of_last_fences(drop: &pg_sys::DropStmt) {
+    if drop.removeType != pg_sys::ObjectType::OBJECT_TABLE {
+        return;
+    }
+    // SAFETY: GetUserId reads a backend global, set in any backend that
+    // runs SQL.
+    let user = unsafe { pg_sys::GetUserId() };
+    let mut named = Vec::new();
+    // SAFETY: a DropStmt's objects is a List of name Lists (String nodes) of
+    // the same parse tree, which nothing modifies while this trigger runs.
+    for names in unsafe { crate::pg::list_ptrs(drop.objects) } {
+        // SAFETY: each element is a List of String nodes naming one table;
+        // with NoLock and RVR_MISSING_OK the lookup is a plain name lookup
+        // returning InvalidOid for a missing relation.
+        let relid = unsafe {
+            let rv = pg_sys::makeRangeVarFromNameList(names as *mut pg_sys::List);
+            pg_sys::RangeVarGetRelidExtended(
+                rv,
+                pg_sys::NoLock as i32,
+                pg_sys::RVROption::RVR_MISSING_OK,
+                None,
+                std::ptr::null_mut(),
+            )
+        };
+        if relid != pg_sys::InvalidOid && crate::pg::owns(user, relid) {
+            named.push(relid);
+        }
+    }
+    if named.is_empty() {
+        return;
+    }
+    let owners: Vec<pg_sys::Oid> = pgrx::spi::Spi::connect(|client| {
+        client
+            .select(
+                "SELECT DISTINCT p.owner_table::pg_catalog.oid FROM lease.protected p
+                  WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) ANY ($1) AND p.owner_table IS NOT NULL
+                    AND NOT EXISTS (SELECT 1 FROM lease.protected o
+                                     WHERE o.owner_table OPERATOR(pg_catalog.=) p.owner_table
+                                       AND NOT o.relid::pg_catalog.oid OPERATOR(pg_catalog.=) ANY ($1))
+                  ORDER BY 1",
+                None,
+                &[named.into()],
+            )?
+            .map(|row| row.get::<pg_sys::Oid>(1))
+            .collect::<Result<Vec<_>, _>>()
+            .map(|owners| owners.into_iter().flatten().collect())
+    })
+    .unwrap_or_else(|e| pgrx::error!("pg_lease: {e}"));
+    for owner in owners {
+        // SAFETY: LockRelationOid locks any OID, to transaction end.
+        unsafe { pg_sys::LockRelationOid(owner, pg_sys::AccessExclusiveLock as _) };
+    }
 }
 
 /// DROP TABLE of a fenced Citus table: refused (LF008) until it is

@@ -1040,3 +1040,33 @@ fn unprotect_beside_a_writer_that_touched_its_owner_row_first_does_not_deadlock(
         assert_eq!(one_i64(&mut c, "SELECT count(*) FROM a_pay"), 1);
     }
 }
+
+/// **Deadlock (fixed).** `DROP TABLE` of the last table fenced against an
+/// owner table beside a game server's transaction that read its owner row
+/// and then writes the fenced table: PostgreSQL locked the dropped table,
+/// then the drop guard waited for the owner table (to remove its guards),
+/// which the writer held, while the writer waited for the dropped table
+/// (40P01). Now the drop locks the owner table first: the writer finishes,
+/// fenced, then the drop goes on. (With another fence left on the owner
+/// table the drop removes no guard and locks it no further.)
+#[test]
+fn dropping_the_last_fenced_table_beside_a_writer_that_read_its_owner_row_does_not_deadlock() {
+    let db = TestDb::new("ddl_race_drop_writer");
+    let mut c = db.connect();
+    setup(&mut c, &["a"]);
+    let mut app = db.connect();
+    must_run(&mut app, "SET lock_timeout = '5s'; BEGIN; SELECT owner_fencing_token FROM a_tables WHERE id = 1");
+    let (pid, other) = in_other_session(&db.name, "DROP TABLE a_pay");
+    let mut observer = db.connect();
+    wait_until_blocked(&mut observer, pid);
+    must_run(&mut app, "SAVEPOINT s");
+    expect_error(&mut app, "INSERT INTO a_pay VALUES (1, 4, 1)", "LF001");
+    must_run(&mut app, "ROLLBACK TO SAVEPOINT s");
+    if let Some(e) = failure(&mut app, "INSERT INTO a_pay VALUES (1, 5, 1); COMMIT") {
+        panic!("the writer beside DROP TABLE of its fenced table: {e:?}");
+    }
+    assert_eq!(other.join().unwrap(), None, "DROP TABLE beside the writer");
+    assert_eq!(lease_triggers(&mut c, "a_tables"), 0);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected"), 0);
+    must_run(&mut c, "UPDATE a_tables SET owner_fencing_token = 1 WHERE id = 1");
+}

@@ -96,7 +96,10 @@ BEGIN
         PERFORM lease._fail('22004', format('pg_lease: the %s must not be NULL', role));
     END IF;
     SELECT c.relkind INTO kind FROM pg_class c WHERE c.oid = rel;
-    IF kind IS NULL OR kind NOT IN ('r', 'p') THEN
+    IF kind IS NULL THEN
+        PERFORM lease._fail('42P01', format('pg_lease: there is no table with OID %s (the %s)', rel::oid, role));
+    END IF;
+    IF kind NOT IN ('r', 'p') THEN
         PERFORM lease._fail('42809', format('pg_lease: %s %s is not a table', role, rel), 'Only ordinary and partitioned tables can be fenced (not views, foreign tables or other relations).');
     END IF;
     SELECT t.relid INTO col FROM pg_partition_tree(rel) t JOIN pg_class c ON c.oid = t.relid WHERE c.relkind = 'f' LIMIT 1;
@@ -146,6 +149,12 @@ BEGIN
         OR p.relid::oid IN (SELECT t.relid FROM pg_partition_tree(target) t);
     IF existing IS NOT NULL THEN
         PERFORM lease._fail('42710', format('pg_lease: %s is already protected%s', target, CASE WHEN existing = target THEN '' ELSE format(' (through %s)', existing) END), NULL, 'Call lease.unprotect first to change how a table is fenced.');
+    END IF;
+    -- Nor an owner table: its rows are the tokens, written by lease.acquire.
+    SELECT p.relid INTO existing FROM lease.protected p WHERE p.owner_table = target LIMIT 1;
+    IF existing IS NOT NULL THEN
+        PERFORM lease._fail('0A000', format('pg_lease: %s is the owner table of fenced table %s and cannot be fenced itself', target, existing),
+            'A table is either fenced or an owner table, not both.');
     END IF;
 END $$;
 
@@ -704,6 +713,10 @@ BEGIN
     -- committed (at READ COMMITTED; 40001 above it).
     PERFORM lease._lock_owner_table(target, owner, 'protect');
     PERFORM lease._check_not_protected(target);
+    IF EXISTS (SELECT 1 FROM lease.protected p WHERE p.relid OPERATOR(pg_catalog.=) owner) THEN
+        PERFORM lease._fail('0A000', format('pg_lease: owner table %s is fenced itself and cannot be an owner table', owner),
+            NULL, 'A table is either fenced or an owner table, not both.');
+    END IF;
     -- The owner key is unique under its own type's equality and collation.
     IF lease._owner_key_index(owner, owner_key_columns,
                               ARRAY(SELECT lease._column_type(owner, u.c)::pg_catalog.oid
@@ -814,6 +827,9 @@ DECLARE
 BEGIN
     IF target IS NULL THEN
         PERFORM lease._fail('22004', 'lease.unprotect: target must not be NULL');
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = target) THEN
+        PERFORM lease._fail('42P01', format('pg_lease: there is no table with OID %s', target::oid));
     END IF;
     -- No other change to this table's fence runs beside this one from here
     -- on (lease._lock_owner_table; nor can the table be dropped meanwhile):

@@ -1070,3 +1070,41 @@ fn dropping_the_last_fenced_table_beside_a_writer_that_read_its_owner_row_does_n
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected"), 0);
     must_run(&mut c, "UPDATE a_tables SET owner_fencing_token = 1 WHERE id = 1");
 }
+
+/// Bad input to the fence changes gets a clear error naming what is wrong:
+/// a table OID that names nothing (it said "target table 99999 is not a
+/// table", or "- is not protected"), an owner table that is fenced itself
+/// or a fenced table's owner table protected in turn (both failed with
+/// LF008 or LF004 about triggers the caller never made).
+#[test]
+fn fence_changes_of_tables_that_cannot_be_fenced_say_why() {
+    let db = TestDb::new("ddl_race_bad_fence");
+    let mut c = db.connect();
+    setup(&mut c, &["a", "b"]);
+    for (sql, code, words) in [
+        ("SELECT lease.protect(99999, '{table_id}', 'fencing_token', 'a_tables')", "42P01", "no table with OID 99999"),
+        ("SELECT lease.protect('b_pay', '{table_id}', 'fencing_token', 99999)", "42P01", "no table with OID 99999"),
+        ("SELECT lease.protect_high_water(99999, '{k}')", "42P01", "no table with OID 99999"),
+        ("SELECT lease.unprotect(0)", "42P01", "no table with OID 0"),
+        (
+            "SELECT lease.protect('b_pay', '{table_id}', 'fencing_token', 'a_pay', '{table_id}', 'fencing_token')",
+            "0A000",
+            "is fenced itself",
+        ),
+        (
+            "SELECT lease.protect('a_tables', '{id}', 'owner_fencing_token', 'b_tables')",
+            "0A000",
+            "owner table of fenced table",
+        ),
+        (
+            "SELECT lease.protect_high_water('a_tables', '{id}', 'owner_fencing_token')",
+            "0A000",
+            "owner table of fenced table",
+        ),
+    ] {
+        let err = expect_error(&mut c, sql, code);
+        assert!(err.contains(words), "{sql}: {err}");
+    }
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected"), 1);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease._fence_problems()"), 0);
+}

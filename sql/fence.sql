@@ -108,7 +108,8 @@ BEGIN
             'Rows of a foreign table are written on another server, where pg_lease cannot see them. Detach it first.');
     END IF;
     IF columns IS NULL OR cardinality(columns) = 0 OR array_position(columns, NULL) IS NOT NULL THEN
-        PERFORM lease._fail('22023', format('pg_lease: the key columns of %s must be a non-empty list of column names', rel));
+        PERFORM lease._fail('22023', format('pg_lease: %s must be a non-empty list of column names (the key columns of %s %s)',
+                                            CASE role WHEN 'owner table' THEN 'owner_key_columns' ELSE 'key_columns' END, role, rel));
     END IF;
     IF (SELECT count(DISTINCT c) FROM unnest(columns) c) <> cardinality(columns) THEN
         PERFORM lease._fail('42701', format('pg_lease: key columns of %s are listed twice: %s', rel, columns));
@@ -828,11 +829,9 @@ BEGIN
     IF target IS NULL THEN
         PERFORM lease._fail('22004', 'lease.unprotect: target must not be NULL');
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = target) THEN
-        PERFORM lease._fail('42P01', format('pg_lease: there is no table with OID %s', target::oid));
-    END IF;
     -- No other change to this table's fence runs beside this one from here
-    -- on (lease._lock_owner_table; nor can the table be dropped meanwhile):
+    -- on (lease._lock_owner_table, which also checks the caller and that the
+    -- table exists; nor can the table be dropped meanwhile):
     -- whether it is protected, and how, is read after any such change
     -- committed (at READ COMMITTED; 40001 above it).
     PERFORM lease._lock_owner_table(target, 0, 'unprotect');
@@ -1885,9 +1884,10 @@ BEGIN
     -- A dropped index no longer names its table, but dropping an index
     -- locks its table (index_drop: ACCESS EXCLUSIVE, SHARE UPDATE EXCLUSIVE
     -- when concurrently): the owner tables this transaction holds so locked
-    -- are the only ones whose key could have lost its unique index. (Not every owner table: opening one that a
-    -- migration holds would wait for it, and deadlock when the migration
-    -- then touches the dropped index's table.) However the index went: by
+    -- are the only ones whose key could have lost its unique index. (Not
+    -- every owner table: opening one that a migration holds would wait for
+    -- it, and deadlock when the migration then touches the dropped index's
+    -- table.) However the index went: by
     -- name, by cascade, with its constraint or column, or with an extension
     -- it was made to depend on (ALTER INDEX ... DEPENDS ON EXTENSION, which
     -- only needs the table's ownership, then DROP EXTENSION).

@@ -1053,10 +1053,15 @@ pub fn display(relid: pg_sys::Oid) -> String {
 /// [`display`] of `relid` as it is named now, None when no relation has
 /// that OID in this database.
 pub fn display_if_exists(relid: pg_sys::Oid) -> Option<String> {
+    relation_exists(relid).then(|| display(relid))
+}
+
+/// Whether a relation has OID `relid` in this database, as the syscache
+/// sees it now.
+pub fn relation_exists(relid: pg_sys::Oid) -> bool {
     // SAFETY: a syscache lookup accepting any OID (NULL when missing); the
     // palloc'd copy it returns is only tested for NULL here.
-    let exists = unsafe { !pg_sys::get_rel_name(relid).is_null() };
-    exists.then(|| display(relid))
+    unsafe { !pg_sys::get_rel_name(relid).is_null() }
 }
 
 /// (schema, relation name) of `relid` to be shown ([`from_server`]: never
@@ -1409,6 +1414,37 @@ pub unsafe fn list_ptrs<'a>(list: *const pg_sys::List) -> impl Iterator<Item = *
     (0..len).map(move |i| unsafe { (*(*list).elements.add(i)).ptr_value })
 }
 
+/// The relations a `DROP TABLE` or `DROP INDEX` names, as their names
+/// resolve now (without a lock; names that resolve to nothing are left
+/// out), in the statement's order; nothing for a DROP of any other kind,
+/// whose objects need not be relation names.
+pub fn drop_stmt_relids(drop: &pg_sys::DropStmt) -> Vec<pg_sys::Oid> {
+    if drop.removeType != pg_sys::ObjectType::OBJECT_TABLE && drop.removeType != pg_sys::ObjectType::OBJECT_INDEX {
+        return Vec::new();
+    }
+    // SAFETY: the objects of a DROP TABLE or DROP INDEX are a List of name
+    // Lists (String nodes, gram.y any_name_list) of the statement's parse
+    // tree, which nothing modifies while the caller holds `drop`.
+    unsafe { list_ptrs(drop.objects) }
+        // SAFETY: `names` is one such name List; makeRangeVarFromNameList
+        // reads it (raising on too many dotted names, as the DROP itself
+        // would); with NoLock and RVR_MISSING_OK the lookup is a plain name
+        // lookup returning InvalidOid for a missing relation; no callback,
+        // no callback arg.
+        .map(|names| unsafe {
+            let rv = pg_sys::makeRangeVarFromNameList(names as *mut pg_sys::List);
+            pg_sys::RangeVarGetRelidExtended(
+                rv,
+                pg_sys::NoLock as i32,
+                pg_sys::RVROption::RVR_MISSING_OK,
+                None,
+                std::ptr::null_mut(),
+            )
+        })
+        .filter(|&relid| relid != pg_sys::InvalidOid)
+        .collect()
+}
+
 /// The elements of a Postgres OID `List` (T_OidList; NIL, a null pointer,
 /// is empty), copied out.
 ///
@@ -1482,16 +1518,21 @@ pub fn lock_existing(relid: pg_sys::Oid, mode: u32) {
     // accepts pending invalidations, so the syscache lookup below sees a
     // drop committed while it waited.
     unsafe { pg_sys::LockRelationOid(relid, mode as _) };
-    if display_if_exists(relid).is_none() {
+    if !relation_exists(relid) {
         error_without_context(
             pgrx::PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
             match name {
                 Some(name) => format!("pg_lease: table {name} was dropped by a concurrent transaction"),
-                None => format!("pg_lease: there is no table with OID {}", u32::from(relid)),
+                None => no_such_table(relid),
             },
             None,
         );
     }
+}
+
+/// The message of a relation OID that names nothing (42P01).
+pub fn no_such_table(relid: pg_sys::Oid) -> String {
+    format!("pg_lease: there is no table with OID {}", u32::from(relid))
 }
 
 /// A heap tuple together with the descriptor it was formed with: the only way

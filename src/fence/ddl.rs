@@ -325,9 +325,10 @@ pub unsafe fn guard_ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys
     // SAFETY: as below, for a T_DropStmt node.
     if let Some(drop) = unsafe { crate::pg::cast_node::<pg_sys::DropStmt>(data.parsetree, pg_sys::NodeTag::T_DropStmt) }
     {
-        refuse_concurrent_owner_key_drop(drop)?;
-        refuse_citus_fenced_drop(drop)?;
-        lock_owner_tables_of_last_fences(drop);
+        let named = crate::pg::drop_stmt_relids(drop);
+        refuse_concurrent_owner_key_drop(drop, &named)?;
+        refuse_citus_fenced_drop(drop, &named)?;
+        lock_owner_tables_of_last_fences(drop, &named);
         return Ok(pg_sys::Datum::from(0));
     }
     // SAFETY: parsetree is null or the command's parse tree, alive for the
@@ -416,32 +417,17 @@ fn lock_if_owned(relid: pg_sys::Oid) {
 /// a look-alike owner row match a stale writer's row. A plain `DROP INDEX`
 /// is judged by the drop guard before it commits. The table is locked first
 /// (`lock_if_owned`).
-fn refuse_concurrent_owner_key_drop(drop: &pg_sys::DropStmt) -> Result<(), Refusal> {
+fn refuse_concurrent_owner_key_drop(drop: &pg_sys::DropStmt, named: &[pg_sys::Oid]) -> Result<(), Refusal> {
     if drop.removeType != pg_sys::ObjectType::OBJECT_INDEX || !drop.concurrent {
         return Ok(());
     }
-    // SAFETY: a DropStmt's objects is a List of name Lists (String nodes) of
-    // the same parse tree, which nothing modifies while this trigger runs.
-    for names in unsafe { crate::pg::list_ptrs(drop.objects) } {
-        // SAFETY: each element is a List of String nodes naming one index;
-        // with NoLock and RVR_MISSING_OK the lookup is a plain name lookup
-        // returning InvalidOid for a missing relation; IndexGetRelation with
-        // missing_ok returns InvalidOid for an OID that is not an index.
-        let table = unsafe {
-            let rv = pg_sys::makeRangeVarFromNameList(names as *mut pg_sys::List);
-            let index = pg_sys::RangeVarGetRelidExtended(
-                rv,
-                pg_sys::NoLock as i32,
-                pg_sys::RVROption::RVR_MISSING_OK,
-                None,
-                std::ptr::null_mut(),
-            );
-            let table = if index == pg_sys::InvalidOid { index } else { pg_sys::IndexGetRelation(index, true) };
-            (table != pg_sys::InvalidOid).then_some((index, table))
-        };
-        let Some((index, table)) = table else {
+    for &index in named {
+        // SAFETY: IndexGetRelation with missing_ok returns InvalidOid for an
+        // OID that is not an index.
+        let table = unsafe { pg_sys::IndexGetRelation(index, true) };
+        if table == pg_sys::InvalidOid {
             continue;
-        };
+        }
         lock_if_owned(table);
         let unique = crate::pg::index_is_unique(index);
         if unique && crate::fence::config::is_owner_table(table) {
@@ -466,34 +452,14 @@ fn refuse_concurrent_owner_key_drop(drop: &pg_sys::DropStmt) -> Result<(), Refus
 /// first, as beside `lease.unprotect` (which changes the owner table's
 /// triggers first too). Only for tables the role may drop (their owner),
 /// as Postgres checks before it locks.
-fn lock_owner_tables_of_last_fences(drop: &pg_sys::DropStmt) {
+fn lock_owner_tables_of_last_fences(drop: &pg_sys::DropStmt, named: &[pg_sys::Oid]) {
     if drop.removeType != pg_sys::ObjectType::OBJECT_TABLE {
         return;
     }
     // SAFETY: GetUserId reads a backend global, set in any backend that
     // runs SQL.
     let user = unsafe { pg_sys::GetUserId() };
-    let mut named = Vec::new();
-    // SAFETY: a DropStmt's objects is a List of name Lists (String nodes) of
-    // the same parse tree, which nothing modifies while this trigger runs.
-    for names in unsafe { crate::pg::list_ptrs(drop.objects) } {
-        // SAFETY: each element is a List of String nodes naming one table;
-        // with NoLock and RVR_MISSING_OK the lookup is a plain name lookup
-        // returning InvalidOid for a missing relation.
-        let relid = unsafe {
-            let rv = pg_sys::makeRangeVarFromNameList(names as *mut pg_sys::List);
-            pg_sys::RangeVarGetRelidExtended(
-                rv,
-                pg_sys::NoLock as i32,
-                pg_sys::RVROption::RVR_MISSING_OK,
-                None,
-                std::ptr::null_mut(),
-            )
-        };
-        if relid != pg_sys::InvalidOid && crate::pg::owns(user, relid) {
-            named.push(relid);
-        }
-    }
+    let named: Vec<pg_sys::Oid> = named.iter().copied().filter(|&relid| crate::pg::owns(user, relid)).collect();
     if named.is_empty() {
         return;
     }
@@ -525,29 +491,11 @@ fn lock_owner_tables_of_last_fences(drop: &pg_sys::DropStmt) {
 /// with it; Citus's alter_distributed_table and undistribute_table drop a
 /// table after copying its rows into a new one under the same name, which
 /// would carry the rows on without the fence.
-fn refuse_citus_fenced_drop(drop: &pg_sys::DropStmt) -> Result<(), Refusal> {
+fn refuse_citus_fenced_drop(drop: &pg_sys::DropStmt, named: &[pg_sys::Oid]) -> Result<(), Refusal> {
     if drop.removeType != pg_sys::ObjectType::OBJECT_TABLE {
         return Ok(());
     }
-    // SAFETY: a DropStmt's objects is a List of name Lists (String nodes) of
-    // the same parse tree, which nothing modifies while this trigger runs.
-    for names in unsafe { crate::pg::list_ptrs(drop.objects) } {
-        // SAFETY: each element is a List of String nodes naming one table;
-        // with NoLock and RVR_MISSING_OK the lookup is a plain name lookup
-        // returning InvalidOid for a missing relation.
-        let relid = unsafe {
-            let rv = pg_sys::makeRangeVarFromNameList(names as *mut pg_sys::List);
-            pg_sys::RangeVarGetRelidExtended(
-                rv,
-                pg_sys::NoLock as i32,
-                pg_sys::RVROption::RVR_MISSING_OK,
-                None,
-                std::ptr::null_mut(),
-            )
-        };
-        if relid == pg_sys::InvalidOid {
-            continue;
-        }
+    for &relid in named {
         let fenced_citus = pgrx::spi::Spi::get_one_with_args::<bool>(
             "SELECT EXISTS (SELECT 1 FROM lease.protected p WHERE p.relid::pg_catalog.oid OPERATOR(pg_catalog.=) $1)
                 AND (lease._citus_table($1::pg_catalog.oid::pg_catalog.regclass)).kind IS NOT NULL",
@@ -608,23 +556,19 @@ pub fn owner_key_index(
     // Finding the index opens the table and its indexes (AccessShareLock to
     // transaction end): for any role, only on an owner table pg_lease
     // already guards, or on one the caller may read.
-    // SAFETY: syscache lookups and an ACL check of the current user, made
-    // only on a relation that exists (relkind 0: no such relation).
-    let (exists, readable) = unsafe {
-        let exists = pg_sys::get_rel_relkind(owner) != 0;
-        let readable = exists
-            && pg_sys::pg_class_aclcheck(owner, pg_sys::GetUserId(), pg_sys::ACL_SELECT as pg_sys::AclMode)
-                == pg_sys::AclResult::ACLCHECK_OK;
-        (exists, readable)
-    };
-    if !exists {
+    if !crate::pg::relation_exists(owner) {
         return None;
     }
+    // SAFETY: an ACL check of the current user on a relation that exists.
+    let readable = unsafe {
+        pg_sys::pg_class_aclcheck(owner, pg_sys::GetUserId(), pg_sys::ACL_SELECT as pg_sys::AclMode)
+            == pg_sys::AclResult::ACLCHECK_OK
+    };
     if !readable && !crate::fence::config::is_owner_table(owner) {
-        pgrx::ereport!(
-            ERROR,
+        crate::pg::error_without_context(
             pgrx::PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-            format!("permission denied for table {}", crate::pg::display(owner))
+            format!("permission denied for table {}", crate::pg::display(owner)),
+            None,
         );
     }
     // (The lock `find` takes, first: a drop it waits for is then an error

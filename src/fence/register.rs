@@ -24,6 +24,9 @@ fn may_execute(role: pg_sys::Oid, function: &str) -> bool {
     .unwrap_or(false)
 }
 
+/// Checks the caller (the current user) of `entry_point`: it may execute
+/// it (42501), and every table of `tables` exists (42P01, naming the OID)
+/// and is the caller's (42501).
 fn check_caller(entry_point: &str, tables: &[pg_sys::Oid]) {
     // SAFETY: GetUserId reads a backend global, set in any backend that
     // runs SQL.
@@ -39,6 +42,13 @@ fn check_caller(entry_point: &str, tables: &[pg_sys::Oid]) {
         "A role may change or remove only the fences of tables it owns."
     };
     for &relid in tables {
+        if !crate::pg::relation_exists(relid) {
+            crate::pg::error_without_context(
+                PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+                crate::pg::no_such_table(relid),
+                None,
+            );
+        }
         require(
             crate::pg::owns(caller, relid),
             format!("pg_lease: must be owner of table {}", crate::pg::display(relid)),

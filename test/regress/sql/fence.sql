@@ -274,6 +274,8 @@ SELECT lease.protect('bets', '{table_id,table_id}', 'token', 'tables');
 \echo :LAST_ERROR_SQLSTATE
 SELECT lease.protect('bets', '{}', 'token', 'tables');
 \echo :LAST_ERROR_SQLSTATE
+SELECT lease.protect('bets', '{table_id}', 'token', 'tables', owner_key_columns => NULL);
+\echo :LAST_ERROR_SQLSTATE
 SELECT lease.protect('bets', '{table_id}', 'table_id', 'tables');
 \echo :LAST_ERROR_SQLSTATE
 SELECT lease.protect('bets', '{table_id,seat}', 'token', 'tables');

@@ -238,6 +238,14 @@ fn the_owner_key_index_check_opens_no_table_the_caller_may_not_read() {
     .unwrap();
     let mut peeker = db.connect_as("lookup_peeker");
     expect_error(&mut peeker, "SELECT lease._owner_key_index('secret'::regclass, '{id}', '{23}')", "42501");
+    // Called from PL/pgSQL (as lease.protect calls it): the error shows no
+    // frames of the caller's functions, as pg_lease's other permission errors.
+    let e = peeker
+        .batch_execute("DO $$ BEGIN PERFORM lease._owner_key_index('secret'::regclass, '{id}', '{23}'); END $$")
+        .unwrap_err();
+    let e = e.as_db_error().unwrap();
+    assert_eq!((e.code().code(), e.message()), ("42501", "permission denied for table public.secret"));
+    assert!(e.where_().is_none(), "CONTEXT: {:?}", e.where_());
     let held: i64 = one_i64(
         &mut c,
         "SELECT count(*) FROM pg_locks WHERE relation = 'secret'::regclass AND pid <> pg_backend_pid()",

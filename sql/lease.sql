@@ -116,6 +116,20 @@ COMMENT ON SEQUENCE lease.token_counter IS 'The counter of fencing tokens (their
 REVOKE ALL ON lease.token_counter FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('lease.token_counter', '');
 
+-- The highest epoch a token was issued in, with the WAL timeline it was
+-- issued on (epoch << 32 | timeline; since 0.9.2). A sequence, so that no
+-- rollback lowers it: an epoch raised by an acquire (above a hand-set owner
+-- token, or after lease.issue_tokens_above) in a transaction that then rolls
+-- back has still handed its token out, and every later token, of any lease,
+-- must stay above it (lease::EpochFloor). Raised by lease.acquire only, under
+-- a lock, with setval; ALTER SEQUENCE of it is refused (LF008). Dumped with
+-- its value.
+CREATE SEQUENCE lease.token_epoch_floor AS bigint MINVALUE 0 MAXVALUE 4611686018427387903 START 0 NO CYCLE;   -- 2^62 - 1
+SELECT pg_catalog.setval('lease.token_epoch_floor', 0, true);
+COMMENT ON SEQUENCE lease.token_epoch_floor IS 'The highest fencing-token epoch issued, with its timeline (epoch << 32 | timeline); never lowered by a rollback.';
+REVOKE ALL ON lease.token_epoch_floor FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('lease.token_epoch_floor', '');
+
 -- Heartbeat sessions (since 0.4.0): one row per owner that has called
 -- lease.heartbeat or lease.renew_all. The session is alive from live_since
 -- (when its current unbroken life began) to expires_at; each heartbeat moves

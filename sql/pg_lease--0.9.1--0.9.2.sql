@@ -326,6 +326,15 @@ STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'name_problem_wrapper';
 
+-- protect refuses an owner key type whose own equality is not the one
+-- OPERATOR(pg_catalog.=) finds (citext's: 0A000 rather than 42830).
+CREATE FUNCTION lease."_key_type_problem"(
+	"typ" oid /* pg_sys :: Oid */
+) RETURNS TEXT /* Option < crate :: pg :: ServerText > */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'key_type_problem_wrapper';
+
 -- Of the partitions, only those among `rels` (NULL: all): the DDL guard
 -- judges what a command reached, not every partition of a large tree.
 CREATE FUNCTION lease._expected_triggers_in(among oid[], rels oid[])
@@ -594,6 +603,7 @@ DECLARE
     bad boolean;
     match text;
     citus_pending oid[] := '{}';
+    tied record;
 BEGIN
     -- The guard's own DDL (below: a TRUNCATE guard, ENABLE ALWAYS, a stray
     -- guard dropped) has nothing to judge (lease._internal_ddl).
@@ -603,11 +613,15 @@ BEGIN
     -- Fencing tokens are drawn from lease.token_counter, which only ever
     -- rises on its own: ALTER SEQUENCE (RESTART, MAXVALUE, ...) could make
     -- it issue a token again.
+    -- (lease.token_epoch_floor likewise only rises, by lease.acquire.)
     IF tg_tag = 'ALTER SEQUENCE' THEN
-        IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands() c
-                    WHERE c.classid = 'pg_class'::regclass AND c.objid = pg_catalog.to_regclass('lease.token_counter')) THEN
-            PERFORM lease._raise('FenceTampering', 'ALTER SEQUENCE of lease.token_counter is refused',
-                'Fencing tokens are drawn from lease.token_counter: changing it could issue a token again. To make every later token higher than a given one, use lease.issue_tokens_above.');
+        SELECT c.objid::regclass AS seq INTO tied FROM pg_event_trigger_ddl_commands() c
+         WHERE c.classid = 'pg_class'::regclass
+           AND c.objid IN (pg_catalog.to_regclass('lease.token_counter'), pg_catalog.to_regclass('lease.token_epoch_floor'))
+         LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering', format('ALTER SEQUENCE of %s is refused', tied.seq),
+                format('Fencing tokens are drawn from lease.token_counter in an epoch at or above lease.token_epoch_floor: changing %s could issue a token again. To make every later token higher than a given one, use lease.issue_tokens_above.', tied.seq));
         END IF;
     END IF;
     -- pg_lease's own state is WAL-logged: a crash empties an UNLOGGED table
@@ -667,6 +681,34 @@ BEGIN
                 INSERT INTO lease.deferred_checks (rel, root) VALUES (broken.rel, broken.rel);
             END IF;
         END LOOP;
+    END IF;
+    -- ALTER TRIGGER / ALTER INDEX ... DEPENDS ON EXTENSION marks the object
+    -- to be dropped with that extension, without CASCADE. On one of
+    -- pg_lease's triggers, or on a unique index of an owner table (what keeps
+    -- an owner key unique), it would tie the fence to an unrelated extension
+    -- (which the drop guard would then never let anyone drop): refused.
+    -- (NO DEPENDS ON EXTENSION, which undoes it, passes.)
+    IF tg_tag IN ('ALTER TRIGGER', 'ALTER INDEX') THEN
+        SELECT c.command_tag, c.object_identity, e.extname INTO tied
+          FROM pg_event_trigger_ddl_commands() c
+          JOIN pg_depend d ON d.classid = c.classid AND d.objid = c.objid AND d.deptype = 'x'
+                          AND d.refclassid = 'pg_extension'::regclass
+          JOIN pg_extension e ON e.oid = d.refobjid
+         WHERE (c.classid = 'pg_trigger'::regclass
+                AND EXISTS (SELECT 1 FROM pg_trigger t WHERE t.oid = c.objid
+                               AND t.tgfoid IN ('lease.fence_trigger'::regproc, 'lease.owner_guard'::regproc, 'lease.truncate_guard'::regproc)))
+            OR (c.classid = 'pg_class'::regclass
+                AND EXISTS (SELECT 1 FROM pg_index x JOIN lease.protected p
+                                 ON x.indrelid = p.owner_table
+                                 OR x.indrelid IN (SELECT o.relid FROM pg_partition_tree(p.owner_table) o)
+                             WHERE x.indexrelid = c.objid AND x.indisunique))
+         LIMIT 1;
+        IF FOUND THEN
+            PERFORM lease._raise('FenceTampering',
+                format('%s ... DEPENDS ON EXTENSION %I would make DROP EXTENSION %I drop %s', tied.command_tag, tied.extname, tied.extname,
+                       CASE WHEN tied.command_tag = 'ALTER TRIGGER' THEN 'pg_lease''s trigger ' ELSE 'the owner table''s unique index ' END || tied.object_identity),
+                'pg_lease''s triggers and the unique indexes that keep owner keys unique belong to their tables, not to another extension.');
+        END IF;
     END IF;
     -- ALTER EXTENSION (SET SCHEMA moves every member without naming it)
     -- touches the tables that are members of the extension.
@@ -1293,6 +1335,7 @@ DECLARE
     owner regclass := owner_table;
     i int;
     existing_guard text;
+    key_problem record;
 BEGIN
     PERFORM lease._check_columns(target, 'target table', key_columns, token_column);
     IF owner IS NULL THEN
@@ -1321,6 +1364,20 @@ BEGIN
     IF EXISTS (SELECT 1 FROM lease.protected p WHERE p.relid OPERATOR(pg_catalog.=) owner) THEN
         PERFORM lease._fail('0A000', format('pg_lease: owner table %s is fenced itself and cannot be an owner table', owner),
             NULL, 'A table is either fenced or an owner table, not both.');
+    END IF;
+    -- Keys are compared with the owner key type's own equality, which must
+    -- be the one OPERATOR(pg_catalog.=) finds (lease._key_type_problem).
+    SELECT u.c, u.why INTO key_problem
+      FROM (SELECT k.c, lease._key_type_problem(lease._column_type(owner, k.c)::pg_catalog.oid) AS why
+              FROM pg_catalog.unnest(owner_key_columns) WITH ORDINALITY k(c, n) ORDER BY k.n) u
+     WHERE u.why IS NOT NULL
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM lease._fail('0A000',
+            pg_catalog.format('pg_lease: owner key column "%s" of %s has type %s, whose equality pg_lease cannot use',
+                              key_problem.c, owner, lease._column_type(owner, key_problem.c)),
+            key_problem.why || '.',
+            'Use an owner key type whose = operator is in pg_catalog (for case-insensitive keys: text with a nondeterministic collation).');
     END IF;
     -- The owner key is unique under its own type's equality and collation.
     IF lease._owner_key_index(owner, owner_key_columns,
@@ -1522,3 +1579,14 @@ BEGIN
             'A table is either fenced or an owner table, not both.');
     END IF;
 END $$;
+
+-- The highest epoch a token was issued in, with its timeline, never lowered
+-- by a rollback (lease::EpochFloor): an acquire that raised the epoch in a
+-- transaction that then rolled back had handed its token out, and the next
+-- token of that lease came from the lower epoch, below it (helper-59 F1).
+-- Starts at nothing: tokens issued before are in lease.token_epoch_issued.
+CREATE SEQUENCE lease.token_epoch_floor AS bigint MINVALUE 0 MAXVALUE 4611686018427387903 START 0 NO CYCLE;   -- 2^62 - 1
+SELECT pg_catalog.setval('lease.token_epoch_floor', 0, true);
+COMMENT ON SEQUENCE lease.token_epoch_floor IS 'The highest fencing-token epoch issued, with its timeline (epoch << 32 | timeline); never lowered by a rollback.';
+REVOKE ALL ON lease.token_epoch_floor FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('lease.token_epoch_floor', '');

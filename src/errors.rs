@@ -436,8 +436,22 @@ mod tests {
 
 static PREV_EMIT_LOG: std::sync::OnceLock<pg_sys::emit_log_hook_type> = std::sync::OnceLock::new();
 
-/// Installs [`emit_log`]; called once per process from `_PG_init`.
+/// Installs [`emit_log`]; called once per process from `_PG_init`. Also
+/// turns Rust's library backtraces off in this process (and the processes
+/// the postmaster forks from it) unless `RUST_LIB_BACKTRACE` says
+/// otherwise: pgrx puts the backtrace it captures when a Postgres error
+/// crosses Rust code (a cancelled lock wait inside `lease.acquire`) into the
+/// error's DETAIL, so a server started from a shell with `RUST_BACKTRACE=1`
+/// showed clients some 60 frames with build paths. (`RUST_BACKTRACE` itself
+/// stays, for the panic messages of the server log.)
 pub fn init() {
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        // (_PG_init runs once per process before any thread is started:
+        // Postgres backends and the postmaster have one thread, so nothing
+        // reads the environment concurrently; std reads the variable at the
+        // first backtrace capture, which comes later.)
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
     // SAFETY: _PG_init runs once per process, single-threaded; the hook is a
     // static function with the signature Postgres calls.
     unsafe {

@@ -210,18 +210,84 @@ fn epoch_tables() -> EpochTables {
     }
 }
 
-/// [`token_rule`] over the epoch tables read now, then the counter value
-/// `counter` gives (in that order, as ever).
-fn rule_now(stored: i64, timeline: i64, counter: impl FnOnce() -> i64) -> NextToken {
+/// `lease.token_epoch_floor`: the highest epoch a token was issued in, and
+/// the WAL timeline it was issued on, kept in a sequence so that no rollback
+/// lowers it. The epoch tables are transactional: an acquire that raised the
+/// epoch (above a hand-set owner token, after `lease.issue_tokens_above` in
+/// the same transaction) and then rolled back had handed its token out, and
+/// the lease's next token came from the lower epoch, below it (a stale
+/// holder then won every high-water comparison). Every token is issued at
+/// or above the floor's epoch: in it on the floor's own timeline (the
+/// counter, drawn later, keeps the new token above every one issued in it),
+/// above it on another (a promoted standby's counter may be behind the
+/// floor's, so the floor then counts as an issued epoch).
+struct EpochFloor(crate::pg::OwnSequence);
+
+impl EpochFloor {
+    /// The floor sequence; None before the 0.9.2 schema (`ALTER EXTENSION
+    /// pg_lease UPDATE` not run yet).
+    fn find() -> Option<EpochFloor> {
+        crate::pg::lease_relid_if_any(c"token_epoch_floor")
+            .map(|_| EpochFloor(crate::pg::own_sequence(c"token_epoch_floor")))
+    }
+
+    /// (epoch, timeline), None while no token was issued with the floor.
+    fn read(&self) -> Option<(i64, i64)> {
+        self.0.last_value().filter(|&v| v > 0).map(|v| (v >> 32, v & 0xFFFF_FFFF))
+    }
+
+    /// Raised to `epoch` on `timeline` unless it is there or above (read
+    /// first without the raisers' lock: nearly every token is issued in the
+    /// floor's epoch).
+    fn raise(&self, epoch: i64, timeline: i64) {
+        let value = (epoch << 32) | (timeline & 0xFFFF_FFFF);
+        if self.0.last_value().is_none_or(|v| v < value) {
+            self.0.raise_to(value);
+        }
+    }
+}
+
+/// The epoch tables' values with the floor folded in: on the floor's own
+/// timeline its epoch is the lowest to issue in (as a base would make it),
+/// on another it is an issued epoch, to be issued above (see [`EpochFloor`]).
+fn with_floor(
+    (max_base, issued): (Option<i64>, Option<i64>),
+    floor: Option<(i64, i64)>,
+    timeline: i64,
+) -> (Option<i64>, Option<i64>) {
+    match floor {
+        Some((epoch, on)) if on == timeline => (Some(max_base.unwrap_or(0).max(epoch - timeline)), issued),
+        Some((epoch, _)) => (max_base, Some(issued.map_or(epoch, |i| i.max(epoch)))),
+        None => (max_base, issued),
+    }
+}
+
+/// [`token_rule`] over the epoch tables and the floor read now, then the
+/// counter value `counter` gives (in that order, as ever). `issued` is the
+/// highest epoch known issued, the table's or the floor's: the caller
+/// records its epoch in the table only above it (an acquire issuing in the
+/// epoch another, uncommitted one raised the floor to need not wait for
+/// that one's row of `lease.token_epoch_issued`).
+fn rule_now(stored: i64, timeline: i64, floor: Option<&EpochFloor>, counter: impl FnOnce() -> i64) -> NextToken {
     let t = epoch_tables();
-    NextToken { origin: t.origin, ..token_rule(stored, timeline, t.max_base, t.issued, counter(), t.foreign) }
+    let floor = floor.and_then(EpochFloor::read);
+    let (max_base, issued) = with_floor((t.max_base, t.issued), floor, timeline);
+    let known = match (t.issued, floor) {
+        (Some(i), Some((f, _))) => Some(i.max(f)),
+        (i, f) => i.or(f.map(|(f, _)| f)),
+    };
+    NextToken {
+        origin: t.origin,
+        issued: known,
+        ..token_rule(stored, timeline, max_base, issued, counter(), t.foreign)
+    }
 }
 
 /// The next token [`token_rule`] would issue now, without issuing it (the
 /// counter's next value, read, not drawn): for lease.token_ceiling and
 /// lease.issue_tokens_above.
 pub fn next_token(stored: i64, timeline: i64) -> NextToken {
-    rule_now(stored, timeline, || {
+    rule_now(stored, timeline, EpochFloor::find().as_ref(), || {
         pgrx::spi::Spi::get_one::<i64>(
             "SELECT CASE WHEN c.is_called THEN c.last_value OPERATOR(pg_catalog.+) 1 ELSE c.last_value END
                FROM lease.token_counter c",
@@ -239,7 +305,13 @@ pub fn next_token(stored: i64, timeline: i64) -> NextToken {
 /// returned, so no crash gives a counter value back either.
 pub fn issue_token(stored: i64, timeline: i64) -> NextToken {
     let counter = crate::pg::own_sequence(c"token_counter");
-    let next = rule_now(stored, timeline, || counter.next());
+    let floor = EpochFloor::find();
+    let next = rule_now(stored, timeline, floor.as_ref(), || counter.next());
+    // Before the token is returned, and whatever becomes of this
+    // transaction: every later token stays in this epoch or above it.
+    if let (Some(floor), Some(_)) = (&floor, next.token) {
+        floor.raise(next.epoch, timeline);
+    }
     // The record that covers the value drawn may be another backend's, not
     // flushed yet: flush up to the sequence page's LSN (nothing to do, and
     // no I/O, when a commit since has flushed past it, which is the rule).

@@ -1333,6 +1333,72 @@ impl OwnSequence {
         }
     }
 
+    /// The sequence's last value, as `pg_sequence_last_value` reads it (no
+    /// transaction sees another value: sequences are not transactional);
+    /// None before its first value (a sequence pg_lease made is given one
+    /// at once). Raises without SELECT or USAGE on it for the current user.
+    pub fn last_value(&self) -> Option<i64> {
+        // SAFETY: pg_sequence_last_value(regclass) is a built-in function of
+        // one oid argument returning int8 or NULL, called through fmgr with
+        // a call info of our own that reports a NULL result instead of
+        // raising (OidFunctionCall would raise on NULL).
+        unsafe {
+            let mut flinfo = std::mem::MaybeUninit::<pg_sys::FmgrInfo>::zeroed();
+            pg_sys::fmgr_info(pg_sys::Oid::from(pg_sys::F_PG_SEQUENCE_LAST_VALUE), flinfo.as_mut_ptr());
+            let mut flinfo = flinfo.assume_init();
+            let size =
+                std::mem::size_of::<pg_sys::FunctionCallInfoBaseData>() + std::mem::size_of::<pg_sys::NullableDatum>();
+            let fcinfo = pg_sys::palloc0(size) as pg_sys::FunctionCallInfo;
+            (*fcinfo).flinfo = &mut flinfo;
+            (*fcinfo).nargs = 1;
+            (*fcinfo).fncollation = pg_sys::InvalidOid;
+            let args = (*fcinfo).args.as_mut_ptr();
+            *args = pg_sys::NullableDatum { value: self.0.into(), isnull: false };
+            let call = flinfo.fn_addr.expect("a built-in function");
+            // (Through pgrx's guard, as pgrx's own bindings: an ERROR, such
+            // as a permission error, becomes a Rust panic on this side.)
+            let value = pg_sys::ffi::pg_guard_ffi_boundary(|| call(fcinfo));
+            let isnull = (*fcinfo).isnull;
+            pg_sys::pfree(fcinfo.cast());
+            (!isnull).then(|| value.value() as i64)
+        }
+    }
+
+    /// Raises the sequence's value to `value` unless it is there already
+    /// (setval: not transactional, WAL-logged; flushed before this returns,
+    /// so that a crash cannot lower it again), one raiser at a time: the
+    /// read and the setval run under a `ShareUpdateExclusiveLock` on the
+    /// sequence (self-conflicting; nextval and readers do not take it),
+    /// released right after. Whether it raised.
+    pub fn raise_to(&self, value: i64) -> bool {
+        // SAFETY: LockRelationOid/UnlockRelationOid on an existing relation
+        // with a valid lock mode, paired within this call (nothing else in
+        // pg_lease takes this mode on its sequences, so the unlock releases
+        // only this lock); an ERROR in between releases it at abort.
+        unsafe { pg_sys::LockRelationOid(self.0, pg_sys::ShareUpdateExclusiveLock as _) };
+        let raise = self.last_value().is_none_or(|v| v < value);
+        if raise {
+            // SAFETY: setval(regclass, bigint, bool) is a built-in function
+            // of those arguments returning int8 (never NULL), called through
+            // fmgr as SQL would call it.
+            unsafe {
+                pg_sys::OidFunctionCall3Coll(
+                    pg_sys::Oid::from(pg_sys::F_SETVAL_REGCLASS_INT8_BOOL),
+                    pg_sys::InvalidOid,
+                    self.0.into(),
+                    value.into(),
+                    true.into(),
+                );
+            }
+        }
+        // SAFETY: as above.
+        unsafe { pg_sys::UnlockRelationOid(self.0, pg_sys::ShareUpdateExclusiveLock as _) };
+        if raise {
+            self.flush_wal();
+        }
+        raise
+    }
+
     /// nextval(): non-transactional, raises when the sequence is exhausted
     /// (and without USAGE or UPDATE on it for the current user).
     pub fn next(&self) -> i64 {

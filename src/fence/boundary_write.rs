@@ -508,7 +508,7 @@ fn to_jsonb_text(v: &Value) -> String {
 /// Whether a JSON value equals the token as jsonb compares them (numbers by
 /// numeric value; jsonb prints them in plain decimal).
 fn equals_token(v: &Value, token: Option<i64>) -> bool {
-    let (Some(token), Value::Number(n)) = (token, v) else { return false };
+    let (Some(token), Value::Number(n)) = (token, v) else { return token.is_none() && v.is_null() };
     let text = n.to_string();
     let text = match text.split_once('.') {
         Some((int, frac)) if frac.bytes().all(|b| b == b'0') => int.to_owned(),
@@ -516,6 +516,19 @@ fn equals_token(v: &Value, token: Option<i64>) -> bool {
         None => text,
     };
     text.parse::<i64>().is_ok_and(|n| n == token)
+}
+
+/// The error of element `i`, whose token column `column` holds `value`,
+/// which is not the call's `token`.
+fn contradiction(i: usize, column: &str, token: Option<i64>, value: &Value) -> Invalid {
+    let call = token.map_or_else(|| "NULL".to_owned(), |t| t.to_string());
+    invalid(
+        "22023",
+        format!(
+            "{FN}: a row contradicts the call's token {call}: element {i} carries {column} = {}",
+            to_jsonb_text(value)
+        ),
+    )
 }
 
 /// The five characters of an encoded SQLSTATE.
@@ -611,21 +624,18 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
     }
     let restore = match &target.token_column {
         Some(tc) => {
+            // (A string is converted by the column's input function, as
+            // any column's string value is, and compared once converted.)
             for (i, r) in rows.iter().enumerate() {
-                if let Some(v) = r.get(tc).filter(|v| !equals_token(v, token)) {
-                    let shown = token.map(|t| t.to_string()).unwrap_or_default();
-                    return Err(invalid(
-                        "22023",
-                        format!(
-                            "{FN}: a row contradicts the call's token {shown}: element {i} carries {tc} = {}",
-                            to_jsonb_text(v)
-                        ),
-                    ));
+                if let Some(v) = r.get(tc).filter(|v| !v.is_string() && !equals_token(v, token)) {
+                    return Err(contradiction(i, tc, token, v));
                 }
             }
             let stamp = token.map_or(Value::Null, |t| Value::Number(t.into()));
             for r in rows.iter_mut() {
-                r.insert(tc.clone(), stamp.clone());
+                if !r.get(tc).is_some_and(Value::is_string) {
+                    r.insert(tc.clone(), stamp.clone());
+                }
             }
             None
         }
@@ -694,6 +704,12 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo) -> Result<Prepared, Inva
             for (pos, key) in keys {
                 place.set((i, key as *const String));
                 let (datum, isnull) = convert(&columns[pos], key, &r[key]);
+                // The token column: the call's token, or a value equal to it.
+                if target.token_column.as_ref() == Some(key)
+                    && (if isnull { token.is_some() } else { Some(datum.value() as i64) != token })
+                {
+                    return Err(contradiction(i, key, token, &r[key]));
+                }
                 // SAFETY: `first + pos` < the INSERT's parameter count (this
                 // row's place in it times its width, plus a column of it).
                 unsafe {

@@ -205,6 +205,45 @@ pub fn key_identity_problem(typ: pg_sys::Oid, collation: default!(pg_sys::Oid, 0
     Canon::of(typ, collation).err().map(crate::pg::ServerText)
 }
 
+/// `lease._key_type_problem(typ)`: NULL when an owner key of type `typ` is
+/// compared with the type's own equality, else why not. The fence compares
+/// keys with what `OPERATOR(pg_catalog.=)` resolves to
+/// ([`crate::pg::key_equality`], immune to a look-alike `=` earlier on the
+/// search_path); a type whose own `=` (its default btree equality) lives
+/// elsewhere, as an extension's type's does (`citext`), would be compared
+/// through a cast with another type's equality instead (`text`'s,
+/// case-sensitive), which is not what its values mean nor what its unique
+/// indexes enforce. A type with no equality, or none pg_lease can use, has
+/// no problem here (protect's other checks refuse it, saying why).
+#[pg_extern(name = "_key_type_problem", stable, parallel_safe)]
+pub fn key_type_problem(typ: pg_sys::Oid) -> Option<crate::pg::ServerText> {
+    // SAFETY: looks `typ` up in the type cache (raises if unknown); a
+    // non-null entry is never freed for the life of the backend.
+    let own = unsafe {
+        let entry = pg_sys::lookup_type_cache(typ, pg_sys::TYPECACHE_EQ_OPR as i32);
+        if entry.is_null() {
+            return None;
+        }
+        (*entry).eq_opr
+    };
+    if own == pg_sys::InvalidOid {
+        return None;
+    }
+    // (No usable equality at all: protect's later checks say why.)
+    let used = crate::pg::key_equality(typ, typ)?.op;
+    if used == own {
+        return None;
+    }
+    // SAFETY: format_operator returns a palloc'd C string for any OID.
+    let shown = |op: pg_sys::Oid| unsafe { crate::pg::owned(pg_sys::format_operator(op)) };
+    Some(crate::pg::ServerText(format!(
+        "type {}'s own equality is {}, but OPERATOR(pg_catalog.=), which pg_lease compares keys with, finds {} for it",
+        crate::pg::type_name(typ),
+        shown(own),
+        shown(used)
+    )))
+}
+
 /// `lease._is_token_type(typ)`: whether a column of `typ` can hold a fencing
 /// token ([`crate::pg::is_token_type`], the one list of them), for the fence
 /// checks in SQL.

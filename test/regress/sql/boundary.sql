@@ -68,6 +68,7 @@ SELECT lease.fenced_boundary_write('hand_payouts', 5, '[{"room_id": 1, "tip": 5,
 \echo :LAST_ERROR_SQLSTATE
 SELECT lease.fenced_boundary_write('hand_payouts', 5, '[{"room_id": 1}, {"room_id": 1, "fencing_token": 4}]');
 \echo :LAST_ERROR_SQLSTATE
+-- (a string equal to the call's token, as the column reads it, is no contradiction)
 SELECT lease.fenced_boundary_write('hand_payouts', 5, '[{"room_id": 1, "fencing_token": "5"}]');
 \echo :LAST_ERROR_SQLSTATE
 -- values of the wrong type name the element and the column

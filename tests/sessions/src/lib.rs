@@ -316,6 +316,26 @@ impl Cluster {
         Cluster { name: name.to_owned(), port, pg_config: pg_config.map(str::to_owned) }
     }
 
+    /// A fresh primary of the suite's PostgreSQL whose server runs with the
+    /// environment variables `env` set (or removed, for a value of None) on
+    /// top of the suite's.
+    pub fn start_with_env(name: &str, port: u16, conf: &[&str], env: &[(&str, Option<&str>)]) -> Cluster {
+        let port = port + port_offset();
+        let port_s = port.to_string();
+        let mut args = vec!["start", name, &port_s];
+        args.extend_from_slice(conf);
+        let mut command = cluster_sh_command(None, &args);
+        for (key, value) in env {
+            match value {
+                Some(value) => command.env(key, value),
+                None => command.env_remove(key),
+            };
+        }
+        let status = command.status().unwrap_or_else(|e| panic!("running cluster.sh {args:?}: {e}"));
+        assert!(status.success(), "cluster.sh {args:?} failed");
+        Cluster { name: name.to_owned(), port, pg_config: None }
+    }
+
     /// A new cluster of the suite's PostgreSQL made from the stopped cluster
     /// `old` by pg_upgrade (initdb'd with `initdb_args`, then upgraded and started).
     pub fn pg_upgrade(old: &Cluster, name: &str, port: u16, initdb_args: &str) -> Cluster {

@@ -220,6 +220,9 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         "lease._install_truncate_guard(regclass)",
         "lease._key_equality(oid,oid)",
         "lease._key_identity_problem(oid,oid)",
+        // Whether an owner key type's own equality is the one pg_lease uses
+        // (a message or NULL).
+        "lease._key_type_problem(oid)",
         // Whether an owner table's name can be written in SQL (a message or NULL).
         "lease._name_problem(oid)",
         // Catalog reads: the tables a DDL command reaches, and whether a

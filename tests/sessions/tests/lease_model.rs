@@ -94,6 +94,18 @@ enum Op {
         list: bool,
     },
     Pause,
+    /// A bound acquire (long TTL) in a transaction that then rolls back;
+    /// `raise`: the owner row's token first set by hand in the transaction,
+    /// in the current epoch above the counter, so the acquire moves to the
+    /// next epoch. The token it handed out is never issued again nor
+    /// undercut: every later token, of any lease, is above it (a rolled-back
+    /// epoch raise once let the next tokens fall back below it).
+    RolledBack {
+        lease: u8,
+        host: u8,
+        row: u8,
+        raise: bool,
+    },
 }
 
 /// `$n`, or `$n COLLATE ci` (the case-insensitive collation of the test).
@@ -119,6 +131,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => h.clone().prop_map(|host| Op::ReleaseAll { host }),
         4 => (h, any::<bool>(), any::<bool>()).prop_map(|(host, long, list)| Op::Beat { host, long, list }),
         2 => Just(Op::Pause),
+        2 => (0..LEASES, 0..HOSTS, 0..ROWS, any::<bool>())
+            .prop_map(|(lease, host, row, raise)| Op::RolledBack { lease, host, row, raise }),
     ]
 }
 
@@ -143,8 +157,11 @@ struct Session {
     expires: T,
 }
 
-#[derive(Default, Debug)]
+#[derive(Clone, Default, Debug)]
 struct Model {
+    /// The highest token any acquire handed out, in a transaction that
+    /// committed or not: every later one must be above it.
+    handed: i64,
     leases: BTreeMap<u8, Lease>,
     sessions: BTreeMap<u8, Session>,
     /// Takeovers not yet reported: (holder that lost it, lease) -> token.
@@ -184,6 +201,17 @@ impl Model {
             }
             self.lost.remove(&(host, lease));
         }
+    }
+    /// Records a token handed out, which must be above every one before.
+    fn handed_out(&mut self, token: i64) -> Result<(), String> {
+        if token <= self.handed {
+            return Err(format!(
+                "token {token} not above {}, handed out before (perhaps in a rolled-back transaction)",
+                self.handed
+            ));
+        }
+        self.handed = token;
+        Ok(())
     }
     fn row_token(&self, row: u8) -> i64 {
         self.rows.get(&row).copied().unwrap_or(0)
@@ -250,6 +278,33 @@ fn step(case: &mut Case, m: &mut Model, op: &Op, ci: bool) -> Result<(), String>
     let now = m.now();
     match *op {
         Op::Pause => unreachable!("pauses are handled by the runner"),
+        Op::RolledBack { lease, host, row, raise } => {
+            let saved = m.clone();
+            case.c.batch_execute("BEGIN").map_err(|e| format!("BEGIN: {e}"))?;
+            if raise {
+                // (The row then names no lease: a rival holding it no longer does.)
+                let id = case.id * 10 + u32::from(row);
+                let raised: i64 = case
+                    .c
+                    .query_one(
+                        &format!(
+                            "UPDATE tables SET owner_fencing_token = ((lease.token_ceiling() >> 40) << 40) + (1::bigint << 39)
+                              WHERE id = {id} RETURNING owner_fencing_token"
+                        ),
+                        &[],
+                    )
+                    .map_err(|e| format!("hand raise of row {id}: {e}"))?
+                    .get(0);
+                m.rows.insert(row, raised);
+            }
+            let inner = Op::AcquireBound { lease, host, long: true, row, spelling: 0 };
+            let result = step(case, m, &inner, ci);
+            let handed = m.handed;
+            case.c.batch_execute("ROLLBACK").map_err(|e| format!("ROLLBACK: {e}"))?;
+            *m = saved;
+            m.handed = handed;
+            result?;
+        }
         Op::Acquire { lease, host, long } => {
             let (name, who) = (case.name(lease), case.host(host));
             let sql = format!("SELECT token FROM lease.acquire({}, {}, $3)", arg(1, ci), arg(2, ci));
@@ -264,6 +319,7 @@ fn step(case: &mut Case, m: &mut Model, op: &Op, ci: bool) -> Result<(), String>
                     if token <= prev {
                         return Err(format!("token {token} not above {prev}"));
                     }
+                    m.handed_out(token)?;
                     m.take(lease, cur.as_ref(), host);
                     let own = m.expiry(long);
                     m.leases.insert(lease, Lease { owner: host, token, own, released: false, bound: None });
@@ -293,6 +349,7 @@ fn step(case: &mut Case, m: &mut Model, op: &Op, ci: bool) -> Result<(), String>
                     if token <= prev {
                         return Err(format!("token {token} not above {prev} (the lease's and the owner row's)"));
                     }
+                    m.handed_out(token)?;
                     if let Some((k, r)) = rival {
                         m.lost.insert((r.owner, k), r.token);
                     }

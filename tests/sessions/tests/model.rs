@@ -642,6 +642,10 @@ enum Tamper {
     ReplaceGuard {
         owners: bool,
     },
+    /// `ALTER TRIGGER <pg_lease's trigger> / ALTER INDEX <the owner key's
+    /// unique index> ... DEPENDS ON EXTENSION plpgsql`: LF008 (a later `DROP
+    /// EXTENSION` would drop it with an extension the fence knows nothing of).
+    DependsOn(DependsOn),
     /// `CREATE RULE ... ON UPDATE TO owners DO INSTEAD NOTHING` (experimental).
     Rule,
     /// ATTACH PARTITION into the partitioned fenced table: of a new table
@@ -679,6 +683,14 @@ enum Tamper {
     /// or constraint anywhere, and listed every tree's partitions with locks
     /// for each ALTER TABLE).
     Bystander(BystanderDdl),
+}
+
+/// What `Tamper::DependsOn` ties to an extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DependsOn {
+    FenceTrigger,
+    OwnerGuard,
+    OwnerKeyIndex,
 }
 
 /// What `Tamper::Bystander` does to a table of its own, made in the same transaction.
@@ -992,6 +1004,9 @@ fn tamper(experimental: bool) -> Arms {
         Just(BystanderDdl::Rename),
     ];
     arms.push((1, t(bystander.prop_map(Tamper::Bystander).boxed())));
+    let depends =
+        prop_oneof![Just(DependsOn::FenceTrigger), Just(DependsOn::OwnerGuard), Just(DependsOn::OwnerKeyIndex)];
+    arms.push((1, t(depends.prop_map(Tamper::DependsOn).boxed())));
     if experimental {
         arms.push((1, t(Just(Tamper::Rule).boxed())));
         // Found that a refused UPDATE of a table with a stored generated
@@ -3246,6 +3261,29 @@ impl Runner<'_> {
                      FOR EACH ROW EXECUTE FUNCTION {schema}.noop{n}()"
                 );
                 self.tamper_ddl(sql, vec![rel], false, &[TAMPERING], "replaces a pg_lease trigger")?;
+            }
+            Tamper::DependsOn(what) => {
+                let (rel, sql) = match what {
+                    DependsOn::FenceTrigger => (
+                        Rel::T(Tab::Fenced),
+                        format!("ALTER TRIGGER pg_lease_fence ON {fenced} DEPENDS ON EXTENSION plpgsql"),
+                    ),
+                    DependsOn::OwnerGuard => (
+                        Rel::Owners,
+                        format!("ALTER TRIGGER pg_lease_owner_guard ON {owners} DEPENDS ON EXTENSION plpgsql"),
+                    ),
+                    // (Whichever unique index the owner key has: the primary
+                    // key or a unique index, on a plain or partitioned table.)
+                    DependsOn::OwnerKeyIndex => (
+                        Rel::Owners,
+                        format!(
+                            "DO $d$ BEGIN EXECUTE pg_catalog.format('ALTER INDEX %s DEPENDS ON EXTENSION plpgsql', \
+                             (SELECT x.indexrelid::regclass FROM pg_index x \
+                               WHERE x.indrelid = '{owners}'::regclass AND x.indisunique ORDER BY x.indexrelid LIMIT 1)); END $d$"
+                        ),
+                    ),
+                };
+                self.tamper_ddl(sql, vec![rel], false, &[TAMPERING], "ties what the fence rests on to an extension")?;
             }
             Tamper::Rule => {
                 let sql = format!("CREATE RULE r{n} AS ON UPDATE TO {owners} DO INSTEAD NOTHING");

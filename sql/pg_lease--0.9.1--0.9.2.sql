@@ -1447,6 +1447,44 @@ BEGIN
     PERFORM lease._check_enforced(target);
 END $$;
 
+-- ACCESS EXCLUSIVE on both tables (and their partitions), as the DROP
+-- TRIGGERs of the last fence on an owner table take them, without waiting
+-- for one while holding the other. A game server's transaction may hold
+-- either while it waits for the other (it read its owner row, then writes
+-- the fenced table; or it read or wrote the fenced table, whose fence then
+-- reads the owner row), so neither order is safe alone: wait for one, take
+-- the other only if it is free at once, else let go of the first (its lock
+-- was taken in a subtransaction, and goes with it) and start again from the
+-- busy one. Each round waits for a transaction that was in the way, so they
+-- go on; after 50 rounds, both in order, waiting (a deadlock then aborts
+-- one side, 40P01). LOCK TABLE, with the caller's rights: the caller owns
+-- both tables (unprotect checked).
+CREATE FUNCTION lease._lock_pair_exclusive(first_rel regclass, second_rel regclass) RETURNS void
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    a regclass := first_rel;
+    b regclass := second_rel;
+    trying boolean;
+BEGIN
+    FOR round IN 1..50 LOOP
+        trying := false;
+        BEGIN
+            EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', a);
+            trying := true;
+            EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE NOWAIT', b);
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            -- (A lock_timeout of the caller's while waiting is its error.)
+            IF NOT trying THEN
+                RAISE;
+            END IF;
+            SELECT b, a INTO a, b;
+        END;
+    END LOOP;
+    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', first_rel);
+    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', second_rel);
+END $$;
+
 CREATE OR REPLACE FUNCTION lease.unprotect(target regclass) RETURNS void
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -1506,6 +1544,14 @@ BEGIN
     -- for the fenced table, instead of deadlocking with it. (A fenced write
     -- locks the fenced table first and its owner rows in the same statement.)
     IF p.owner_table IS NOT NULL AND NOT EXISTS (SELECT 1 FROM lease.protected o WHERE o.owner_table = p.owner_table) THEN
+        -- The last fence on it: both tables' triggers go, each DROP TRIGGER
+        -- in ACCESS EXCLUSIVE mode; a writer that touched the fenced table
+        -- first, as every fenced write does, would deadlock with taking
+        -- them owner table first (lease._lock_pair_exclusive). (Citus takes
+        -- a distributed table's locks on every node: as before there.)
+        IF (lease._citus_table(p.owner_table)).kind IS NULL AND (lease._citus_table(target)).kind IS NULL THEN
+            PERFORM lease._lock_pair_exclusive(p.owner_table, target);
+        END IF;
         PERFORM lease._trigger_ddl(p.owner_table, format('DROP TRIGGER IF EXISTS pg_lease_owner_guard ON %s', p.owner_table));
         FOR part IN SELECT t.relid FROM pg_partition_tree(p.owner_table) t UNION SELECT p.owner_table LOOP
             PERFORM lease._trigger_ddl(part, format('DROP TRIGGER IF EXISTS pg_lease_owner_truncate ON %s', part));

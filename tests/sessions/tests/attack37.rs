@@ -254,3 +254,29 @@ fn protect_high_water_of_a_populated_table_starts_without_marks() {
     .unwrap();
     assert_eq!(try_sql(&mut c, "INSERT INTO jlog VALUES ('p', 3, 6)"), "LF001");
 }
+
+/// README (Leases): owner ids are labels, not credentials: any session of
+/// the application role may act for any owner id, and any role that can
+/// connect may send `NOTIFY pg_lease`.
+#[test]
+fn owner_ids_are_labels_and_notifications_are_hints() {
+    let db = TestDb::new("a37_owner_ids");
+    let mut c = db.connect();
+    let role = format!("a37_app_{}", std::process::id());
+    c.batch_execute(&format!(
+        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN;
+         GRANT EXECUTE ON FUNCTION lease.acquire(text, text, integer, regclass, text[]),
+             lease.release_all(text), lease.renew_all(text, integer) TO {role};"
+    ))
+    .unwrap();
+    let mut a = db.connect_as(&role);
+    let mut b = db.connect_as(&role);
+    acquire(&mut a, "jack", "proc-a", None);
+    let listed = one_i64(&mut b, "SELECT count(*) FROM lease.renew_all('proc-a', 60000)");
+    assert_eq!(listed, 1, "another session lists and renews proc-a's leases");
+    assert_eq!(one_i64(&mut b, "SELECT lease.release_all('proc-a')::bigint"), 1);
+    assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.leases WHERE name = 'jack' AND live"), 0);
+    b.batch_execute(r#"NOTIFY pg_lease, '{"event": "taken", "name": "jack"}'"#).unwrap();
+    drop((a, b));
+    c.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).unwrap();
+}

@@ -1050,6 +1050,40 @@ fn unprotect_beside_a_writer_that_touched_its_owner_row_first_does_not_deadlock(
     }
 }
 
+/// **Deadlock (fixed).** `unprotect` of the last fence on an owner table
+/// beside a game server's transaction that read or wrote the fenced table
+/// first (every fenced write locks the fenced table, then reads its owner
+/// row): unprotect took the owner table (to drop its guard) and waited for
+/// the fenced table, which the writer held, while the writer's fence waited
+/// for the owner table (40P01; helper-57 F2, left open in session 23).
+/// Either order of the two locks deadlocks with one of the two natural
+/// transactions; now unprotect takes the second only if it is free at once,
+/// else lets go of the first and waits for the second
+/// (`lease._lock_pair_exclusive`): the writer finishes, fenced, then
+/// unprotect does.
+#[test]
+fn unprotect_beside_a_writer_that_touched_the_fenced_table_first_does_not_deadlock() {
+    for first in ["SELECT count(*) FROM a_pay", "INSERT INTO a_pay VALUES (1, 5, 1)"] {
+        let db = TestDb::new("ddl_race_unprotect_reader");
+        let mut c = db.connect();
+        setup(&mut c, &["a"]);
+        let mut app = db.connect();
+        must_run(&mut app, &format!("SET lock_timeout = '5s'; BEGIN; {first}"));
+        let (pid, other) = in_other_session(&db.name, "SET lock_timeout = '5s'; SELECT lease.unprotect('a_pay')");
+        let mut observer = db.connect();
+        wait_until_blocked(&mut observer, pid);
+        // A fenced write reads its owner row: still fenced, and not stuck.
+        must_run(&mut app, "SAVEPOINT s");
+        expect_error(&mut app, "INSERT INTO a_pay VALUES (1, 4, 1)", "LF001");
+        must_run(&mut app, "ROLLBACK TO SAVEPOINT s");
+        if let Some(e) = failure(&mut app, "INSERT INTO a_pay VALUES (1, 5, 2); COMMIT") {
+            panic!("the writer after {first}, beside unprotect: {e:?}");
+        }
+        assert_eq!(other.join().unwrap(), None, "unprotect beside a writer that did {first}");
+        assert_eq!(lease_triggers(&mut c, "a_tables") + lease_triggers(&mut c, "a_pay"), 0);
+    }
+}
+
 /// **Deadlock (fixed).** `DROP TABLE` of the last table fenced against an
 /// owner table beside a game server's transaction that read its owner row
 /// and then writes the fenced table: PostgreSQL locked the dropped table,

@@ -244,6 +244,8 @@ fn a_role_without_grants_executes_only_harmless_functions() {
         // Serializes fence changes on an owner table; checks its caller as
         // _register/_unregister do (the drop guard's own role for a DROP).
         "lease._lock_owner_table(oid,oid,text)",
+        // unprotect's LOCK TABLE of two tables, with the caller's rights.
+        "lease._lock_pair_exclusive(regclass,regclass)",
         // Citus: catalog reads, the layout check and the trigger DDL protect
         // and unprotect run with their caller's rights (a role can only
         // create or drop triggers on tables it owns).

@@ -1151,3 +1151,22 @@ fn fence_changes_of_tables_that_cannot_be_fenced_say_why() {
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease.protected"), 1);
     assert_eq!(one_i64(&mut c, "SELECT count(*) FROM lease._fence_problems()"), 0);
 }
+
+/// The owner of the tables may have revoked its own UPDATE, DELETE and
+/// TRUNCATE on them (it may still drop its triggers): `unprotect` of the
+/// last fence still works, taking the tables in the order its DROP
+/// TRIGGERs do.
+#[test]
+fn unprotect_by_an_owner_without_lock_rights_on_its_tables() {
+    let migrator = MigratorRole::new("ddl_race_nolock");
+    let db = TestDb::new("ddl_race_unprotect_nolock");
+    let mut c = db.connect();
+    migrator.grant(&mut c);
+    let mut m = db.connect_as(&migrator.0);
+    setup(&mut m, &["a"]);
+    must_run(&mut m, "REVOKE UPDATE, DELETE, TRUNCATE ON a_tables, a_pay FROM CURRENT_USER");
+    expect_error(&mut m, "BEGIN; LOCK TABLE a_pay IN ACCESS EXCLUSIVE MODE", "42501");
+    must_run(&mut m, "ROLLBACK");
+    must_run(&mut m, "SELECT lease.unprotect('a_pay')");
+    assert_eq!(lease_triggers(&mut c, "a_tables") + lease_triggers(&mut c, "a_pay"), 0);
+}

@@ -777,6 +777,13 @@ fn an_owner_key_index_dropped_with_an_extension_is_refused() {
         "SELECT lease.unprotect('u_pay'); ALTER INDEX u_key DEPENDS ON EXTENSION dblink;
          SELECT lease.protect('u_pay', '{table_id}', 'fencing_token', 'u_tables');",
     );
+    // README's (Upgrades) listing of such ties finds it.
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let at =
+        readme.find("SELECT pg_catalog.pg_describe_object(d.classid, d.objid, 0) AS tied").expect("README's query");
+    let listing = &readme[at..at + readme[at..].find(";\n").unwrap()];
+    let tied: Vec<(String, String)> = c.query(listing, &[]).unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(tied, [("index u_key".to_owned(), "dblink".to_owned())]);
     let err = expect_error(&mut c, "DROP EXTENSION dblink", "LF008");
     assert!(err.contains("u_tables"), "{err}");
     expect_error(&mut c, "INSERT INTO u_tables VALUES (1, 4)", "23505");

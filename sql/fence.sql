@@ -1979,7 +1979,8 @@ BEGIN
     IF FOUND THEN
         PERFORM lease._raise('FenceTampering',
             format('dropping %s %s would leave the fence on %s incomplete', victim.object_type, victim.object_identity, victim.relid),
-            format('pg_lease fences %s with it.', victim.relid));
+            format('pg_lease fences %s with it.', victim.relid)
+            || CASE WHEN tg_tag = 'DROP EXTENSION' THEN format(' The extension takes it with it (it was made to depend on it: ALTER %s ... NO DEPENDS ON EXTENSION keeps it).', upper(victim.object_type)) ELSE '' END);
     END IF;
     -- A dropped index no longer names its table, but dropping an index
     -- locks its table (index_drop: ACCESS EXCLUSIVE, SHARE UPDATE EXCLUSIVE
@@ -2004,7 +2005,8 @@ BEGIN
         IF FOUND THEN
             PERFORM lease._raise('FenceTampering',
                 format('%s would leave the fence on %s incomplete', tg_tag, victim.relid),
-                format('Table %s: %s.', victim.relid, victim.problem));
+                format('Table %s: %s.', victim.relid, victim.problem)
+                || CASE WHEN tg_tag = 'DROP EXTENSION' THEN ' The extension takes with it an index made to depend on it (ALTER INDEX ... DEPENDS ON EXTENSION): ALTER INDEX ... NO DEPENDS ON EXTENSION keeps it.' ELSE '' END);
         END IF;
     END IF;
 END $$;

@@ -1534,14 +1534,24 @@ BEGIN
     -- Fencing tokens are drawn from lease.token_counter, which only ever
     -- rises on its own: ALTER SEQUENCE (RESTART, MAXVALUE, ...) could make
     -- it issue a token again.
-    -- (lease.token_epoch_floor likewise only rises, by lease.acquire.)
-    IF tg_tag = 'ALTER SEQUENCE' THEN
+    -- (lease.token_epoch_floor likewise only rises, by lease.acquire.) Nor
+    -- may ALTER TABLE rename, move or give them away (a new owner could
+    -- setval them).
+    IF tg_tag IN ('ALTER SEQUENCE', 'ALTER TABLE') THEN
+        -- (By extension membership, not by name: a RENAME or SET SCHEMA
+        -- has already changed it here.)
         SELECT c.objid::regclass AS seq INTO tied FROM pg_event_trigger_ddl_commands() c
+          JOIN pg_depend d ON d.classid = c.classid AND d.objid = c.objid AND d.deptype = 'e'
+                          AND d.refclassid = 'pg_extension'::regclass
+          JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'pg_lease'
+          JOIN pg_class k ON k.oid = c.objid AND k.relkind = 'S'
          WHERE c.classid = 'pg_class'::regclass
-           AND c.objid IN (pg_catalog.to_regclass('lease.token_counter'), pg_catalog.to_regclass('lease.token_epoch_floor'))
+           -- (Not a column's own sequence, as the audit's identity has.)
+           AND NOT EXISTS (SELECT 1 FROM pg_depend o WHERE o.classid = 'pg_class'::regclass AND o.objid = c.objid
+                              AND o.deptype IN ('a', 'i'))
          LIMIT 1;
         IF FOUND THEN
-            PERFORM lease._raise('FenceTampering', format('ALTER SEQUENCE of %s is refused', tied.seq),
+            PERFORM lease._raise('FenceTampering', format('%s of pg_lease''s sequence %s is refused', tg_tag, tied.seq),
                 format('Fencing tokens are drawn from lease.token_counter in an epoch at or above lease.token_epoch_floor: changing %s could issue a token again. To make every later token higher than a given one, use lease.issue_tokens_above.', tied.seq));
         END IF;
     END IF;

@@ -133,11 +133,15 @@ pub const COUNTER_MASK: i64 = (1 << EPOCH_SHIFT) - 1;
 /// `epoch << 40 | counter`, `counter` drawn from the database's one counter
 /// (`lease.token_counter`), so that no two acquires are ever given the same
 /// token. A stored token in that epoch at or above it (set by hand, or
-/// issued before 0.9.0, when each lease counted for itself) moves this token
-/// to the next epoch, with the same counter: still above it, still unique,
-/// and the counter is never pushed up by a value someone wrote (a hand-set
-/// owner token near 2^40 would otherwise use up the counter of every lease).
-/// The issued epoch then records it, as for any raise.
+/// issued before 0.9.0, when each lease counted for itself) raises the base
+/// to the next band, as a cutover does, with the same counter: still above
+/// it, still unique, and the counter is never pushed up by a value someone
+/// wrote (a hand-set owner token near 2^40 would otherwise use up the
+/// counter of every lease). (Before 0.9.2 it moved to the next epoch, which
+/// is the next timeline's own: a standby promoted after it received that
+/// raise but not the tokens issued after it issued them again, with a
+/// counter behind the old primary's.) The issued epoch then records it, as
+/// for any raise.
 ///
 /// `foreign`: the lease state came from another incarnation (a dump
 /// restored, pg_upgrade; `lease.token_origin`), whose source may have gone
@@ -154,7 +158,7 @@ pub fn token_rule(
 ) -> NextToken {
     let current = max_base.unwrap_or(0).saturating_add(timeline);
     let high = issued.map_or(stored >> EPOCH_SHIFT, |i| i.max(stored >> EPOCH_SHIFT));
-    let (mut epoch, raise_base) = if foreign {
+    let (epoch, raise_base) = if foreign {
         let base = band_above(high.max(current)).saturating_add(EPOCH_BAND);
         (base.saturating_add(timeline), Some(base))
     } else if high > current {
@@ -163,9 +167,12 @@ pub fn token_rule(
         (current, None)
     };
     let counter = counter & COUNTER_MASK;
-    if epoch < EPOCH_LIMIT && (epoch << EPOCH_SHIFT) | counter <= stored {
-        epoch += 1;
-    }
+    let (epoch, raise_base) = if epoch < EPOCH_LIMIT && (epoch << EPOCH_SHIFT) | counter <= stored {
+        let base = band_above(epoch);
+        (base.saturating_add(timeline), Some(base))
+    } else {
+        (epoch, raise_base)
+    };
     let token = (epoch < EPOCH_LIMIT).then_some((epoch << EPOCH_SHIFT) | counter);
     NextToken { token, epoch, issued, raise_base, foreign, origin: None }
 }
@@ -225,10 +232,19 @@ struct EpochFloor(crate::pg::OwnSequence);
 
 impl EpochFloor {
     /// The floor sequence; None before the 0.9.2 schema (`ALTER EXTENSION
-    /// pg_lease UPDATE` not run yet).
+    /// pg_lease UPDATE` not run yet: no `lease.token_origin` either). Gone
+    /// from a 0.9.2 schema (only a superuser can take an extension's member
+    /// away) is an error, not the rule of an older schema.
     fn find() -> Option<EpochFloor> {
-        crate::pg::lease_relid_if_any(c"token_epoch_floor")
-            .map(|_| EpochFloor(crate::pg::own_sequence(c"token_epoch_floor")))
+        if crate::pg::lease_relid_if_any(c"token_epoch_floor").is_some() {
+            return Some(EpochFloor(crate::pg::own_sequence(c"token_epoch_floor")));
+        }
+        if crate::pg::lease_relid_if_any(c"token_origin").is_some() {
+            pgrx::error!(
+                "pg_lease: lease.token_epoch_floor is missing: no token can be issued without it (restore pg_lease's schema)"
+            );
+        }
+        None
     }
 
     /// (epoch, timeline), None while no token was issued with the floor.
@@ -236,41 +252,46 @@ impl EpochFloor {
         self.0.last_value().filter(|&v| v > 0).map(|v| (v >> 32, v & 0xFFFF_FFFF))
     }
 
-    /// Raised to `epoch` on `timeline` unless it is there or above (read
-    /// first without the raisers' lock: nearly every token is issued in the
-    /// floor's epoch).
-    fn raise(&self, epoch: i64, timeline: i64) {
-        let value = (epoch << 32) | (timeline & 0xFFFF_FFFF);
-        if self.0.last_value().is_none_or(|v| v < value) {
+    /// Raised to `epoch` on `timeline` unless `seen` (what [`Self::read`]
+    /// gave before the token was drawn) is there already: nearly every token
+    /// is issued in the floor's epoch, and then nothing is locked or read
+    /// again (`raise_to` reads it again under the raisers' lock).
+    fn raise(&self, seen: Option<(i64, i64)>, epoch: i64, timeline: i64) {
+        let encode = |epoch: i64, timeline: i64| (epoch << 32) | (timeline & 0xFFFF_FFFF);
+        let value = encode(epoch, timeline);
+        if seen.is_none_or(|(e, t)| encode(e, t) < value) {
             self.0.raise_to(value);
         }
     }
 }
 
 /// The epoch tables' values with the floor folded in: on the floor's own
-/// timeline its epoch is the lowest to issue in (as a base would make it),
-/// on another it is an issued epoch, to be issued above (see [`EpochFloor`]).
+/// timeline its epoch is the lowest to issue in (as a base would make it);
+/// on another (a promoted standby, whose counter may be behind the tokens
+/// the old timeline issued in it) the lowest is the epoch above it (see
+/// [`EpochFloor`]).
 fn with_floor(
     (max_base, issued): (Option<i64>, Option<i64>),
     floor: Option<(i64, i64)>,
     timeline: i64,
 ) -> (Option<i64>, Option<i64>) {
-    match floor {
-        Some((epoch, on)) if on == timeline => (Some(max_base.unwrap_or(0).max(epoch - timeline)), issued),
-        Some((epoch, _)) => (max_base, Some(issued.map_or(epoch, |i| i.max(epoch)))),
-        None => (max_base, issued),
-    }
+    let lowest = match floor {
+        Some((epoch, on)) if on == timeline => epoch,
+        Some((epoch, _)) => epoch.saturating_add(1),
+        None => return (max_base, issued),
+    };
+    (Some(max_base.unwrap_or(0).max(lowest - timeline)), issued)
 }
 
-/// [`token_rule`] over the epoch tables and the floor read now, then the
+/// [`token_rule`] over the epoch tables read now and the floor (read just
+/// before, by the caller), then the
 /// counter value `counter` gives (in that order, as ever). `issued` is the
 /// highest epoch known issued, the table's or the floor's: the caller
 /// records its epoch in the table only above it (an acquire issuing in the
 /// epoch another, uncommitted one raised the floor to need not wait for
 /// that one's row of `lease.token_epoch_issued`).
-fn rule_now(stored: i64, timeline: i64, floor: Option<&EpochFloor>, counter: impl FnOnce() -> i64) -> NextToken {
+fn rule_now(stored: i64, timeline: i64, floor: Option<(i64, i64)>, counter: impl FnOnce() -> i64) -> NextToken {
     let t = epoch_tables();
-    let floor = floor.and_then(EpochFloor::read);
     let (max_base, issued) = with_floor((t.max_base, t.issued), floor, timeline);
     let known = match (t.issued, floor) {
         (Some(i), Some((f, _))) => Some(i.max(f)),
@@ -287,7 +308,7 @@ fn rule_now(stored: i64, timeline: i64, floor: Option<&EpochFloor>, counter: imp
 /// counter's next value, read, not drawn): for lease.token_ceiling and
 /// lease.issue_tokens_above.
 pub fn next_token(stored: i64, timeline: i64) -> NextToken {
-    rule_now(stored, timeline, EpochFloor::find().as_ref(), || {
+    rule_now(stored, timeline, EpochFloor::find().and_then(|f| f.read()), || {
         pgrx::spi::Spi::get_one::<i64>(
             "SELECT CASE WHEN c.is_called THEN c.last_value OPERATOR(pg_catalog.+) 1 ELSE c.last_value END
                FROM lease.token_counter c",
@@ -306,11 +327,12 @@ pub fn next_token(stored: i64, timeline: i64) -> NextToken {
 pub fn issue_token(stored: i64, timeline: i64) -> NextToken {
     let counter = crate::pg::own_sequence(c"token_counter");
     let floor = EpochFloor::find();
-    let next = rule_now(stored, timeline, floor.as_ref(), || counter.next());
+    let seen = floor.as_ref().and_then(EpochFloor::read);
+    let next = rule_now(stored, timeline, seen, || counter.next());
     // Before the token is returned, and whatever becomes of this
     // transaction: every later token stays in this epoch or above it.
     if let (Some(floor), Some(_)) = (&floor, next.token) {
-        floor.raise(next.epoch, timeline);
+        floor.raise(seen, next.epoch, timeline);
     }
     // The record that covers the value drawn may be another backend's, not
     // flushed yet: flush up to the sequence page's LSN (nothing to do, and
@@ -440,11 +462,17 @@ mod tests {
                         for counter in [1_i64, 5, COUNTER_MASK] {
                             let rule = token_rule(stored, timeline, base, issued, counter, false);
                             let at = format!("{stored} {timeline} {base:?} {issued:?} {counter}");
-                            assert_eq!((rule.issued, rule.raise_base), (issued_sql, raise), "{at}");
                             // The epoch's token with the counter drawn, or
-                            // the next epoch's when that is not above stored.
+                            // (since 0.9.2) the next band's epoch, the base
+                            // raised to it, when that is not above stored.
                             let bumped = epoch < super::EPOCH_LIMIT && (epoch << EPOCH_SHIFT) | counter <= stored;
-                            let e = epoch + i64::from(bumped);
+                            let (e, raise) = if bumped {
+                                let band = super::band_above(epoch);
+                                (band + timeline, Some(band))
+                            } else {
+                                (epoch, raise)
+                            };
+                            assert_eq!((rule.issued, rule.raise_base), (issued_sql, raise), "{at}");
                             assert_eq!(rule.epoch, e, "{at}");
                             let expected = (e < super::EPOCH_LIMIT).then_some((e << EPOCH_SHIFT) | counter);
                             assert_eq!(rule.token, expected, "{at}");
@@ -480,6 +508,32 @@ mod tests {
         assert_eq!(token_rule(0, 3, Some(1030), None, 1, false).raise_base, None);
         // No band left: no token.
         assert_eq!(token_rule(0, 1, Some(EPOCH_LIMIT - EPOCH_BAND), None, 1, true).token, None);
+    }
+
+    /// The floor on the token's own timeline is the lowest epoch to issue
+    /// in (the token rule then raises nothing); from another timeline it is
+    /// an issued epoch, issued above; issuing in it keeps tokens rising by
+    /// the counter alone.
+    #[pg_test]
+    fn the_floor_is_a_lowest_epoch_on_its_timeline_and_an_issued_one_on_another() {
+        use super::{token_rule, with_floor, EPOCH_SHIFT};
+        assert_eq!(with_floor((Some(3), Some(4)), None, 1), (Some(3), Some(4)));
+        assert_eq!(with_floor((Some(3), Some(4)), Some((9, 1)), 1), (Some(8), Some(4)));
+        // Another timeline: the epoch above the floor's at least (a standby
+        // promoted onto timeline 2 whose base + 2 equals the floor's epoch).
+        assert_eq!(with_floor((None, None), Some((9, 1)), 2), (Some(8), None));
+        assert_eq!(with_floor((Some(0), Some(2)), Some((2, 1)), 2), (Some(1), Some(2)));
+        assert_eq!(with_floor((Some(30), Some(12)), Some((9, 2)), 1), (Some(30), Some(12)));
+        // Same timeline: issued in the floor's epoch, above a token drawn
+        // earlier in it, no base raise.
+        let (base, issued) = with_floor((Some(0), Some(1)), Some((5, 1)), 1);
+        let r = token_rule((5 << EPOCH_SHIFT) | 7, 1, base, issued, 8, false);
+        assert_eq!((r.epoch, r.token, r.raise_base), (5, Some((5 << EPOCH_SHIFT) | 8), None));
+        // Another timeline: above the floor's epoch, even when the new
+        // timeline's own epoch is the floor's.
+        let (base, issued) = with_floor((Some(3), Some(5)), Some((5, 2)), 3);
+        let r = token_rule(0, 3, base, issued, 8, false);
+        assert_eq!(r.epoch, 6, "{r:?}");
     }
 
     /// CREATE EXTENSION records this database's incarnation, and only it.

@@ -153,7 +153,8 @@ SELECT token - :o1 AS bump FROM lease.acquire('lobby:7', 'host-a', 60000, 'lobby
 SELECT owner_fencing_token - :o1 AS owner_row_bump FROM lobby WHERE id = 7;
 SELECT pg_temp.lease_error($$INSERT INTO chips VALUES (7, 100, $$ || :o1 || $$)$$);
 -- the new token is above the owner row's token too (one set by hand above the
--- counter moves the token to the next epoch, with the counter drawn)
+-- counter raises the base to the next band, 1024 epochs up, with the counter
+-- drawn: since 0.9.2, an epoch no promoted standby's timeline reaches)
 UPDATE lobby SET owner_fencing_token = :o1 + 100 WHERE id = 7;
 SELECT token > :o1 + 100 AS above_owner_row, (token >> 40) - (:o1 >> 40) AS next_epoch
   FROM lease.acquire('lobby:7', 'host-a', 60000, 'lobby', '{7}');

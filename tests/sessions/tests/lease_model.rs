@@ -97,7 +97,7 @@ enum Op {
     /// A bound acquire (long TTL) in a transaction that then rolls back;
     /// `raise`: the owner row's token first set by hand in the transaction,
     /// in the current epoch above the counter, so the acquire moves to the
-    /// next epoch. The token it handed out is never issued again nor
+    /// next band. The token it handed out is never issued again nor
     /// undercut: every later token, of any lease, is above it (a rolled-back
     /// epoch raise once let the next tokens fall back below it).
     RolledBack {

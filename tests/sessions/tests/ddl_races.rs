@@ -1160,9 +1160,10 @@ fn fence_changes_of_tables_that_cannot_be_fenced_say_why() {
 }
 
 /// The owner of the tables may have revoked its own UPDATE, DELETE and
-/// TRUNCATE on them (it may still drop its triggers): `unprotect` of the
-/// last fence still works, taking the tables in the order its DROP
-/// TRIGGERs do.
+/// TRUNCATE on them (and MAINTAIN, on 17 and later: each lets a role LOCK a
+/// table in ACCESS EXCLUSIVE mode; it may still drop its triggers):
+/// `unprotect` of the last fence still works, taking the tables in the
+/// order its DROP TRIGGERs do.
 #[test]
 fn unprotect_by_an_owner_without_lock_rights_on_its_tables() {
     let migrator = MigratorRole::new("ddl_race_nolock");
@@ -1171,7 +1172,8 @@ fn unprotect_by_an_owner_without_lock_rights_on_its_tables() {
     migrator.grant(&mut c);
     let mut m = db.connect_as(&migrator.0);
     setup(&mut m, &["a"]);
-    must_run(&mut m, "REVOKE UPDATE, DELETE, TRUNCATE ON a_tables, a_pay FROM CURRENT_USER");
+    let maintain = if server_version_num() >= 170000 { ", MAINTAIN" } else { "" };
+    must_run(&mut m, &format!("REVOKE UPDATE, DELETE, TRUNCATE{maintain} ON a_tables, a_pay FROM CURRENT_USER"));
     expect_error(&mut m, "BEGIN; LOCK TABLE a_pay IN ACCESS EXCLUSIVE MODE", "42501");
     must_run(&mut m, "ROLLBACK");
     must_run(&mut m, "SELECT lease.unprotect('a_pay')");
